@@ -1,0 +1,78 @@
+"""Safe checkpoint loading: safetensors, or torch.load(weights_only=True) - never arbitrary pickle.
+
+Accepted layouts: ``{'model': state_dict}`` (official DeiT / iRPE zoo), ``{'state_dict': ...}``,
+or a bare state_dict. Training checkpoints that also carry an ``argparse.Namespace`` of arguments
+(the DeiT training script writes one) load too: Namespace is allow-listed as plain data.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+from typing import Dict
+
+import torch
+from torch import nn
+
+__all__ = ["CheckpointError", "read_state_dict", "load_checkpoint", "save_checkpoint"]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, unsafe, or does not fit the model."""
+
+
+def _unwrap(obj) -> Dict[str, torch.Tensor]:
+    for key in ("model", "state_dict", "model_state"):
+        if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
+            obj = obj[key]
+            break
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise CheckpointError("checkpoint holds no state_dict (expected {'model': state_dict}, "
+                              "{'state_dict': ...} or a dict of tensors)")
+    return obj
+
+
+def read_state_dict(path: str) -> Dict[str, torch.Tensor]:
+    """Read a state_dict from .safetensors or a .pth/.pt file, refusing pickled code."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint not found: {path}")
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+        try:
+            return load_file(path, device="cpu")
+        except Exception as exc:  # safetensors raises its own error types
+            raise CheckpointError(f"cannot read safetensors file {path}: {exc}") from exc
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"refusing to load {path}: it contains Python objects or code that "
+                              f"a weights-only load does not allow ({first}). Convert it to "
+                              "safetensors in a trusted environment.") from exc
+    except (RuntimeError, EOFError, OSError) as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
+    return _unwrap(obj)
+
+
+def load_checkpoint(model: nn.Module, path: str, strict: bool = True) -> nn.Module:
+    """Load weights into ``model``; shape or key mismatches raise CheckpointError naming them."""
+    state = read_state_dict(path)
+    own = model.state_dict()
+    bad = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
+           for k, v in state.items() if k in own and own[k].shape != v.shape]
+    if bad:
+        raise CheckpointError("shape mismatch: " + "; ".join(bad[:5]))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if strict and (missing or unexpected):
+        raise CheckpointError(f"key mismatch loading {path}: missing {missing[:5]}"
+                              f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
+                              f"{'...' if len(unexpected) > 5 else ''}")
+    return model
+
+
+def save_checkpoint(model: nn.Module, path: str, metadata: Dict[str, str] | None = None) -> None:
+    """Write the model's state_dict as safetensors (the format this project ships)."""
+    from safetensors.torch import save_file
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, path, metadata=metadata)

@@ -1,0 +1,159 @@
+"""DeiT / ViT classifiers with optional iRPE, keys equal to the official DeiT and iRPE models.
+
+Registered names: ``deit_{tiny,small,base}_patch16_224`` (no iRPE, the overhead baseline),
+``deit_{tiny,small,base}_distilled_patch16_224`` and the official iRPE variants
+``deit_*_patch16_224_ctx_{product_50,euc_20,quant_51,cross_56}_shared_{k,qk,qkv}``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..rpe import RPEConfig
+from .layers import Block, PatchEmbed
+from .registry import register_model
+
+__all__ = ["VisionTransformer", "DEIT_ARCHS", "IRPE_VARIANTS"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class VisionTransformer(nn.Module):
+    """ViT with cls (and optional distillation) token, absolute pos embed and iRPE blocks.
+
+    The patch grid (H, W) is passed to every attention, so iRPE is exact on non-square inputs;
+    inputs of another size than ``img_size`` get a bicubically resampled position embedding.
+    """
+
+    def __init__(self, img_size: int = 224, patch_size: int = 16, in_chans: int = 3,
+                 num_classes: int = 1000, embed_dim: int = 768, depth: int = 12,
+                 num_heads: int = 12, mlp_ratio: float = 4.0, qkv_bias: bool = True,
+                 drop_rate: float = 0.0, attn_drop_rate: float = 0.0,
+                 drop_path_rate: float = 0.0, rpe_config: Optional[RPEConfig] = None,
+                 distilled: bool = False) -> None:
+        super().__init__()
+        self.num_classes, self.embed_dim, self.rpe_config = num_classes, embed_dim, rpe_config
+        self.num_prefix = 2 if distilled else 1
+        if rpe_config is not None and rpe_config.skip != self.num_prefix:
+            raise ValueError(f"rpe_config.skip={rpe_config.skip} but the model has "
+                             f"{self.num_prefix} prefix token(s)")
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if distilled else None
+        num_pos = self.patch_embed.num_patches + self.num_prefix
+        self.pos_embed = nn.Parameter(torch.zeros(1, num_pos, embed_dim))
+        self.pos_drop = nn.Dropout(drop_rate)
+        dpr = torch.linspace(0, drop_path_rate, depth).tolist()
+        self.blocks = nn.ModuleList([
+            Block(embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, dpr[i],
+                  rpe_config=rpe_config) for i in range(depth)])
+        self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head_dist = None
+        if distilled:
+            self.head_dist = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """timm/DeiT init: trunc-normal(0.02) tokens and linears; iRPE tables stay zero."""
+        for p in (self.pos_embed, self.cls_token, self.dist_token):
+            if p is not None:
+                nn.init.trunc_normal_(p, std=0.02)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def no_weight_decay(self) -> set:
+        """Parameter names excluded from weight decay (tokens, pos embed, iRPE tables)."""
+        names = {"pos_embed", "cls_token", "dist_token"}
+        return names | {n for n, _ in self.named_parameters() if "lookup_table" in n}
+
+    def _pos_embed(self, height: int, width: int) -> torch.Tensor:
+        gh, gw = self.patch_embed.grid_size
+        if (height, width) == (gh, gw):
+            return self.pos_embed
+        prefix, grid = self.pos_embed[:, :self.num_prefix], self.pos_embed[:, self.num_prefix:]
+        grid = grid.reshape(1, gh, gw, -1).permute(0, 3, 1, 2)
+        grid = F.interpolate(grid, size=(height, width), mode="bicubic", align_corners=False)
+        return torch.cat([prefix, grid.flatten(2).transpose(1, 2)], dim=1)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalised token features (B, prefix + H*W, C)."""
+        x, height, width = self.patch_embed(x)
+        prefix = [self.cls_token.expand(x.shape[0], -1, -1)]
+        if self.dist_token is not None:
+            prefix.append(self.dist_token.expand(x.shape[0], -1, -1))
+        x = torch.cat(prefix + [x], dim=1) + self._pos_embed(height, width)
+        x = self.pos_drop(x)
+        for blk in self.blocks:
+            x = blk(x, height, width)
+        return self.norm(x)
+
+    def forward(self, x: torch.Tensor):
+        """Logits (B, num_classes); distilled models average both heads in eval mode."""
+        feats = self.forward_features(x)
+        logits = self.head(feats[:, 0])
+        if self.head_dist is None:
+            return logits
+        logits_dist = self.head_dist(feats[:, 1])
+        return (logits, logits_dist) if self.training else (logits + logits_dist) / 2
+
+
+DEIT_ARCHS = {"tiny": (192, 3), "small": (384, 6), "base": (768, 12)}
+
+# name suffix -> (ratio, method, rpe_on); all contextual, shared head, skip = 1 (cls token)
+IRPE_VARIANTS = {
+    "ctx_product_50_shared_k": (1.9, "product", "k"),
+    "ctx_product_50_shared_qk": (1.9, "product", "qk"),
+    "ctx_product_50_shared_qkv": (1.9, "product", "qkv"),
+    "ctx_euc_20_shared_k": (20, "euc", "k"),
+    "ctx_quant_51_shared_k": (33, "quant", "k"),
+    "ctx_cross_56_shared_k": (20, "cross", "k"),
+}
+
+# official model zoo: (arch, variant) -> published ImageNet top-1
+_OFFICIAL = {
+    ("tiny", "ctx_product_50_shared_k"): 73.7, ("small", "ctx_product_50_shared_k"): 80.9,
+    ("small", "ctx_product_50_shared_qk"): 81.0, ("small", "ctx_product_50_shared_qkv"): 81.2,
+    ("base", "ctx_product_50_shared_k"): 82.3, ("base", "ctx_product_50_shared_qkv"): 82.8,
+    ("small", "ctx_euc_20_shared_k"): None, ("small", "ctx_quant_51_shared_k"): None,
+    ("small", "ctx_cross_56_shared_k"): None,
+}
+_ZOO_URL = "https://github.com/wkcn/iRPE-model-zoo/releases/download/1.0/{}.pth"
+_DEIT_TOP1 = {"tiny": 72.2, "small": 79.8, "base": 81.8}
+
+
+def _register_deit(arch: str, variant: Optional[str], distilled: bool = False) -> None:
+    dim, heads = DEIT_ARCHS[arch]
+    name = f"deit_{arch}{'_distilled' if distilled else ''}_patch16_224"
+    rpe, url, top1 = None, None, None if distilled else _DEIT_TOP1[arch]
+    if variant is not None:
+        ratio, method, on = IRPE_VARIANTS[variant]
+        rpe = RPEConfig(ratio=ratio, method=method, mode="contextual", shared_head=True,
+                        skip=1, on=on)
+        name, top1 = f"{name}_{variant}", _OFFICIAL[(arch, variant)]
+        url = _ZOO_URL.format(name) if top1 is not None else None
+    config = dict(img_size=224, patch_size=16, embed_dim=dim, depth=12, num_heads=heads,
+                  mlp_ratio=4.0, qkv_bias=True, distilled=distilled, rpe_config=rpe)
+
+    @register_model(name, family="deit", config=config, url=url, top1=top1)
+    def build(**overrides) -> VisionTransformer:
+        return VisionTransformer(**{**config, **overrides})
+
+    build.__name__ = name
+
+
+for _arch in DEIT_ARCHS:
+    _register_deit(_arch, None)
+    _register_deit(_arch, None, distilled=True)
+for (_arch, _variant) in _OFFICIAL:
+    _register_deit(_arch, _variant)

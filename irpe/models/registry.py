@@ -1,0 +1,63 @@
+"""Model registry (timm-like): names -> builders, ``create_model`` with optional checkpoint."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+from torch import nn
+
+__all__ = ["ModelInfo", "register_model", "create_model", "list_models", "model_info"]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the registry knows about a name: its builder, family and published figures."""
+
+    name: str
+    builder: Callable[..., nn.Module]
+    family: str
+    config: Dict = field(default_factory=dict)
+    url: Optional[str] = None
+    top1: Optional[float] = None
+
+
+_REGISTRY: Dict[str, ModelInfo] = {}
+
+
+def register_model(name: str, family: str, config: Optional[Dict] = None,
+                   url: Optional[str] = None, top1: Optional[float] = None):
+    """Decorator registering ``builder(**overrides) -> nn.Module`` under ``name``."""
+    def wrap(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        if name in _REGISTRY:
+            raise ValueError(f"model {name!r} is registered twice")
+        _REGISTRY[name] = ModelInfo(name, builder, family, dict(config or {}), url, top1)
+        return builder
+    return wrap
+
+
+def list_models(pattern: str = "*") -> List[str]:
+    """Registered names matching a shell-style pattern, sorted."""
+    import fnmatch
+    return sorted(n for n in _REGISTRY if fnmatch.fnmatch(n, pattern))
+
+
+def model_info(name: str) -> ModelInfo:
+    """Registry entry for ``name``; unknown names raise KeyError listing close matches."""
+    if name not in _REGISTRY:
+        import difflib
+        close = difflib.get_close_matches(name, _REGISTRY, n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see `irpe models`"
+        raise KeyError(f"unknown model {name!r}{hint}")
+    return _REGISTRY[name]
+
+
+def create_model(name: str, checkpoint: Optional[str] = None, strict: bool = True,
+                 **overrides) -> nn.Module:
+    """Build a registered model, then load ``checkpoint`` (safetensors or weights-only .pth)."""
+    info = model_info(name)
+    model = info.builder(**overrides)
+    model.model_name = name
+    if checkpoint is not None:
+        from ..checkpoint import load_checkpoint
+        load_checkpoint(model, checkpoint, strict=strict)
+    return model

@@ -1,0 +1,220 @@
+"""iRPE modules: configuration, bias/contextual encodings on queries, keys and values.
+
+Parameter names and shapes equal the official ones (``lookup_table_bias`` (H|1, nb),
+``lookup_table_weight`` (H|1, D, nb) on Q/K and (H|1, nb, D) on V; cross has ``rp_rows`` and
+``rp_cols``) so official checkpoints load strictly. The computation uses the efficient forms:
+contextual Q/K = (x @ W) then bucket gather; V = bucket scatter-add of attn, then @ W.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional, Tuple, Union
+
+import torch
+from torch import nn
+
+from .bucket import Method, bucket_ids, bucket_ids_traceable, num_buckets, parse_method
+from .ops import rpe_gather, rpe_scatter
+
+__all__ = ["RPEConfig", "get_rpe_config", "build_rpe", "iRPE", "iRPECross", "set_traceable"]
+
+_MODES = {"bias": "bias", "contextual": "contextual", "ctx": "contextual"}
+
+
+@dataclass(frozen=True)
+class RPEConfig:
+    """Where and how iRPE is applied; one config describes the Q, K and V encodings."""
+
+    ratio: float = 1.9
+    method: Method = Method.PRODUCT
+    mode: str = "contextual"
+    shared_head: bool = True
+    skip: int = 0
+    on: str = "k"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "method", parse_method(self.method))
+        if self.mode not in _MODES:
+            raise ValueError(f"unknown iRPE mode {self.mode!r}; expected bias, contextual or ctx")
+        object.__setattr__(self, "mode", _MODES[self.mode])
+        on = self.on.lower()
+        if not on or set(on) - set("qkv") or len(set(on)) != len(on):
+            raise ValueError(f"rpe_on must be a non-empty combination of q, k, v; got {self.on!r}")
+        object.__setattr__(self, "on", "".join(c for c in "qkv" if c in on))
+        if "v" in self.on and self.mode == "bias":
+            raise ValueError("iRPE bias mode is not defined on values (use contextual)")
+        if self.method in (Method.CROSS_ROWS, Method.CROSS_COLS):
+            raise ValueError("use method 'cross'; rows/cols are its internal halves")
+        if self.skip < 0 or not self.ratio > 0:
+            raise ValueError(f"need skip >= 0 and ratio > 0, got skip={self.skip} "
+                             f"ratio={self.ratio}")
+
+    @property
+    def num_buckets(self) -> int:
+        """Buckets allocated per table (per direction for cross), extra skip bucket included."""
+        return num_buckets(self.method, self.ratio, self.skip)
+
+    @property
+    def rpe_q(self) -> Optional["RPEConfig"]:
+        return self if "q" in self.on else None
+
+    @property
+    def rpe_k(self) -> Optional["RPEConfig"]:
+        return self if "k" in self.on else None
+
+    @property
+    def rpe_v(self) -> Optional["RPEConfig"]:
+        return self if "v" in self.on else None
+
+    def to_string(self) -> str:
+        """DETR-style config string ``rpe-{ratio}-{method}-{mode}-{shared}-{on}``."""
+        mode = "ctx" if self.mode == "contextual" else "bias"
+        return f"rpe-{self.ratio}-{self.method.value}-{mode}-{int(self.shared_head)}-{self.on}"
+
+    @classmethod
+    def from_string(cls, text: str, skip: int = 0) -> "RPEConfig":
+        """Parse ``rpe-2.0-product-ctx-1-k`` (the official DETR option format)."""
+        parts = text.split("-")
+        if len(parts) != 6 or parts[0] != "rpe":
+            raise ValueError(f"bad iRPE config string {text!r}; expected "
+                             "rpe-{ratio}-{method}-{mode}-{shared}-{on}")
+        try:
+            ratio = float(parts[1])
+        except ValueError:
+            raise ValueError(f"bad ratio {parts[1]!r} in {text!r}") from None
+        if parts[4] not in ("0", "1"):
+            raise ValueError(f"shared_head must be 0 or 1 in {text!r}")
+        return cls(ratio, parts[2], parts[3], parts[4] == "1", skip, parts[5])
+
+
+def get_rpe_config(ratio: float = 1.9, method: Union[str, int, Method] = "product",
+                   mode: str = "contextual", shared_head: bool = True, skip: int = 0,
+                   rpe_on: str = "k") -> RPEConfig:
+    """Build an :class:`RPEConfig` from the official keyword arguments and aliases."""
+    return RPEConfig(ratio=ratio, method=parse_method(method), mode=mode,
+                     shared_head=shared_head, skip=skip, on=rpe_on)
+
+
+class iRPE(nn.Module):
+    """One image relative position encoding (all methods except cross).
+
+    ``transposed`` is True on queries/keys (output (B,H,Lq,Lk) added to the logits) and False on
+    values (input attn (B,H,Lq,Lk), output (B,H,Lq,D) added to attn @ v).
+    """
+
+    def __init__(self, head_dim: int, num_heads: int, mode: str, method: Method, ratio: float,
+                 skip: int, transposed: bool = True,
+                 initializer: Optional[Callable[[torch.Tensor], None]] = None) -> None:
+        super().__init__()
+        self.head_dim, self.num_heads, self.mode = head_dim, num_heads, _MODES[mode]
+        self.method, self.ratio, self.skip = parse_method(method), ratio, skip
+        self.transposed = transposed
+        self.num_buckets = num_buckets(self.method, ratio, skip)
+        self.traceable = False  # True: compute ids in-graph (dynamic-resolution export)
+        self._ids_cache: dict = {}
+        if self.mode == "bias":
+            if not transposed:
+                raise ValueError("iRPE bias mode is not defined on values")
+            self.lookup_table_bias = nn.Parameter(torch.zeros(num_heads, self.num_buckets))
+        else:
+            shape = ((num_heads, head_dim, self.num_buckets) if transposed
+                     else (num_heads, self.num_buckets, head_dim))
+            self.lookup_table_weight = nn.Parameter(torch.zeros(shape))
+        if initializer is not None:
+            for p in self.parameters():
+                initializer(p)
+
+    def grid(self, length: int, height=None, width=None) -> Tuple[int, int, int]:
+        """(height, width, skip) for a sequence; without H/W the grid is floor(sqrt(L)) square."""
+        if height is None or width is None:
+            if height is not None or width is not None:
+                raise ValueError("give both height and width, or neither")
+            height = width = int(math.isqrt(length))
+        skip = length - height * width
+        if skip < 0:
+            raise ValueError(f"sequence of {length} tokens is shorter than the {height}x{width} grid")
+        return height, width, skip
+
+    def bucket_ids(self, length: int, height=None, width=None,
+                   device: Optional[torch.device] = None) -> torch.Tensor:
+        """Bucket ids (L, L) for this module's method; cached unless tracing dynamic sizes."""
+        if self.traceable or isinstance(height, torch.Tensor):
+            if height is None:
+                height, width, _ = self.grid(length)
+            skip = self.skip if isinstance(height, torch.Tensor) else length - height * width
+            return bucket_ids_traceable(self.method, self.ratio, height, width, self._skip(skip),
+                                        device=device)
+        height, width, skip = self.grid(length, height, width)
+        key = (height, width, skip, device)
+        ids = self._ids_cache.get(key)
+        if ids is None:
+            ids = bucket_ids(self.method, self.ratio, height, width, self._skip(skip)).to(device)
+            self._ids_cache[key] = ids
+        return ids
+
+    def _skip(self, skip):
+        if isinstance(skip, int) and (skip > 0) != (self.skip > 0):
+            raise ValueError(f"input has {skip} skip tokens but the module was built with "
+                             f"skip={self.skip} ({self.num_buckets} buckets)")
+        return skip
+
+    def forward(self, x: torch.Tensor, height=None, width=None) -> torch.Tensor:
+        """Encoding for x (B,H,L,D) on Q/K -> (B|1,H,L,L); for attn (B,H,L,L) on V -> (B,H,L,D)."""
+        ids = self.bucket_ids(x.shape[2], height, width, device=x.device)
+        if not self.transposed:
+            buckets = rpe_scatter(x, ids, self.num_buckets)  # (B, H, Lq, nb)
+            return torch.matmul(buckets, self.lookup_table_weight.unsqueeze(0).to(x.dtype))
+        if self.mode == "bias":
+            lq, lk = ids.shape
+            return self.lookup_table_bias[:, ids.reshape(-1)].view(1, -1, lq, lk).to(x.dtype)
+        table = torch.matmul(x, self.lookup_table_weight.unsqueeze(0).to(x.dtype))
+        return rpe_gather(table, ids)
+
+    def extra_repr(self) -> str:
+        return (f"head_dim={self.head_dim}, num_heads={self.num_heads}, mode={self.mode}, "
+                f"method={self.method.value}, ratio={self.ratio}, transposed={self.transposed}, "
+                f"num_buckets={self.num_buckets}")
+
+
+class iRPECross(nn.Module):
+    """Cross method: independent row and column encodings whose outputs are summed."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__()
+        kwargs.pop("method", None)
+        self.rp_rows = iRPE(method=Method.CROSS_ROWS, **kwargs)
+        self.rp_cols = iRPE(method=Method.CROSS_COLS, **kwargs)
+
+    @property
+    def num_buckets(self) -> int:
+        return self.rp_rows.num_buckets
+
+    def forward(self, x: torch.Tensor, height=None, width=None) -> torch.Tensor:
+        return self.rp_rows(x, height, width) + self.rp_cols(x, height, width)
+
+
+def build_rpe(config: Optional[RPEConfig], head_dim: int, num_heads: int,
+              initializer: Optional[Callable[[torch.Tensor], None]] = None):
+    """Build (rpe_q, rpe_k, rpe_v) modules for a config; absent encodings are None."""
+    if config is None:
+        return None, None, None
+
+    def one(on: str, transposed: bool):
+        if on not in config.on:
+            return None
+        cls = iRPECross if config.method == Method.CROSS else iRPE
+        return cls(head_dim=head_dim, num_heads=1 if config.shared_head else num_heads,
+                   mode=config.mode, method=config.method, ratio=config.ratio, skip=config.skip,
+                   transposed=transposed, initializer=initializer)
+
+    return one("q", True), one("k", True), one("v", False)
+
+
+def set_traceable(module: nn.Module, traceable: bool = True) -> nn.Module:
+    """Switch every iRPE submodule to in-graph id computation (for dynamic-size export)."""
+    for m in module.modules():
+        if isinstance(m, iRPE):
+            m.traceable = traceable
+    return module
+
