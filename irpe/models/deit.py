@@ -47,7 +47,7 @@ class VisionTransformer(nn.Module):
         num_pos = self.patch_embed.num_patches + self.num_prefix
         self.pos_embed = nn.Parameter(torch.zeros(1, num_pos, embed_dim))
         self.pos_drop = nn.Dropout(drop_rate)
-        dpr = torch.linspace(0, drop_path_rate, depth).tolist()
+        dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
         self.blocks = nn.ModuleList([
             Block(embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, dpr[i],
                   rpe_config=rpe_config) for i in range(depth)])

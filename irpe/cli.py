@@ -1,0 +1,146 @@
+"""The ``irpe`` command line: models, info, check."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Callable, List, Optional, Sequence
+
+import torch
+
+from . import __version__
+from .bucket import Method, bucket_ids, coefficients, piecewise_index
+from .models import create_model, list_models, model_info
+
+DEFAULT_CHECK_MODEL = "deit_tiny_patch16_224_ctx_product_50_shared_k"
+
+
+class CLIError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    """Table of registered models with params, MACs at 224x224 and published top-1."""
+    from .flops import profile_model
+    names = list_models(args.pattern)
+    if not names:
+        raise CLIError(f"no model matches {args.pattern!r}")
+    print(f"{'name':<52} {'params':>8} {'MACs':>8} {'iRPE':<28} {'top-1':>5}")
+    for name in names:
+        info = model_info(name)
+        rpe = info.config.get("rpe_config")
+        params, macs = profile_model(name) if not args.no_macs else (None, None)
+        p = f"{params / 1e6:.2f}M" if params else "-"
+        m = f"{macs / 1e9:.2f}G" if macs else "-"
+        top1 = f"{info.top1:.1f}" if info.top1 else "-"
+        print(f"{name:<52} {p:>8} {m:>8} {rpe.to_string() if rpe else 'none':<28} {top1:>5}")
+    return 0
+
+
+def _grid_lines(ids: torch.Tensor, height: int, width: int, query: int, skip: int) -> List[str]:
+    row = ids[skip + query, skip:].view(height, width)
+    return [" ".join(f"{int(v):>3}" for v in r) for r in row]
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """Bucket counts and the bucket map around the centre query of a model's iRPE."""
+    info = model_info(args.name)
+    cfg = info.config.get("rpe_config")
+    grid = info.config.get("img_size", 224) // info.config.get("patch_size", 16)
+    height, width = args.height or grid, args.width or grid
+    print(f"model      {info.name} (family {info.family})")
+    print(f"input      patch grid {grid}x{grid}, top-1 {info.top1 or '-'}, url {info.url or '-'}")
+    if cfg is None:
+        print("iRPE       none (baseline model)")
+        return 0
+    c = coefficients(cfg.ratio)
+    print(f"iRPE       {cfg.to_string()} skip={cfg.skip} on={cfg.on} mode={cfg.mode}")
+    print(f"piecewise  alpha={c.alpha:g} beta={c.beta:g} gamma={c.gamma:g} "
+          f"beta_int={c.beta_int}")
+    offsets = list(range(0, max(height, width)))
+    mapped = piecewise_index(torch.tensor(offsets), cfg.ratio).tolist()
+    print("offset     " + " ".join(f"{o:>3}" for o in offsets))
+    print("bucket     " + " ".join(f"{b:>3}" for b in mapped))
+    parts = [Method.CROSS_ROWS, Method.CROSS_COLS] if cfg.method == Method.CROSS else [cfg.method]
+    query = (height // 2) * width + width // 2
+    for method in parts:
+        ids = bucket_ids(method, cfg.ratio, height, width, cfg.skip)
+        print(f"\n[{method.value}] grid {height}x{width} + {cfg.skip} skip token(s): "
+              f"{cfg.num_buckets} buckets allocated, {ids.unique().numel()} used")
+        print(f"bucket ids of key positions seen from query (row {height // 2}, col {width // 2}):")
+        print("\n".join(_grid_lines(ids, height, width, query, cfg.skip)))
+    return 0
+
+
+def _check_step(report: List[tuple], label: str, fn: Callable[[], str]) -> None:
+    start = time.perf_counter()
+    try:
+        detail, ok = fn(), True
+    except Exception as exc:  # a self-test reports every failure instead of stopping
+        detail, ok = f"{type(exc).__name__}: {exc}", False
+    report.append((label, ok, detail, time.perf_counter() - start))
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Self-test: ids, ops, a model forward and a checkpoint round trip; non-zero on failure."""
+    from . import selfcheck
+    model_info(args.model)  # unknown names are a usage error, not a failed check
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    report: List[tuple] = []
+    for label, fn in selfcheck.steps(args.model, args.batch, args.img_size):
+        _check_step(report, label, fn)
+    print(f"irpe {__version__} self-check (torch {torch.__version__}, {args.threads} threads)")
+    for label, ok, detail, secs in report:
+        print(f"  [{'PASS' if ok else 'FAIL'}] {label:<34} {secs * 1000:8.1f} ms  {detail}")
+    failed = sum(not ok for _, ok, _, _ in report)
+    print(f"{len(report) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="irpe", description="iRPE models: inspect, check, "
+                                     "and (in later commands) export and serve.")
+    parser.add_argument("--version", action="version", version=f"irpe {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("models", help="list registered models with params and MACs")
+    p.add_argument("pattern", nargs="?", default="*", help="shell pattern, e.g. 'deit_small*'")
+    p.add_argument("--no-macs", action="store_true", help="skip the params/MACs count")
+    p.set_defaults(func=cmd_models)
+    p = sub.add_parser("info", help="iRPE config, bucket counts and bucket map of a model")
+    p.add_argument("name", help="registered model name (see `irpe models`)")
+    p.add_argument("--height", type=_positive, help="patch-grid height (default: model's)")
+    p.add_argument("--width", type=_positive, help="patch-grid width (default: model's)")
+    p.set_defaults(func=cmd_info)
+    p = sub.add_parser("check", help="self-test: bucket ids, ops, model forward, checkpoint")
+    p.add_argument("--model", default=DEFAULT_CHECK_MODEL, help="model to build and run")
+    p.add_argument("--batch", type=_positive, default=2, help="batch size of the forward")
+    p.add_argument("--img-size", type=_positive, default=224, help="input height = width")
+    p.add_argument("--threads", type=_positive, default=2, help="torch CPU threads")
+    p.set_defaults(func=cmd_check)
+    return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``irpe`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (CLIError, KeyError, ValueError) as exc:
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"irpe {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""Steps of ``irpe check``: each returns a short detail string or raises on failure."""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from typing import Callable, Dict, List, Tuple
+
+import torch
+
+from .bucket import bucket_ids, bucket_ids_traceable, num_buckets
+from .checkpoint import save_checkpoint
+from .models import create_model
+from .ops import rpe_gather, rpe_scatter
+
+_METHODS = (("product", 1.9), ("euc", 20), ("quant", 33), ("cross_rows", 20), ("cross_cols", 20))
+_GRIDS = ((14, 14, 1), (7, 11, 0), (5, 3, 2), (1, 9, 1))
+
+
+def check_ids() -> str:
+    for method, ratio in _METHODS:
+        for h, w, skip in _GRIDS:
+            if not torch.equal(bucket_ids(method, ratio, h, w, skip),
+                               bucket_ids_traceable(method, ratio, h, w, skip)):
+                raise AssertionError(f"{method} ratio {ratio} grid {h}x{w} skip {skip} differ")
+    counts = [num_buckets(m, r, 1) for m, r in _METHODS[:4]]
+    if counts != [50, 82, 134, 82]:
+        raise AssertionError(f"bucket counts {counts} != [50, 82, 134, 82]")
+    return f"{len(_METHODS)} methods x {len(_GRIDS)} grids equal; buckets {counts}"
+
+
+def check_ops() -> str:
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(2, 3, 5, 4, dtype=torch.float64, generator=g, requires_grad=True)
+    attn = torch.randn(2, 3, 5, 6, dtype=torch.float64, generator=g, requires_grad=True)
+    index = torch.randint(0, 4, (5, 6), generator=g, dtype=torch.int32)
+    torch.autograd.gradcheck(lambda t: rpe_gather(t, index), (table,))
+    torch.autograd.gradcheck(lambda a: rpe_scatter(a, index, 4), (attn,))
+    lhs = (rpe_gather(table, index) * attn).sum()
+    rhs = (table * rpe_scatter(attn, index, 4)).sum()
+    torch.testing.assert_close(lhs, rhs)
+    return "gradcheck gather+scatter, adjoint identity"
+
+
+def steps(model_name: str, batch: int, img_size: int) -> List[Tuple[str, Callable[[], str]]]:
+    """The ordered self-check steps; later steps reuse the model built by an earlier one."""
+    state: Dict[str, object] = {}
+
+    def build() -> str:
+        model = create_model(model_name).eval()
+        with torch.no_grad():  # random tables so the iRPE terms are not zero
+            for name, p in model.named_parameters():
+                if "lookup_table" in name:
+                    p.normal_(0, 0.02)
+        state["model"] = model
+        return f"{model_name}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params"
+
+    def forward() -> str:
+        model = state["model"]
+        x = torch.randn(batch, 3, img_size, img_size)
+        with torch.inference_mode():
+            model(x)  # warm-up (bucket ids are cached on first use)
+            t0 = time.perf_counter()
+            y = model(x)
+            ms = (time.perf_counter() - t0) * 1000
+        if y.shape != (batch, model.num_classes) or not torch.isfinite(y).all():
+            raise AssertionError(f"bad output {tuple(y.shape)}")
+        state["x"], state["y"] = x, y
+        return f"bs {batch} {img_size}x{img_size} -> {tuple(y.shape)}, {ms / batch:.1f} ms/image"
+
+    def round_trip() -> str:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "model.safetensors")
+            save_checkpoint(state["model"], path)
+            reloaded = create_model(model_name, checkpoint=path).eval()
+            size = os.path.getsize(path)
+        with torch.inference_mode():
+            diff = (reloaded(state["x"]) - state["y"]).abs().max().item()
+        if diff != 0:
+            raise AssertionError(f"reloaded model differs by {diff}")
+        return f"safetensors {size / 1e6:.1f} MB, strict load, outputs identical"
+
+    def non_square() -> str:
+        x = torch.randn(1, 3, img_size * 5 // 7 // 16 * 16 or 16, img_size)
+        with torch.inference_mode():
+            y = state["model"](x)
+        if not torch.isfinite(y).all():
+            raise AssertionError("non-finite output")
+        return f"input {x.shape[2]}x{x.shape[3]} (grid {x.shape[2] // 16}x{x.shape[3] // 16}) ok"
+
+    return [("bucket ids: cached == traceable", check_ids), ("ops: gradcheck, adjoint", check_ops),
+            ("build model", build), ("forward", forward), ("checkpoint round trip", round_trip),
+            ("non-square input", non_square)]
