@@ -38,9 +38,9 @@ class VisionTransformer(nn.Module):
         super().__init__()
         self.num_classes, self.embed_dim, self.rpe_config = num_classes, embed_dim, rpe_config
         self.num_prefix = 2 if distilled else 1
-        if rpe_config is not None and rpe_config.skip != self.num_prefix:
-            raise ValueError(f"rpe_config.skip={rpe_config.skip} but the model has "
-                             f"{self.num_prefix} prefix token(s)")
+        if rpe_config is not None and rpe_config.skip < 1:
+            raise ValueError(f"rpe_config.skip must be >= 1: the model has {self.num_prefix} "
+                             "prefix token(s) that share iRPE's extra bucket")
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if distilled else None

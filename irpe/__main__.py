@@ -1,0 +1,6 @@
+"""``python -m irpe`` == the ``irpe`` console script."""
+import sys
+
+from .cli import main
+
+sys.exit(main())
