@@ -199,3 +199,18 @@ def test_training_step_updates_rpe_tables():
     assert len(grads) == 6 and all(g is not None and g.abs().sum() > 0 for g in grads)
     opt.step()
     assert "blocks.0.attn.rpe_k.lookup_table_weight" in model.no_weight_decay()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_forward_close_to_fp32(dtype):
+    model = small_vit().eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lookup_table" in n:
+                p.normal_(0, 0.1)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.inference_mode():
+        ref = model(x)
+        low = model.to(dtype)(x.to(dtype))
+    assert low.dtype == dtype
+    torch.testing.assert_close(low.float(), ref, atol=0.05, rtol=0.05)
