@@ -8,7 +8,32 @@ from torch import nn
 
 from .rpe import RPEConfig, build_rpe
 
-__all__ = ["RPEAttention"]
+__all__ = ["RPEAttention", "rpe_attention"]
+
+
+def rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, rpe_q=None,
+                  rpe_k=None, rpe_v=None, height=None, width=None,
+                  key_padding_mask: Optional[torch.Tensor] = None,
+                  dropout: Optional[nn.Module] = None) -> torch.Tensor:
+    """Scaled dot-product attention with iRPE terms, official order; q, k, v (B, H, L, D).
+
+    The key padding mask (B, Lk), True = padding, is applied after the iRPE terms are added.
+    """
+    q = q * scale
+    attn = q @ k.transpose(-2, -1)
+    if rpe_k is not None:
+        attn = attn + rpe_k(q, height, width)
+    if rpe_q is not None:
+        attn = attn + rpe_q(k * scale, height, width).transpose(2, 3)
+    if key_padding_mask is not None:
+        attn = attn.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+    attn = attn.softmax(dim=-1)
+    if dropout is not None:
+        attn = dropout(attn)
+    out = attn @ v
+    if rpe_v is not None:
+        out = out + rpe_v(attn, height, width)
+    return out
 
 
 class RPEAttention(nn.Module):
@@ -38,14 +63,6 @@ class RPEAttention(nn.Module):
         b, n, c = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, c // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-        q = q * self.scale
-        attn = q @ k.transpose(-2, -1)
-        if self.rpe_k is not None:
-            attn = attn + self.rpe_k(q, height, width)
-        if self.rpe_q is not None:
-            attn = attn + self.rpe_q(k * self.scale, height, width).transpose(2, 3)
-        attn = self.attn_drop(attn.softmax(dim=-1))
-        out = attn @ v
-        if self.rpe_v is not None:
-            out = out + self.rpe_v(attn, height, width)
+        out = rpe_attention(q, k, v, self.scale, self.rpe_q, self.rpe_k, self.rpe_v, height, width,
+                            dropout=self.attn_drop)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))

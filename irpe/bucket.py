@@ -143,6 +143,7 @@ def _ids_from_offsets(method: Method, dr: torch.Tensor, dc: torch.Tensor, ratio:
 
 
 @functools.lru_cache(maxsize=64)
+@torch.inference_mode(False)  # a normal tensor even if first built under inference_mode
 def _cached_ids(method: Method, ratio: float, height: int, width: int, skip: int) -> torch.Tensor:
     diff = relative_offsets(height, width)
     ids = _ids_from_offsets(method, diff[..., 0], diff[..., 1], ratio,

@@ -21,11 +21,11 @@ class CLIError(Exception):
 
 def cmd_models(args: argparse.Namespace) -> int:
     """Table of registered models with params, MACs at 224x224 and published top-1."""
-    from .flops import profile_model
+    from .flops import default_input_size, profile_model
     names = list_models(args.pattern)
     if not names:
         raise CLIError(f"no model matches {args.pattern!r}")
-    print(f"{'name':<52} {'params':>8} {'MACs':>8} {'iRPE':<28} {'top-1':>5}")
+    print(f"{'name':<52} {'params':>8} {'MACs':>8} {'input':>9} {'iRPE':<28} {'top-1':>5}")
     for name in names:
         info = model_info(name)
         rpe = info.config.get("rpe_config")
@@ -33,7 +33,9 @@ def cmd_models(args: argparse.Namespace) -> int:
         p = f"{params / 1e6:.2f}M" if params else "-"
         m = f"{macs / 1e9:.2f}G" if macs else "-"
         top1 = f"{info.top1:.1f}" if info.top1 else "-"
-        print(f"{name:<52} {p:>8} {m:>8} {rpe.to_string() if rpe else 'none':<28} {top1:>5}")
+        size = "x".join(map(str, default_input_size(name)))
+        print(f"{name:<52} {p:>8} {m:>8} {size:>9} {rpe.to_string() if rpe else 'none':<28} "
+              f"{top1:>5}")
     return 0
 
 
@@ -45,11 +47,14 @@ def _grid_lines(ids: torch.Tensor, height: int, width: int, query: int, skip: in
 def cmd_info(args: argparse.Namespace) -> int:
     """Bucket counts and the bucket map around the centre query of a model's iRPE."""
     info = model_info(args.name)
+    from .flops import default_input_size
     cfg = info.config.get("rpe_config")
-    grid = info.config.get("img_size", 224) // info.config.get("patch_size", 16)
-    height, width = args.height or grid, args.width or grid
+    stride = info.config.get("patch_size", 32)  # DETR: ResNet stride 32
+    size = default_input_size(info.name)
+    grid = (size[0] // stride, size[1] // stride)
+    height, width = args.height or grid[0], args.width or grid[1]
     print(f"model      {info.name} (family {info.family})")
-    print(f"input      patch grid {grid}x{grid}, top-1 {info.top1 or '-'}, url {info.url or '-'}")
+    print(f"input      {size[0]}x{size[1]} -> grid {grid[0]}x{grid[1]}, top-1 {info.top1 or '-'}, url {info.url or '-'}")
     if cfg is None:
         print("iRPE       none (baseline model)")
         return 0

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-__all__ = ["count_params", "count_macs", "profile_model"]
+__all__ = ["count_params", "count_macs", "default_input_size", "profile_model"]
 
 
 def count_params(model: nn.Module) -> int:
@@ -24,9 +24,19 @@ def count_macs(model: nn.Module, input_shape: Tuple[int, ...]) -> int:
     return counter.get_total_flops() // 2
 
 
-def profile_model(name: str, img_size: int = 224) -> Tuple[int, int]:
-    """(params, MACs) of a registered model at batch 1, built on the meta device."""
+def default_input_size(name: str) -> Tuple[int, int]:
+    """Input (H, W) a model is usually profiled at: its img_size, or 800x1216 for detectors."""
+    from .models import model_info
+    info = model_info(name)
+    if info.family == "detr":
+        return (800, 1216)
+    size = info.config.get("img_size", 224)
+    return (size, size)
+
+
+def profile_model(name: str) -> Tuple[int, int]:
+    """(params, MACs) of a registered model at batch 1 and its default input size (meta device)."""
     from .models import create_model
     with torch.device("meta"):
-        model = create_model(name).eval()
-    return count_params(model), count_macs(model, (1, 3, img_size, img_size))
+        model = create_model(name).eval().requires_grad_(False)
+    return count_params(model), count_macs(model, (1, 3) + default_input_size(name))

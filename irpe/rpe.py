@@ -149,7 +149,9 @@ class iRPE(nn.Module):
         key = (height, width, skip, device)
         ids = self._ids_cache.get(key)
         if ids is None:
-            ids = bucket_ids(self.method, self.ratio, height, width, self._skip(skip)).to(device)
+            with torch.inference_mode(False):  # cached ids must stay usable by autograd
+                ids = bucket_ids(self.method, self.ratio, height, width, self._skip(skip))
+                ids = ids.to(device)
             self._ids_cache[key] = ids
         return ids
 

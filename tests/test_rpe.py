@@ -145,3 +145,15 @@ def test_attention_matches_official_order(method):
     attn = _randomize(RPEAttention(24, 3, qkv_bias=True, rpe_config=cfg)).double()
     x = torch.randn(2, 1 + 4 * 3, 24, dtype=torch.float64)
     torch.testing.assert_close(attn(x, 4, 3), _official_attention(attn, x, 4, 3))
+
+
+def test_ids_first_built_under_inference_mode_still_train():
+    cfg = get_rpe_config(ratio=1.7, method="product", skip=0, rpe_on="k")
+    _, k, _ = build_rpe(cfg, head_dim=4, num_heads=2)
+    x = torch.randn(1, 2, 21, 4)
+    with torch.inference_mode():
+        k(x, 3, 7)  # first use of this grid happens in inference mode
+    _, k2, _ = build_rpe(cfg, head_dim=4, num_heads=2)
+    k(x, 3, 7).sum().backward()
+    k2(x.requires_grad_(), 3, 7).sum().backward()
+    assert k.lookup_table_weight.grad is not None and x.grad is not None
