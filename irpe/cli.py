@@ -145,6 +145,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"irpe {args.command}: error: {msg}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `irpe info ... | head`: the reader left, nothing to report
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
