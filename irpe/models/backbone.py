@@ -150,6 +150,10 @@ class Backbone(nn.Module):
 
     def forward(self, images: torch.Tensor, sizes: Sizes) -> Tuple[torch.Tensor, torch.Tensor]:
         """Features (B, C, h, w) and mask (B, h, w), True on padding (DETR convention)."""
+        full = torch.tensor(images.shape[-2:], device=sizes.device)
+        if bool((sizes == full).all()):  # no padding: skip the per-conv masking
+            feats, _ = self.body(images, None)
+            return feats, feats.new_zeros((feats.shape[0],) + feats.shape[-2:], dtype=torch.bool)
         feats, feat_sizes = self.body(images, sizes)
         return feats, ~valid_mask(feat_sizes, feats.shape[-2], feats.shape[-1])
 
