@@ -170,3 +170,12 @@ def test_detr_training_step_reaches_rpe_tables():
     loss.backward()
     grad = model.transformer.encoder.layers[0].self_attn.rpe_k.lookup_table_weight.grad
     assert grad is not None and grad.abs().sum() > 0
+
+
+def test_no_sizes_equals_full_sizes():
+    model = _tiny()
+    x = torch.randn(2, 3, 50, 70)
+    with torch.inference_mode():
+        a = model(x)["pred_boxes"]
+        b = model(x, torch.tensor([[50, 70], [50, 70]]))["pred_boxes"]
+    torch.testing.assert_close(a, b)

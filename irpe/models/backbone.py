@@ -148,10 +148,10 @@ class Backbone(nn.Module):
         self.body = ResNetBody(block, layers, widths)
         self.num_channels = self.body.num_channels
 
-    def forward(self, images: torch.Tensor, sizes: Sizes) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, images: torch.Tensor,
+                sizes: Optional[Sizes] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """Features (B, C, h, w) and mask (B, h, w), True on padding (DETR convention)."""
-        full = torch.tensor(images.shape[-2:], device=sizes.device)
-        if bool((sizes == full).all()):  # no padding: skip the per-conv masking
+        if sizes is None:  # no padding: no per-conv masking, nothing masked
             feats, _ = self.body(images, None)
             return feats, feats.new_zeros((feats.shape[0],) + feats.shape[-2:], dtype=torch.bool)
         feats, feat_sizes = self.body(images, sizes)

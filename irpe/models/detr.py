@@ -59,14 +59,14 @@ class DETR(nn.Module):
         self.bbox_embed = MLP(d_model, d_model, 4, 3)
 
     def forward(self, images: torch.Tensor, sizes: Optional[torch.Tensor] = None) -> Dict:
-        """images (B, 3, H, W) padded bottom/right; sizes (B, 2) valid (h, w), default full.
+        """images (B, 3, H, W) padded bottom/right; sizes (B, 2) valid (h, w); None = no padding.
 
         Returns pred_logits (B, Q, classes+1), pred_boxes (B, Q, 4) as cx, cy, w, h relative to
         each image's valid size, and aux_outputs of the earlier decoder layers.
         """
-        if sizes is None:
-            sizes = torch.tensor([images.shape[-2:]] * images.shape[0], device=images.device)
-        feats, mask = self.backbone[0](images, sizes.to(images.device))
+        if sizes is not None:
+            sizes = sizes.to(images.device)
+        feats, mask = self.backbone[0](images, sizes)
         pos = self.backbone[1](mask).to(feats.dtype)
         hs = self.transformer(self.input_proj(feats), mask, self.query_embed.weight, pos)
         logits, boxes = self.class_embed(hs), self.bbox_embed(hs).sigmoid()
