@@ -23,7 +23,7 @@ def _naive(module, x, height, width):
         return _naive(module.rp_rows, x, height, width) + _naive(module.rp_cols, x, height, width)
     ids = module.bucket_ids(x.shape[2], height, width)
     heads = x.shape[1]
-    expanded = module if module.num_heads == heads else _expand_heads(module, heads)
+    expanded = module if module.num_heads == heads else _Heads(module, heads)
     return naive_rpe(expanded, x, ids)
 
 
@@ -34,10 +34,6 @@ class _Heads:  # a read-only view of a shared-head module with its table repeate
             if hasattr(module, name):
                 t = getattr(module, name)
                 setattr(self, name, t.expand(heads, *t.shape[1:]))
-
-
-def _expand_heads(module, heads):
-    return _Heads(module, heads)
 
 
 CASES = [(m, mode, shared, on) for m, mode, shared, on in itertools.product(

@@ -66,10 +66,11 @@ class PositionEmbeddingSine(nn.Module):
         x = x / (x[:, :, -1:] + 1e-6) * self.scale
         i = torch.arange(self.num_pos_feats, dtype=torch.float32, device=mask.device)
         dim_t = self.temperature ** (2 * torch.div(i, 2, rounding_mode="floor") / self.num_pos_feats)
-        px, py = x[..., None] / dim_t, y[..., None] / dim_t
-        px = torch.stack((px[..., 0::2].sin(), px[..., 1::2].cos()), dim=4).flatten(3)
-        py = torch.stack((py[..., 0::2].sin(), py[..., 1::2].cos()), dim=4).flatten(3)
-        return torch.cat((py, px), dim=3).permute(0, 3, 1, 2)
+        def sincos(t: torch.Tensor) -> torch.Tensor:
+            t = t[..., None] / dim_t
+            return torch.stack((t[..., 0::2].sin(), t[..., 1::2].cos()), dim=4).flatten(3)
+
+        return torch.cat((sincos(y), sincos(x)), dim=3).permute(0, 3, 1, 2)
 
 
 class EncoderLayer(nn.Module):
