@@ -9,14 +9,18 @@ from typing import Callable, List, Optional, Sequence
 import torch
 
 from . import __version__
+from .checkpoint import CheckpointError
 from .bucket import Method, bucket_ids, coefficients, piecewise_index
+from .errors import CLIError
 from .models import create_model, list_models, model_info
 
 DEFAULT_CHECK_MODEL = "deit_tiny_patch16_224_ctx_product_50_shared_k"
 
 
-class CLIError(Exception):
-    """A user error: printed as one line, exit status 2."""
+# Subcommands defined next to the code they drive; each module has ``add_parser(subparsers)``
+# and must import only light modules at import time (heavy ones inside the command function).
+EXTENSIONS = ("irpe.data.cli", "irpe.weights", "irpe.engine.cli", "export.cli", "serve.cli",
+              "benchmarks.cli")
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -123,7 +127,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--img-size", type=_positive, default=224, help="input height = width")
     p.add_argument("--threads", type=_positive, default=2, help="torch CPU threads")
     p.set_defaults(func=cmd_check)
+    for module in EXTENSIONS:
+        _add_extension(sub, module)
     return parser
+
+
+def _add_extension(sub: argparse._SubParsersAction, module: str) -> None:
+    """Register the subcommands of ``module`` if that module exists in this checkout."""
+    import importlib
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module.startswith(exc.name):
+            return  # the package that would define these commands is not part of this build
+        raise
+    mod.add_parser(sub)
 
 
 def _positive(text: str) -> int:
@@ -141,13 +159,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (CLIError, KeyError, ValueError) as exc:
-        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"irpe {args.command}: error: {msg}", file=sys.stderr)
-        return 2
     except BrokenPipeError:  # `irpe info ... | head`: the reader left, nothing to report
         sys.stderr.close()
         return 0
+    except (CLIError, KeyError, ValueError, OSError, CheckpointError) as exc:
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"irpe {args.command}: error: {msg}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
