@@ -111,11 +111,19 @@ def block_forward(block: nn.Module, x: torch.Tensor, sizes: Optional[Sizes]):
 
 
 class ResNetBody(nn.Module):
-    """torchvision ResNet stem + layer1..4 (no fc); returns layer4 features and valid sizes."""
+    """torchvision ResNet stem + layer1..N (no fc); returns the last stage's features and sizes.
+
+    ``len(widths)`` stages are built (4: stride 32 as torchvision; 3: stride 16 for small
+    inputs). ``norm="batch"`` uses trainable BatchNorm2d (training from scratch; same keys).
+    """
 
     def __init__(self, block: str = "bottleneck", layers: Sequence[int] = (3, 4, 6, 3),
-                 widths: Sequence[int] = (64, 128, 256, 512)) -> None:
+                 widths: Sequence[int] = (64, 128, 256, 512), norm: str = "frozen") -> None:
         super().__init__()
+        if norm not in _NORMS:
+            raise ValueError(f"norm must be one of {sorted(_NORMS)}, got {norm!r}")
+        if not 1 <= len(widths) <= len(layers):
+            raise ValueError(f"need 1..{len(layers)} stage widths, got {len(widths)}")
         cls = Bottleneck if block == "bottleneck" else BasicBlock
         self.conv1 = nn.Conv2d(3, widths[0], 7, stride=2, padding=3, bias=False)
         self.bn1 = FrozenBatchNorm2d(widths[0])
@@ -127,26 +135,41 @@ class ResNetBody(nn.Module):
                 blocks.append(cls(cin, width, stride=2 if (j == 0 and i > 0) else 1))
                 cin = width * cls.expansion
             setattr(self, f"layer{i + 1}", nn.Sequential(*blocks))
-        self.num_channels = cin
+        self.num_channels, self.num_stages = cin, len(widths)
+        self.stride = 4 * 2 ** (len(widths) - 1)
+        if norm == "batch":
+            _swap_norms(self)
 
     def forward(self, x: torch.Tensor, sizes: Optional[Sizes] = None):
         x, sizes = masked(self.conv1, x, sizes)
         x = self.bn1(x).relu()
         x, sizes = masked(self.maxpool, x, sizes)  # inputs >= 0 after relu: 0 == -inf pad
-        for i in range(1, 5):
+        for i in range(1, self.num_stages + 1):
             for block in getattr(self, f"layer{i}"):
                 x, sizes = block_forward(block, x, sizes)
         return x, sizes
 
 
+_NORMS = {"frozen", "batch"}
+
+
+def _swap_norms(module: nn.Module) -> None:
+    """Replace every FrozenBatchNorm2d by a trainable BatchNorm2d (identical keys + counter)."""
+    for name, child in module.named_children():
+        if isinstance(child, FrozenBatchNorm2d):
+            setattr(module, name, nn.BatchNorm2d(child.weight.numel(), eps=child.eps))
+        else:
+            _swap_norms(child)
+
+
 class Backbone(nn.Module):
-    """DETR's ``backbone.0``: a ResNet body; features plus the padding mask at stride 32."""
+    """DETR's ``backbone.0``: a ResNet body; features plus the padding mask at its stride."""
 
     def __init__(self, block: str = "bottleneck", layers: Sequence[int] = (3, 4, 6, 3),
-                 widths: Sequence[int] = (64, 128, 256, 512)) -> None:
+                 widths: Sequence[int] = (64, 128, 256, 512), norm: str = "frozen") -> None:
         super().__init__()
-        self.body = ResNetBody(block, layers, widths)
-        self.num_channels = self.body.num_channels
+        self.body = ResNetBody(block, layers, widths, norm)
+        self.num_channels, self.stride = self.body.num_channels, self.body.stride
 
     def forward(self, images: torch.Tensor,
                 sizes: Optional[Sizes] = None) -> Tuple[torch.Tensor, torch.Tensor]:

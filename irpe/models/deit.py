@@ -157,3 +157,17 @@ for _arch in DEIT_ARCHS:
     _register_deit(_arch, None, distilled=True)
 for (_arch, _variant) in _OFFICIAL:
     _register_deit(_arch, _variant)
+
+
+# Demo classifier for the synthetic shapes set (irpe.data.shapes): 64x64 input, 8x8 patch grid,
+# iRPE product/contextual on Q, K and V; weights bundled (irpe/demo/, `make demo-models`).
+_SHAPES = dict(img_size=64, patch_size=8, embed_dim=96, depth=4, num_heads=3, mlp_ratio=4.0,
+               qkv_bias=True, num_classes=8, distilled=False,
+               rpe_config=RPEConfig(ratio=1.9, method="product", mode="contextual",
+                                    shared_head=True, skip=1, on="qkv"))
+
+
+@register_model("deit_shapes_irpe", family="deit", config=_SHAPES,
+                preprocess=dict(size=64, crop_pct=1.0), weights="deit_shapes_irpe.safetensors")
+def deit_shapes_irpe(**overrides) -> VisionTransformer:
+    return VisionTransformer(**{**_SHAPES, **overrides})

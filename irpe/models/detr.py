@@ -42,14 +42,14 @@ class DETR(nn.Module):
                  widths: Sequence[int] = (64, 128, 256, 512), d_model: int = 256, nhead: int = 8,
                  enc_layers: int = 6, dec_layers: int = 6, dim_feedforward: int = 2048,
                  dropout: float = 0.1, rpe_config: Optional[RPEConfig] = None,
-                 aux_loss: bool = True) -> None:
+                 aux_loss: bool = True, norm: str = "frozen") -> None:
         super().__init__()
         if rpe_config is not None and rpe_config.skip != 0:
             raise ValueError("DETR has no cls token: iRPE skip must be 0")
         block, layers = resnet_layers(depth)
         self.num_classes, self.num_queries, self.aux_loss = num_classes, num_queries, aux_loss
         self.rpe_config = rpe_config
-        self.backbone = nn.Sequential(Backbone(block, layers, widths),
+        self.backbone = nn.Sequential(Backbone(block, layers, widths, norm),
                                       PositionEmbeddingSine(d_model // 2))
         self.input_proj = nn.Conv2d(self.backbone[0].num_channels, d_model, kernel_size=1)
         self.query_embed = nn.Embedding(num_queries, d_model)
@@ -115,17 +115,23 @@ _R50 = dict(depth=50, widths=(64, 128, 256, 512), d_model=256, nhead=8, enc_laye
             dec_layers=6, dim_feedforward=2048, num_queries=100, num_classes=91)
 _TINY = dict(depth=18, widths=(16, 32, 64, 128), d_model=64, nhead=4, enc_layers=2,
              dec_layers=2, dim_feedforward=128, num_queries=20, num_classes=8, dropout=0.0)
+# demo detector for the synthetic shapes set: 3 ResNet-18 stages (stride 16 -> 8x8 at 128 px)
+_SHAPES = dict(depth=18, widths=(32, 64, 128), d_model=128, nhead=4, enc_layers=2, dec_layers=2,
+               dim_feedforward=256, num_queries=16, num_classes=8, dropout=0.0)
 _VARIANTS = {
     "detr_resnet50": (_R50, None),
     "detr_resnet50_irpe": (_R50, _DETR_RPE),
     "detr_tiny_irpe": (_TINY, _DETR_RPE),
+    "detr_shapes_irpe": (_SHAPES, _DETR_RPE),
 }
+_DEMO = {"detr_shapes_irpe": dict(preprocess=dict(task="detection", min_size=128, max_size=256),
+                                  weights="detr_shapes_irpe.safetensors")}
 
 
 def _register(name: str, base: Dict, rpe: Optional[str]) -> None:
     config = dict(base, rpe_config=RPEConfig.from_string(rpe) if rpe else None)
 
-    @register_model(name, family="detr", config=config)
+    @register_model(name, family="detr", config=config, **_DEMO.get(name, {}))
     def build(**overrides) -> DETR:
         return DETR(**{**config, **overrides})
 

@@ -19,18 +19,27 @@ class ModelInfo:
     config: Dict = field(default_factory=dict)
     url: Optional[str] = None
     top1: Optional[float] = None
+    preprocess: Dict = field(default_factory=dict)  # overrides of the family's eval transform
+    weights: Optional[str] = None  # bundled weights file shipped in the package (demo models)
+
+    @property
+    def task(self) -> str:
+        """``classification`` (DeiT/ViT) or ``detection`` (DETR)."""
+        return "detection" if self.family == "detr" else "classification"
 
 
 _REGISTRY: Dict[str, ModelInfo] = {}
 
 
 def register_model(name: str, family: str, config: Optional[Dict] = None,
-                   url: Optional[str] = None, top1: Optional[float] = None):
+                   url: Optional[str] = None, top1: Optional[float] = None,
+                   preprocess: Optional[Dict] = None, weights: Optional[str] = None):
     """Decorator registering ``builder(**overrides) -> nn.Module`` under ``name``."""
     def wrap(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         if name in _REGISTRY:
             raise ValueError(f"model {name!r} is registered twice")
-        _REGISTRY[name] = ModelInfo(name, builder, family, dict(config or {}), url, top1)
+        _REGISTRY[name] = ModelInfo(name, builder, family, dict(config or {}), url, top1,
+                                    dict(preprocess or {}), weights)
         return builder
     return wrap
 
@@ -52,12 +61,31 @@ def model_info(name: str) -> ModelInfo:
 
 
 def create_model(name: str, checkpoint: Optional[str] = None, strict: bool = True,
-                 **overrides) -> nn.Module:
-    """Build a registered model, then load ``checkpoint`` (safetensors or weights-only .pth)."""
+                 pretrained: bool = False, **overrides) -> nn.Module:
+    """Build a registered model, then load ``checkpoint`` (safetensors or weights-only .pth).
+
+    ``pretrained=True`` loads the weights bundled with the package (demo models only); nothing
+    is ever downloaded here (see ``irpe weights download``).
+    """
     info = model_info(name)
+    if pretrained and checkpoint is None:
+        if info.weights is None:
+            raise ValueError(f"{name} has no bundled weights; pass checkpoint= (official "
+                             "checkpoints: `irpe weights download NAME`)")
+        checkpoint = bundled_weights(info)
     model = info.builder(**overrides)
     model.model_name = name
     if checkpoint is not None:
         from ..checkpoint import load_checkpoint
         load_checkpoint(model, checkpoint, strict=strict)
     return model
+
+
+def bundled_weights(info: ModelInfo) -> str:
+    """Absolute path of a model's bundled weights (shipped under irpe/demo/)."""
+    import os
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "demo", info.weights or "")
+    if info.weights is None or not os.path.isfile(path):
+        raise FileNotFoundError(f"bundled weights of {info.name} missing: {path} (rebuild them "
+                                "with `make demo-models`)")
+    return path

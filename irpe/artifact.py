@@ -1,0 +1,117 @@
+"""Trained-model files: safetensors weights + the metadata serving and export need.
+
+One format for everything this project writes after training: ``irpe.model_name`` (registry
+name), ``irpe.task``, ``irpe.class_names`` (JSON list), ``irpe.preprocess`` (JSON of
+:class:`irpe.data.Preprocess` fields), ``irpe.overrides`` (JSON builder overrides). The same keys
+go into ONNX ``metadata_props``, so every artifact describes itself.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from torch import nn
+
+from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .models import create_model, model_info
+from .rpe import RPEConfig
+
+__all__ = ["ModelSpec", "default_spec", "save_trained", "read_spec", "load_trained",
+           "spec_from_metadata"]
+
+FORMAT = "irpe-1"
+
+
+@dataclass
+class ModelSpec:
+    """What a trained model is: registry name, task, labels, eval transform, builder overrides."""
+
+    model_name: str
+    task: str
+    class_names: List[str]
+    preprocess: Dict = field(default_factory=dict)
+    overrides: Dict = field(default_factory=dict)
+
+    def build(self, checkpoint: Optional[str] = None) -> nn.Module:
+        """The registered model with these overrides (and weights when ``checkpoint`` is set)."""
+        return create_model(self.model_name, checkpoint=checkpoint, **_decode(self.overrides))
+
+    def transform(self):
+        """The :class:`irpe.data.Preprocess` this model was trained and evaluated with."""
+        from .data.transforms import Preprocess
+        return Preprocess.from_dict(self.preprocess)
+
+    def metadata(self) -> Dict[str, str]:
+        """String key/values for safetensors metadata and ONNX metadata_props."""
+        return {"irpe.format": FORMAT, "irpe.model_name": self.model_name,
+                "irpe.task": self.task, "irpe.class_names": json.dumps(self.class_names),
+                "irpe.preprocess": json.dumps(self.preprocess),
+                "irpe.overrides": json.dumps(_encode(self.overrides))}
+
+
+def default_spec(model_name: str, class_names: Optional[List[str]] = None,
+                 **overrides) -> ModelSpec:
+    """Spec of a registered model with its family's eval transform (DeiT / DETR defaults)."""
+    info = model_info(model_name)
+    num = overrides.get("num_classes", info.config.get("num_classes", 1000))
+    names = list(class_names) if class_names is not None else [f"class_{i}" for i in range(num)]
+    if len(names) != num:
+        raise ValueError(f"{len(names)} class names for a model with {num} classes")
+    preprocess = {"task": info.task}
+    if info.task == "classification":
+        preprocess["size"] = info.config.get("img_size", 224)
+    preprocess.update(info.preprocess)
+    return ModelSpec(model_name, info.task, names, preprocess, dict(overrides))
+
+
+def save_trained(model: nn.Module, path: str, spec: ModelSpec,
+                 extra: Optional[Dict[str, str]] = None) -> None:
+    """Write ``model``'s weights and ``spec`` (+ string ``extra`` such as training figures)."""
+    meta = dict(extra or {})
+    meta.update(spec.metadata())
+    save_checkpoint(model, path, meta)
+
+
+def spec_from_metadata(meta: Dict[str, str]) -> ModelSpec:
+    """Inverse of :meth:`ModelSpec.metadata`; a clear error for files of another kind."""
+    if meta.get("irpe.format") != FORMAT:
+        raise CheckpointError("not an irpe trained-model file (metadata irpe.format missing); "
+                              "plain checkpoints load with create_model(name, checkpoint=...)")
+    try:
+        return ModelSpec(meta["irpe.model_name"], meta["irpe.task"],
+                         json.loads(meta["irpe.class_names"]), json.loads(meta["irpe.preprocess"]),
+                         json.loads(meta["irpe.overrides"]))
+    except (KeyError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"corrupt irpe metadata: {exc}") from None
+
+
+def read_spec(path: str) -> Tuple[ModelSpec, Dict[str, str]]:
+    """Spec and raw metadata of a trained-model .safetensors file, without loading weights."""
+    from safetensors import safe_open
+    try:
+        with safe_open(path, framework="pt") as handle:
+            meta = handle.metadata() or {}
+    except FileNotFoundError:
+        raise CheckpointError(f"model file not found: {path}") from None
+    except Exception as exc:  # safetensors raises its own error types on corrupt headers
+        raise CheckpointError(f"cannot read {path}: {exc}") from None
+    return spec_from_metadata(meta), meta
+
+
+def load_trained(path: str) -> Tuple[nn.Module, ModelSpec]:
+    """Build the model a trained-model file describes and load its weights (eval mode)."""
+    spec, _ = read_spec(path)
+    model = spec.build()
+    load_checkpoint(model, path, strict=True)
+    return model.eval(), spec
+
+
+def _encode(overrides: Dict) -> Dict:
+    return {k: {"rpe": v.to_string(), "skip": v.skip} if isinstance(v, RPEConfig) else
+            (list(v) if isinstance(v, tuple) else v) for k, v in overrides.items()}
+
+
+def _decode(overrides: Dict) -> Dict:
+    return {k: RPEConfig.from_string(v["rpe"], skip=v["skip"]) if isinstance(v, dict) and "rpe"
+            in v else v for k, v in overrides.items()}
