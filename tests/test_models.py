@@ -68,7 +68,7 @@ def test_registry_holds_every_official_name():
     assert model_info("deit_small_patch16_224_ctx_product_50_shared_k").top1 == 80.9
 
 
-@pytest.mark.parametrize("name", list_models("deit*"))
+@pytest.mark.parametrize("name", [n for n in list_models("deit*") if "shapes" not in n])
 def test_state_dict_layout_matches_official(name):
     with torch.device("meta"):
         model = create_model(name)
