@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..box_ops import box_cxcywh_to_xyxy
 from ..rpe import RPEConfig
 from .backbone import Backbone, resnet_layers
 from .registry import register_model
@@ -75,11 +76,6 @@ class DETR(nn.Module):
             out["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b}
                                   for a, b in zip(logits[:-1], boxes[:-1])]
         return out
-
-
-def box_cxcywh_to_xyxy(boxes: torch.Tensor) -> torch.Tensor:
-    cx, cy, w, h = boxes.unbind(-1)
-    return torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], dim=-1)
 
 
 class PostProcess(nn.Module):

@@ -1,0 +1,1 @@
+"""Training and evaluation: DeiT recipe for classification, DETR set loss for detection."""

@@ -1,0 +1,145 @@
+"""``irpe train`` and ``irpe eval`` (heavy imports happen inside the commands)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Dict
+
+from ..errors import CLIError
+
+TASK_NAMES = {"cls": "classification", "det": "detection"}
+# recipe defaults per task: DeiT (AdamW 5e-4, wd 0.05, smoothing 0.1) and DETR (1e-4, wd 1e-4,
+# backbone 1e-5, grad clip 0.1); explicit flags override them
+RECIPES: Dict[str, Dict] = {
+    "classification": dict(lr=5e-4, weight_decay=0.05, warmup_epochs=1.0, clip_grad=0.0,
+                           batch_size=64, label_smoothing=0.1, drop_path=0.1, lr_backbone=0.0),
+    "detection": dict(lr=1e-4, weight_decay=1e-4, warmup_epochs=0.0, clip_grad=0.1,
+                      batch_size=16, label_smoothing=0.0, drop_path=0.0, lr_backbone=1e-5),
+}
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train a registered model on a directory or on the synthetic shapes set."""
+    from .train import CONFIG_FIELDS, TrainConfig, train
+    task = TASK_NAMES[args.task]
+    values = dict(RECIPES[task])
+    values.update({k: v for k, v in vars(args).items() if k in CONFIG_FIELDS and v is not None})
+    values.update(task=task, progress=not args.no_progress)
+    if args.data != "shapes" and not os.path.isdir(args.data):
+        raise CLIError(f"data directory not found: {args.data} (or use --data shapes)")
+    record = train(TrainConfig(**values))
+    print(f"done: best {record['best']:.4g} after {record.get('epoch', 0)} epochs "
+          f"({record['train_seconds']:.0f} s) -> {os.path.join(args.output, 'model.safetensors')}")
+    return 0
+
+
+def load_for_eval(model: str, checkpoint: str = None):
+    """(model, spec) from a trained-model file, or a registered name (+ checkpoint/bundled)."""
+    from ..artifact import default_spec, load_trained
+    from ..models import create_model, model_info
+    if os.path.isfile(model):
+        return load_trained(model)
+    info = model_info(model)
+    if checkpoint is None and info.weights is None:
+        raise CLIError(f"{model} has no bundled weights: pass --checkpoint FILE")
+    net = create_model(model, checkpoint=checkpoint, pretrained=checkpoint is None)
+    return net.eval(), default_spec(model)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Top-1/top-5 or COCO mAP of a model on a directory or the synthetic shapes set."""
+    import torch
+    from torch.utils.data import DataLoader
+    from .evaluate import evaluate_classification, evaluate_detection
+    torch.set_num_threads(args.threads)
+    model, spec = load_for_eval(args.model, args.checkpoint)
+    dataset = _eval_dataset(spec, args)
+    if spec.task == "classification":
+        loader = DataLoader(dataset, batch_size=args.batch_size)
+        metrics = evaluate_classification(model, loader)
+    else:
+        metrics = evaluate_detection(model, dataset, args.batch_size)
+    print(f"{spec.model_name} on {args.data} ({args.split}, {metrics['images']} images)")
+    for key, value in metrics.items():
+        if key != "images":
+            print(f"  {key:<6} {value:8.3f}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"model": spec.model_name, "data": args.data, "split": args.split,
+                       "metrics": metrics}, fh, indent=2)
+    return 0
+
+
+def _eval_dataset(spec, args):
+    from ..data.datasets import CocoDetection, ImageFolder, ShapesClassification, ShapesDetection
+    tf = spec.transform()
+    if args.data == "shapes":
+        if spec.task == "classification":
+            return ShapesClassification(args.shapes_val, args.seed, tf.size, tf, split=args.split)
+        return ShapesDetection(args.shapes_val, args.seed, transform=tf, split=args.split)
+    if not os.path.isdir(args.data):
+        raise CLIError(f"data directory not found: {args.data} (or use --data shapes)")
+    if spec.task == "classification":
+        dataset = ImageFolder(os.path.join(args.data, args.split), tf)
+        if list(dataset.classes) != list(spec.class_names):
+            raise CLIError(f"class folders {dataset.classes[:4]}... differ from the model's "
+                           f"classes {spec.class_names[:4]}...")
+        return dataset
+    return CocoDetection(args.data, args.split, tf)
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _add_train(sub) -> None:
+    from ..cli import _positive
+    p = sub.add_parser("train", help="train a model (DeiT recipe / DETR set loss)")
+    p.add_argument("task", choices=sorted(TASK_NAMES), help="cls (ImageFolder) or det (COCO)")
+    p.add_argument("--model", required=True, help="registered model name")
+    p.add_argument("--data", required=True, help="dataset directory, or 'shapes' (synthetic)")
+    p.add_argument("--output", required=True, help="run directory (model, log, last.pt)")
+    p.add_argument("--epochs", type=_positive)
+    p.add_argument("--batch-size", type=_positive)
+    for flag in ("lr", "min-lr", "lr-backbone", "weight-decay", "warmup-epochs",
+                 "label-smoothing", "mixup", "cutmix", "drop-path", "clip-grad"):
+        p.add_argument(f"--{flag}", type=_nonneg_float)
+    p.add_argument("--no-hflip", dest="hflip", action="store_false", default=None)
+    p.add_argument("--init", help="start from these weights (tensors of matching shape)")
+    p.add_argument("--resume", help="continue from a run's last.pt")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
+    p.add_argument("--no-amp", dest="amp", action="store_false", default=None)
+    for flag in ("seed", "threads", "workers", "max-steps"):
+        p.add_argument(f"--{flag}", type=int)
+    p.add_argument("--shapes-train", type=_positive, help="synthetic training images")
+    p.add_argument("--shapes-val", type=_positive, help="synthetic validation images")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_train)
+
+
+def _add_eval(sub) -> None:
+    from ..cli import _positive
+    p = sub.add_parser("eval", help="top-1/top-5 or COCO mAP on a validation set")
+    p.add_argument("model", help="trained-model .safetensors, or a registered name")
+    p.add_argument("--checkpoint", help="weights for a registered name (default: bundled)")
+    p.add_argument("--data", default="shapes", help="dataset directory, or 'shapes'")
+    p.add_argument("--split", default="val")
+    p.add_argument("--batch-size", type=_positive, default=32)
+    p.add_argument("--shapes-val", type=_positive, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=_positive, default=2)
+    p.add_argument("--json", help="also write the metrics to this JSON file")
+    p.set_defaults(func=cmd_eval)
+
+
+def add_parser(sub) -> None:
+    """Register ``irpe train`` and ``irpe eval``."""
+    _add_train(sub)
+    _add_eval(sub)

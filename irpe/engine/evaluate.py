@@ -1,0 +1,96 @@
+"""Evaluation: top-1/top-5 for classifiers, COCO mAP (pycocotools) for detectors."""
+from __future__ import annotations
+
+import contextlib
+import io
+from typing import Dict, Iterable, List, Sequence
+
+import torch
+from torch import nn
+
+from ..models.detr import PostProcess
+
+__all__ = ["topk_accuracy", "evaluate_classification", "coco_map", "detections_to_coco",
+           "evaluate_detection"]
+
+COCO_STATS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm",
+              "ARl")
+
+
+def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, ks: Sequence[int] = (1, 5)
+                  ) -> Dict[int, int]:
+    """Number of samples whose label is among the top-k logits, for each k (k capped at C)."""
+    top = logits.topk(min(max(ks), logits.shape[-1]), dim=-1).indices
+    hit = top == labels.view(-1, 1)
+    return {k: int(hit[:, :k].any(-1).sum()) for k in ks}
+
+
+@torch.no_grad()
+def evaluate_classification(model: nn.Module, loader: Iterable, device: str = "cpu"
+                            ) -> Dict[str, float]:
+    """Top-1 / top-5 accuracy (percent) and mean cross-entropy over a loader of (x, y)."""
+    model.eval()
+    hits, total, loss = {1: 0, 5: 0}, 0, 0.0
+    for images, labels in loader:
+        logits = model(images.to(device)).float().cpu()
+        loss += float(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"))
+        for k, n in topk_accuracy(logits, labels).items():
+            hits[k] += n
+        total += labels.numel()
+    if total == 0:
+        raise ValueError("evaluation set is empty")
+    return {"top1": 100.0 * hits[1] / total, "top5": 100.0 * hits[5] / total,
+            "loss": loss / total, "images": total}
+
+
+def detections_to_coco(results: List[Dict[str, torch.Tensor]], image_ids: Sequence[int],
+                       category_ids: Sequence[int]) -> List[Dict]:
+    """PostProcess output (xyxy pixels, contiguous labels) -> COCO result dicts (xywh)."""
+    out = []
+    for res, image_id in zip(results, image_ids):
+        boxes = res["boxes"].float().tolist()
+        for (x0, y0, x1, y1), score, label in zip(boxes, res["scores"].tolist(),
+                                                   res["labels"].tolist()):
+            out.append({"image_id": int(image_id), "category_id": int(category_ids[label]),
+                        "bbox": [x0, y0, x1 - x0, y1 - y0], "score": float(score)})
+    return out
+
+
+def coco_map(ground_truth: Dict, results: List[Dict]) -> Dict[str, float]:
+    """COCO box metrics (pycocotools COCOeval) of ``results`` against a ground-truth dict."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+    if not results:
+        return {name: 0.0 for name in COCO_STATS}
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress
+        gt = COCO()
+        gt.dataset = {k: v for k, v in ground_truth.items()}
+        gt.dataset.setdefault("info", {})
+        gt.createIndex()
+        dt = gt.loadRes(results)
+        ev = COCOeval(gt, dt, iouType="bbox")
+        ev.evaluate()
+        ev.accumulate()
+        ev.summarize()
+    return {name: max(float(v), 0.0) for name, v in zip(COCO_STATS, ev.stats)}
+
+
+@torch.no_grad()
+def evaluate_detection(model: nn.Module, dataset, batch_size: int = 16, device: str = "cpu"
+                       ) -> Dict[str, float]:
+    """COCO mAP of a DETR model on a detection dataset with ``coco_json()``/``category_ids``."""
+    from torch.utils.data import DataLoader
+    from ..data.datasets import collate_detection
+    model.eval()
+    post = PostProcess()
+    loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate_detection)
+    results = []
+    for images, sizes, targets in loader:
+        outputs = model(images.to(device), sizes.to(device))
+        outputs = {k: v.float().cpu() for k, v in outputs.items() if k != "aux_outputs"}
+        orig = torch.stack([t["orig_size"] for t in targets])
+        results += detections_to_coco(post(outputs, orig), [t["image_id"] for t in targets],
+                                      dataset.category_ids)
+    metrics = coco_map(dataset.coco_json(), results)
+    metrics["images"] = len(dataset)
+    return metrics

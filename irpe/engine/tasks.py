@@ -1,0 +1,138 @@
+"""What differs between classification and detection training: data, model, loss, metrics."""
+from __future__ import annotations
+
+import os
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from ..artifact import default_spec
+from ..models import create_model, model_info
+from .criterion import SetCriterion
+from .evaluate import evaluate_classification, evaluate_detection
+from .matcher import HungarianMatcher
+from .optim import mixup_cutmix, soft_cross_entropy
+
+SHAPES = "shapes"  # --data shapes: the synthetic set generated in memory
+
+
+def random_hflip(images: torch.Tensor, sizes: Optional[torch.Tensor], p: float,
+                 gen: torch.Generator) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Mirror each image's valid region with probability p; returns images and the flip mask."""
+    flip = torch.rand(images.shape[0], generator=gen) < p
+    images = images.clone()
+    for i in torch.nonzero(flip).flatten().tolist():
+        h, w = (int(v) for v in sizes[i]) if sizes is not None else images.shape[-2:]
+        images[i, :, :h, :w] = images[i, :, :h, :w].flip(-1)
+    return images, flip
+
+
+class ClassificationTask:
+    """ImageFolder (DIR/train, DIR/val) or the synthetic shapes set; DeiT loss with mixup."""
+
+    main_metric = "top1"
+
+    def __init__(self, cfg) -> None:
+        from ..data.datasets import ImageFolder, ShapesClassification
+        info = model_info(cfg.model)
+        if info.task != "classification":
+            raise ValueError(f"{cfg.model} is a {info.task} model; use `irpe train det`")
+        spec = default_spec(cfg.model, num_classes=info.config.get("num_classes", 1000))
+        preprocess = spec.transform()
+        if cfg.data == SHAPES:
+            size = preprocess.size
+            self.train_set = ShapesClassification(cfg.shapes_train, cfg.seed, size, preprocess)
+            self.val_set = ShapesClassification(cfg.shapes_val, cfg.seed, size, preprocess,
+                                                split="val")
+        else:
+            self.train_set = ImageFolder(os.path.join(cfg.data, "train"), preprocess)
+            self.val_set = ImageFolder(os.path.join(cfg.data, "val"), preprocess)
+        classes = list(self.train_set.classes)
+        overrides = {"num_classes": len(classes), "drop_path_rate": cfg.drop_path}
+        self.model = create_model(cfg.model, **overrides)
+        self.spec = default_spec(cfg.model, classes, num_classes=len(classes))
+        self.cfg, self.gen = cfg, torch.Generator().manual_seed(cfg.seed + 1)
+
+    def loaders(self) -> Tuple[DataLoader, DataLoader]:
+        gen = torch.Generator().manual_seed(self.cfg.seed)
+        kw = dict(batch_size=self.cfg.batch_size, num_workers=self.cfg.workers)
+        return (DataLoader(self.train_set, shuffle=True, drop_last=True, generator=gen, **kw),
+                DataLoader(self.val_set, **kw))
+
+    def loss(self, model: nn.Module, batch, device: str) -> Tuple[torch.Tensor, Dict]:
+        images, labels = batch
+        images, _ = random_hflip(images, None, 0.5 if self.cfg.hflip else 0.0, self.gen)
+        images, labels = images.to(device), labels.to(device)
+        images, targets = mixup_cutmix(images, labels, len(self.spec.class_names),
+                                       self.cfg.mixup, self.cfg.cutmix, self.cfg.label_smoothing)
+        logits = model(images)
+        if isinstance(logits, tuple):  # distilled model in train mode: both heads, same target
+            loss = sum(soft_cross_entropy(lg, targets) for lg in logits) / len(logits)
+        else:
+            loss = soft_cross_entropy(logits, targets)
+        return loss, {}
+
+    def evaluate(self, model: nn.Module, loader: DataLoader, device: str) -> Dict:
+        return evaluate_classification(model, loader, device)
+
+
+class DetectionTask:
+    """COCO-format directory (DIR/annotations/instances_{train,val}.json) or synthetic shapes."""
+
+    main_metric = "AP50"
+
+    def __init__(self, cfg) -> None:
+        from ..data.datasets import CocoDetection, ShapesDetection
+        info = model_info(cfg.model)
+        if info.task != "detection":
+            raise ValueError(f"{cfg.model} is a {info.task} model; use `irpe train cls`")
+        preprocess = default_spec(cfg.model).transform()
+        if cfg.data == SHAPES:
+            self.train_set = ShapesDetection(cfg.shapes_train, cfg.seed, transform=preprocess)
+            self.val_set = ShapesDetection(cfg.shapes_val, cfg.seed, transform=preprocess,
+                                           split="val")
+        else:
+            self.train_set = CocoDetection(cfg.data, "train", preprocess)
+            self.val_set = CocoDetection(cfg.data, "val", preprocess)
+        classes = list(self.train_set.categories)
+        # from scratch the ResNet needs trainable BatchNorm; in eval it equals the frozen one
+        norm = "frozen" if cfg.init else "batch"
+        self.model = create_model(cfg.model, num_classes=len(classes), norm=norm)
+        self.spec = default_spec(cfg.model, classes, num_classes=len(classes))
+        self.criterion = SetCriterion(len(classes), HungarianMatcher())
+        self.cfg, self.gen = cfg, torch.Generator().manual_seed(cfg.seed + 1)
+
+    def loaders(self) -> Tuple[DataLoader, DataLoader]:
+        from ..data.datasets import collate_detection
+        gen = torch.Generator().manual_seed(self.cfg.seed)
+        kw = dict(batch_size=self.cfg.batch_size, num_workers=self.cfg.workers,
+                  collate_fn=collate_detection)
+        return (DataLoader(self.train_set, shuffle=True, drop_last=True, generator=gen, **kw),
+                DataLoader(self.val_set, **kw))
+
+    def loss(self, model: nn.Module, batch, device: str) -> Tuple[torch.Tensor, Dict]:
+        images, sizes, targets = batch
+        images, flip = random_hflip(images, sizes, 0.5 if self.cfg.hflip else 0.0, self.gen)
+        targets = [_flip_target(t, bool(f), device) for t, f in zip(targets, flip)]
+        outputs = model(images.to(device), sizes.to(device))
+        self.criterion.to(device)
+        losses = self.criterion(outputs, targets)
+        return losses["loss"], {k: float(losses[k]) for k in ("loss_ce", "loss_bbox", "loss_giou")}
+
+    def evaluate(self, model: nn.Module, loader: DataLoader, device: str) -> Dict:
+        return evaluate_detection(model, self.val_set, self.cfg.batch_size, device)
+
+
+def _flip_target(target: Dict, flip: bool, device: str) -> Dict:
+    """Move a target to ``device``; mirror its normalised cx when the image was flipped."""
+    target = {k: v.to(device) if torch.is_tensor(v) else v for k, v in target.items()}
+    if flip:
+        boxes = target["boxes"].clone()
+        boxes[:, 0] = 1.0 - boxes[:, 0]
+        target["boxes"] = boxes
+    return target
+
+
+TASKS = {"classification": ClassificationTask, "detection": DetectionTask}
