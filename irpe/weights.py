@@ -171,7 +171,8 @@ class _HttpOnlyRedirect(urllib.request.HTTPRedirectHandler):
     """Follow redirects (release assets live behind one) but only to http/https."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):
-        _check_scheme(newurl)
+        if urllib.parse.urlsplit(newurl).scheme.lower() not in ("http", "https"):
+            raise urllib.error.URLError(f"refused redirect to {newurl} (only http and https)")
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
@@ -232,11 +233,22 @@ def _cause(reason, timeout: float) -> str:
     return str(reason) or type(reason).__name__
 
 
+def _sniff(path: Path) -> None:
+    """Name what a non-checkpoint looks like (often an HTML error page served with status 200)."""
+    if path.suffix == ".safetensors":
+        return  # the safetensors reader explains its own format errors
+    with open(path, "rb") as f:
+        head = f.read(32)
+    if not (head.startswith(b"PK\x03\x04") or head.startswith(b"\x80")):  # zip or pickle
+        raise ValueError(f"not a PyTorch checkpoint: the file starts with {head!r}")
+
+
 def _check_checkpoint(path: Path, name: str, registered: bool, url: str) -> None:
     """The file must read as a state_dict and, for a registered name, load strictly into it."""
     from .checkpoint import CheckpointError, read_state_dict
     ok = False
     try:
+        _sniff(path)
         if registered:
             from .models import create_model
             create_model(name, checkpoint=str(path))
