@@ -8,6 +8,7 @@ bilinear), normalise; boxes come back normalised to the resized image, hence to 
 from __future__ import annotations
 
 import io
+import numbers
 from dataclasses import asdict, dataclass, field
 from typing import Dict, Tuple, Union
 
@@ -18,10 +19,19 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 MAX_IMAGE_PIXELS = 40_000_000  # larger images are refused (decompression bombs)
 TASKS = ("classification", "detection")
+# formats load_image decodes; PIL would otherwise also try EPS (Ghostscript) and others
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF", "PPM")
+# classification resizes the whole image before cropping; past this many pixels (an extreme
+# aspect ratio) only the crop's source region is resized, so memory stays bounded
+MAX_RESIZED_PIXELS = 1 << 24
 
 
 class ImageError(ValueError):
     """Bytes that are not a decodable image, or an image too large to decode safely."""
+
+
+class ImageTooLargeError(ImageError):
+    """An image whose header claims more pixels than allowed (refused before decoding)."""
 
 
 def load_image(source: Union[bytes, str], max_pixels: int = MAX_IMAGE_PIXELS):
@@ -29,19 +39,20 @@ def load_image(source: Union[bytes, str], max_pixels: int = MAX_IMAGE_PIXELS):
     from PIL import Image
     if isinstance(source, (bytes, bytearray)) and not source:
         raise ImageError("empty image data")
+    fp = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source
     try:
-        image = Image.open(io.BytesIO(source) if isinstance(source, (bytes, bytearray))
-                           else source)
-        width, height = image.size
-        if width * height > max_pixels:
-            raise ImageError(f"image of {width}x{height} pixels is over the limit of "
-                             f"{max_pixels} pixels")
-        image.load()
-        return image.convert("RGB")
-    except ImageError:
+        with Image.open(fp, formats=IMAGE_FORMATS) as image:
+            width, height = image.size
+            if width * height > max_pixels:
+                raise ImageTooLargeError(f"image of {width}x{height} pixels is over the limit "
+                                         f"of {max_pixels} pixels")
+            image.load()
+            return image.convert("RGB")
+    except (ImageError, FileNotFoundError):
         raise
-    except FileNotFoundError:
-        raise
+    except Image.DecompressionBombError as exc:  # over PIL's own limit, found in the header
+        raise ImageTooLargeError(f"image is over the limit of {max_pixels} pixels: {exc}") \
+            from None
     except Exception as exc:  # PIL raises many types (UnidentifiedImageError, OSError, ...)
         raise ImageError(f"cannot decode image: {exc}") from None
 
@@ -51,7 +62,7 @@ def resize_shorter(size: Tuple[int, int], shorter: int, max_size: int = 0) -> Tu
     w, h = size
     short, long = min(w, h), max(w, h)
     if max_size and long / short * shorter > max_size:
-        shorter = int(round(max_size * short / long))
+        shorter = max(1, int(round(max_size * short / long)))  # DETR's rule; never 0 pixels
     if short == shorter:
         return w, h
     if w < h:
@@ -88,19 +99,27 @@ class Preprocess:
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
-        if not 0 < self.crop_pct <= 1:
-            raise ValueError(f"crop_pct must be in (0, 1], got {self.crop_pct}")
-        if min(self.size, self.min_size, self.max_size) < 1:
-            raise ValueError("sizes must be positive")
+        for name in ("size", "min_size", "max_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not _is_number(self.crop_pct) or not 0 < self.crop_pct <= 1:
+            raise ValueError(f"crop_pct must be a number in (0, 1], got {self.crop_pct!r}")
+        for name in ("mean", "std"):
+            value = getattr(self, name)
+            if not isinstance(value, (list, tuple)) or len(value) != 3 \
+                    or not all(map(_is_number, value)):
+                raise ValueError(f"{name} must be 3 numbers (R, G, B), got {value!r}")
+            object.__setattr__(self, name, tuple(value))  # JSON lists -> hashable tuples
+        if min(self.std) <= 0:
+            raise ValueError(f"std must be positive, got {self.std}")
 
     def __call__(self, image) -> torch.Tensor:
         """PIL image -> normalised (3, H, W) tensor for this model."""
         from PIL import Image
         image = image.convert("RGB")
         if self.task == "classification":
-            scaled = resize_shorter(image.size, int(self.size / self.crop_pct))
-            image = image.resize(scaled, Image.BICUBIC)
-            image = image.crop(center_crop_box(image.size, self.size))
+            image = _resize_crop(image, int(self.size / self.crop_pct), self.size)
         else:
             scaled = resize_shorter(image.size, self.min_size, self.max_size)
             image = image.resize(scaled, Image.BILINEAR)
@@ -112,10 +131,26 @@ class Preprocess:
 
     @classmethod
     def from_dict(cls, data: Dict) -> "Preprocess":
-        """Inverse of :meth:`to_dict`; unknown keys are an error."""
-        known = set(cls.__dataclass_fields__)
-        extra = set(data) - known
+        """Inverse of :meth:`to_dict`; unknown keys and bad values are a ValueError."""
+        if not isinstance(data, dict):
+            raise ValueError(f"preprocessing must be a dict, got {type(data).__name__}")
+        extra = set(data) - set(cls.__dataclass_fields__)
         if extra:
             raise ValueError(f"unknown preprocessing fields: {sorted(extra)}")
-        values = {k: tuple(v) if k in ("mean", "std") else v for k, v in data.items()}
-        return cls(**values)
+        return cls(**data)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value
+
+
+def _resize_crop(image, shorter: int, crop: int):
+    """Resize the shorter side to ``shorter`` (bicubic), then centre crop ``crop`` x ``crop``."""
+    from PIL import Image
+    scaled = resize_shorter(image.size, shorter)
+    box = center_crop_box(scaled, crop)
+    if scaled[0] * scaled[1] <= MAX_RESIZED_PIXELS:
+        return image.resize(scaled, Image.BICUBIC).crop(box)
+    sx, sy = image.width / scaled[0], image.height / scaled[1]
+    source = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
+    return image.resize((crop, crop), Image.BICUBIC, box=source)
