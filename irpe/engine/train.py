@@ -164,7 +164,7 @@ class Trainer:
         self.scaler.update()
         self.scheduler.step()
         self.step += 1
-        return float(loss), parts
+        return float(loss.detach()), parts
 
     def run(self) -> Dict:
         """Train the remaining epochs; returns the last log record (with the best metric)."""
