@@ -185,15 +185,9 @@ def _progress_bar(total: Optional[int], desc: str):
                 file=sys.stderr)
 
 
-def _content_length(resp) -> Optional[int]:
-    try:
-        return int(resp.headers.get("Content-Length", ""))
-    except ValueError:
-        return None
-
-
 def _copy(resp, out: BinaryIO, progress: bool, desc: str) -> Tuple[str, int, Optional[int]]:
-    total, digest, size = _content_length(resp), hashlib.sha256(), 0
+    length = resp.headers.get("Content-Length", "").strip()
+    total, digest, size = int(length) if length.isdigit() else None, hashlib.sha256(), 0
     bar = _progress_bar(total, desc) if progress else None
     try:
         while chunk := resp.read(_CHUNK):
