@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import http.client
 import json
 import os
 import posixpath
@@ -204,7 +205,6 @@ def _copy(resp, out: BinaryIO, progress: bool, desc: str) -> Tuple[str, int, Opt
 
 def _stream(url: str, out: BinaryIO, timeout: float, progress: bool, desc: str) -> Tuple[str, int]:
     """Write the body of ``url`` to ``out``; (sha256, size). Network failures -> WeightsError."""
-    import http.client
     opener = urllib.request.build_opener(_HttpOnlyRedirect)
     request = urllib.request.Request(url, headers={"User-Agent": "irpe-weights"})
     try:
