@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 SHAPE_CLASSES: Tuple[str, ...] = ("circle", "cross", "diamond", "hexagon", "ring", "square",
                                   "star", "triangle")
@@ -184,7 +187,7 @@ def classification_scene(seed: int, index: int, size: int = 64, split: str = "tr
 
 
 def render_classification(seed: int, index: int, size: int = 64,
-                          split: str = "train") -> Tuple["Image.Image", int]:  # noqa: F821
+                          split: str = "train") -> Tuple["Image.Image", int]:
     """One RGB image with one shape and its label (index into SHAPE_CLASSES); deterministic."""
     scene = classification_scene(seed, index, size, split)
     return scene.image(), scene.shapes[0].label
@@ -198,17 +201,17 @@ def box_iou_xywh(a: List[float], b: List[float]) -> float:
     return inter / (a[2] * a[3] + b[2] * b[3] - inter)
 
 
-def _place(rng: np.random.Generator, size: int, taken: List[Shape],
-           occupied: np.ndarray) -> Shape | None:
+def _place(rng: np.random.Generator, size: int, boxes: List[List[float]],
+           occupied: np.ndarray) -> Optional[Shape]:
     """A shape whose box overlaps no earlier box by IoU > MAX_IOU and whose pixels are free."""
     label = int(rng.integers(len(SHAPE_CLASSES)))
     for _ in range(PLACEMENT_TRIES):
-        mask = _draw_shape(rng, label, size, DET_RADIUS)
-        if not mask.any() or (mask & occupied).any():
+        shape = Shape(label, _draw_shape(rng, label, size, DET_RADIUS), np.zeros(3, np.uint8))
+        if not shape.mask.any() or (shape.mask & occupied).any():
             continue
-        box = Shape(label, mask, np.zeros(3, np.uint8)).box()
-        if all(box_iou_xywh(box, s.box()) <= MAX_IOU for s in taken):
-            return Shape(label, mask, np.zeros(3, np.uint8))
+        box = shape.box()
+        if all(box_iou_xywh(box, other) <= MAX_IOU for other in boxes):
+            return shape
     return None
 
 
@@ -221,19 +224,21 @@ def detection_scene(seed: int, index: int, size: int = 128, max_objects: int = 5
     rng = make_rng(seed, index, split)
     background, base = _background(rng, size)
     shapes: List[Shape] = []
+    boxes: List[List[float]] = []
     occupied = np.zeros((size, size), dtype=bool)
     for _ in range(int(rng.integers(1, max_objects + 1))):
-        shape = _place(rng, size, shapes, occupied)
+        shape = _place(rng, size, boxes, occupied)
         if shape is None:
             continue  # crowded image: keep the shapes placed so far
         shape.colour = _contrasting(rng, base)
         occupied |= shape.mask
         shapes.append(shape)
+        boxes.append(shape.box())
     return Scene(background, shapes)
 
 
 def render_detection(seed: int, index: int, size: int = 128, max_objects: int = 5,
-                     split: str = "train") -> Tuple["Image.Image", List[Dict]]:  # noqa: F821
+                     split: str = "train") -> Tuple["Image.Image", List[Dict]]:
     """One RGB image with 1..max_objects shapes and their COCO-style annotations."""
     scene = detection_scene(seed, index, size, max_objects, split)
     return scene.image(), scene.annotations()
