@@ -1,0 +1,194 @@
+// Plugin fields (parse, validate), logging and the plugin creators.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <new>
+
+#include "irpe_kernels.h"
+#include "rpe_plugin.h"
+
+namespace irpe_trt {
+
+namespace {
+
+ILoggerFinder* gLoggerFinder = nullptr;
+
+struct MethodName {
+    char const* name;
+    int id;
+};
+
+// The names of irpe.bucket.Method (cross is two maps: export emits rows and cols separately).
+constexpr MethodName kMethods[] = {
+    {"euc", IRPE_METHOD_EUCLIDEAN},          {"quant", IRPE_METHOD_QUANT},
+    {"product", IRPE_METHOD_PRODUCT},        {"cross_rows", IRPE_METHOD_CROSS_ROWS},
+    {"cross_cols", IRPE_METHOD_CROSS_COLS},
+};
+
+bool read_int(PluginField const& f, int32_t& value)
+{
+    if (f.data == nullptr || f.length < 1) {
+        return false;
+    }
+    switch (f.type) {
+    case PluginFieldType::kINT32:
+        value = *static_cast<int32_t const*>(f.data);
+        return true;
+    case PluginFieldType::kINT64: {
+        int64_t const v = *static_cast<int64_t const*>(f.data);
+        value = static_cast<int32_t>(v);
+        return v == value;
+    }
+    default:
+        return false;
+    }
+}
+
+bool read_float(PluginField const& f, float& value)
+{
+    if (f.data == nullptr || f.length < 1) {
+        return false;
+    }
+    if (f.type == PluginFieldType::kFLOAT32) {
+        value = *static_cast<float const*>(f.data);
+        return true;
+    }
+    if (f.type == PluginFieldType::kFLOAT64) {
+        value = static_cast<float>(*static_cast<double const*>(f.data));
+        return true;
+    }
+    return false;
+}
+
+bool read_string(PluginField const& f, std::string& value)
+{
+    if (f.type != PluginFieldType::kCHAR || (f.length > 0 && f.data == nullptr)) {
+        return false;
+    }
+    value.assign(static_cast<char const*>(f.data), f.length > 0 ? f.length : 0);
+    value.resize(std::strlen(value.c_str()));  // drop a trailing NUL if the length counted it
+    return true;
+}
+
+// Fills in num_buckets for the on-the-fly scatter when the node did not set it.
+std::string finish(RpeConfig& c)
+{
+    if (c.on_the_fly() && c.method_id() >= 0 && c.ratio > 0.0f) {
+        irpe_bucket_params p;
+        if (irpe_bucket_params_init(&p, c.method_id(), c.ratio, 1, 1, c.skip) == IRPE_OK &&
+            c.op == Op::kScatter) {
+            if (c.num_buckets == 0) {
+                c.num_buckets = p.num_buckets;
+            } else if (c.num_buckets != p.num_buckets) {
+                return "num_buckets " + std::to_string(c.num_buckets) + " does not match method " +
+                       c.method + ", ratio and skip (" + std::to_string(p.num_buckets) + " buckets)";
+            }
+        }
+    }
+    return c.validate();
+}
+
+}  // namespace
+
+int RpeConfig::method_id() const
+{
+    for (auto const& m : kMethods) {
+        if (method == m.name) {
+            return m.id;
+        }
+    }
+    return -1;
+}
+
+std::string RpeConfig::validate() const
+{
+    if (on_the_fly()) {
+        if (method_id() < 0) {
+            return "unknown method '" + method + "' (euc, quant, product, cross_rows, cross_cols)";
+        }
+        if (!(ratio > 0.0f) || skip < 0) {
+            return "on-the-fly ids need ratio > 0 and skip >= 0";
+        }
+    }
+    if (op == Op::kScatter && num_buckets < 1) {
+        return "RPEScatter needs num_buckets >= 1";
+    }
+    return {};
+}
+
+bool parse_fields(PluginFieldCollection const* fc, RpeConfig& config, std::string& error)
+{
+    for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i) {
+        PluginField const& f = fc->fields[i];
+        std::string const name = f.name ? f.name : "";
+        bool ok = true;
+        if (name == "num_buckets") {
+            ok = read_int(f, config.num_buckets);
+        } else if (name == "skip") {
+            ok = read_int(f, config.skip);
+        } else if (name == "ratio") {
+            ok = read_float(f, config.ratio);
+        } else if (name == "method") {
+            ok = read_string(f, config.method);
+        }
+        if (!ok) {
+            error = "field '" + name + "' has an unsupported type or no data";
+            return false;
+        }
+    }
+    error = finish(config);
+    return error.empty();
+}
+
+char const* plugin_name(Op op) { return op == Op::kGather ? "RPEGather" : "RPEScatter"; }
+
+void set_logger_finder(ILoggerFinder* finder) { gLoggerFinder = finder; }
+
+void log_error(std::string const& message)
+{
+    std::string const text = std::string("[irpe plugin] ") + message;
+    ILogger* logger = gLoggerFinder ? gLoggerFinder->findLogger() : nullptr;
+    if (logger) {
+        logger->log(ILogger::Severity::kERROR, text.c_str());
+    } else {
+        std::fprintf(stderr, "%s\n", text.c_str());
+    }
+}
+
+RpeCreator::RpeCreator(Op op)
+    : mOp(op)
+{
+    if (op == Op::kScatter) {
+        mFieldNames.emplace_back("num_buckets", nullptr, PluginFieldType::kINT32, 1);
+    }
+    mFieldNames.emplace_back("method", nullptr, PluginFieldType::kCHAR, 0);
+    mFieldNames.emplace_back("ratio", nullptr, PluginFieldType::kFLOAT32, 1);
+    mFieldNames.emplace_back("skip", nullptr, PluginFieldType::kINT32, 1);
+    mFieldCollection.nbFields = static_cast<int32_t>(mFieldNames.size());
+    mFieldCollection.fields = mFieldNames.data();
+}
+
+IPluginV3* RpeCreator::createPlugin(char const* name, PluginFieldCollection const* fc,
+                                    TensorRTPhase /*phase*/) noexcept
+{
+    try {
+        RpeConfig config;
+        config.op = mOp;
+        std::string error;
+        if (!parse_fields(fc, config, error)) {
+            log_error(std::string(plugin_name(mOp)) + " '" + (name ? name : "") + "': " + error);
+            return nullptr;
+        }
+        return new RpePlugin(config);
+    } catch (std::exception const& e) {
+        log_error(e.what());
+        return nullptr;
+    }
+}
+
+PluginFieldCollection const* RpeCreator::getFieldNames() noexcept { return &mFieldCollection; }
+char const* RpeCreator::getPluginName() const noexcept { return plugin_name(mOp); }
+char const* RpeCreator::getPluginVersion() const noexcept { return kVersion; }
+char const* RpeCreator::getPluginNamespace() const noexcept { return kNamespace; }
+
+}  // namespace irpe_trt

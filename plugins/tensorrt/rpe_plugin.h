@@ -1,0 +1,117 @@
+// TensorRT IPluginV3 plugins RPEGather and RPEScatter (namespace "irpe", version "1").
+//
+// Thin glue: validate fields and shapes, map TensorRT types to the kernels' C ABI and call
+// irpe_gather / irpe_scatter (or their on-the-fly *_grid variants) on the enqueue stream.
+// Fields (ONNX node attributes of the same name; see plugins/tensorrt/README.md):
+//   num_buckets INT32   RPEScatter: K of the output [B,H,Lq,K]
+//   method      CHAR    "" or absent: ids come from input 1, an index [Lq,Lk] (int32/int64);
+//                       euc|quant|product|cross_rows|cross_cols: ids computed on the fly and
+//                       input 1 is any tensor whose last two dims are the grid (H, W)
+//   ratio       FLOAT32 on-the-fly only: alpha = ratio, beta = 2 ratio, gamma = 8 ratio
+//   skip        INT32   on-the-fly only: leading non-grid tokens (cls), default 0
+#ifndef IRPE_TRT_RPE_PLUGIN_H
+#define IRPE_TRT_RPE_PLUGIN_H
+
+#include <NvInferRuntime.h>
+
+#include <string>
+#include <vector>
+
+namespace irpe_trt {
+
+using namespace nvinfer1;
+
+enum class Op { kGather, kScatter };
+
+char const* const kNamespace = "irpe";
+char const* const kVersion = "1";
+
+// Creation state of one plugin: exactly its serialized fields.
+struct RpeConfig {
+    Op op = Op::kGather;
+    int32_t num_buckets = 0;
+    std::string method;  // empty: index tensor input
+    float ratio = 0.0f;
+    int32_t skip = 0;
+
+    bool on_the_fly() const { return !method.empty(); }
+    int method_id() const;  // IRPE_METHOD_* of `method`, -1 if unknown
+    // Empty when the fields make a usable plugin, else what is wrong.
+    std::string validate() const;
+};
+
+// Parse a PluginFieldCollection (from the ONNX parser or a serialized engine).
+bool parse_fields(PluginFieldCollection const* fc, RpeConfig& config, std::string& error);
+
+char const* plugin_name(Op op);
+
+// Report an error through the logger TensorRT handed to setLoggerFinder (stderr otherwise).
+void log_error(std::string const& message);
+void set_logger_finder(ILoggerFinder* finder);
+
+class RpePlugin : public IPluginV3,
+                  public IPluginV3OneCore,
+                  public IPluginV3OneBuild,
+                  public IPluginV3OneRuntime {
+public:
+    explicit RpePlugin(RpeConfig config);
+
+    // IPluginV3
+    IPluginCapability* getCapabilityInterface(PluginCapabilityType type) noexcept override;
+    IPluginV3* clone() noexcept override;
+
+    // IPluginV3OneCore
+    char const* getPluginName() const noexcept override;
+    char const* getPluginVersion() const noexcept override;
+    char const* getPluginNamespace() const noexcept override;
+
+    // IPluginV3OneBuild
+    int32_t configurePlugin(DynamicPluginTensorDesc const* in, int32_t nbInputs,
+                            DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept override;
+    int32_t getOutputDataTypes(DataType* outputTypes, int32_t nbOutputs,
+                               DataType const* inputTypes, int32_t nbInputs) const noexcept override;
+    int32_t getOutputShapes(DimsExprs const* inputs, int32_t nbInputs, DimsExprs const* shapeInputs,
+                            int32_t nbShapeInputs, DimsExprs* outputs, int32_t nbOutputs,
+                            IExprBuilder& exprBuilder) noexcept override;
+    bool supportsFormatCombination(int32_t pos, DynamicPluginTensorDesc const* inOut,
+                                   int32_t nbInputs, int32_t nbOutputs) noexcept override;
+    int32_t getNbOutputs() const noexcept override;
+
+    // IPluginV3OneRuntime
+    int32_t onShapeChange(PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* out,
+                          int32_t nbOutputs) noexcept override;
+    int32_t enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* outputDesc,
+                    void const* const* inputs, void* const* outputs, void* workspace,
+                    cudaStream_t stream) noexcept override;
+    IPluginV3* attachToContext(IPluginResourceContext* context) noexcept override;
+    PluginFieldCollection const* getFieldsToSerialize() noexcept override;
+
+private:
+    // Empty when the input/output dims fit this plugin, else the reason.
+    std::string check_dims(Dims const& a, Dims const& b, Dims const& out) const;
+
+    RpeConfig mConfig;
+    std::vector<PluginField> mFields;  // views of mConfig for getFieldsToSerialize
+    PluginFieldCollection mFieldCollection{};
+};
+
+class RpeCreator : public IPluginCreatorV3One {
+public:
+    explicit RpeCreator(Op op);
+
+    IPluginV3* createPlugin(char const* name, PluginFieldCollection const* fc,
+                            TensorRTPhase phase) noexcept override;
+    PluginFieldCollection const* getFieldNames() noexcept override;
+    char const* getPluginName() const noexcept override;
+    char const* getPluginVersion() const noexcept override;
+    char const* getPluginNamespace() const noexcept override;
+
+private:
+    Op mOp;
+    std::vector<PluginField> mFieldNames;
+    PluginFieldCollection mFieldCollection{};
+};
+
+}  // namespace irpe_trt
+
+#endif  // IRPE_TRT_RPE_PLUGIN_H
