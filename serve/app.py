@@ -1,0 +1,90 @@
+"""The FastAPI application: models from settings, lifespan (load, warm up, drain), routes."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Dict, List
+
+from fastapi import FastAPI, Request, Response
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.openapi.utils import get_openapi
+
+import irpe
+
+from .config import ServeSettings
+from .errors import ErrorBody, install_handlers
+from .inputs import ImagesJSON
+from .metrics import CONTENT_TYPE, Metrics
+from .middleware import BodyLimitMiddleware, ObserveMiddleware
+from .model import ServedModel
+from .rest import router as rest_router
+from .state import AppState, app_state
+from .v2 import router as v2_router
+from .v2codec import InferRequest
+
+__all__ = ["create_app", "build_models"]
+
+log = logging.getLogger("irpe.serve")
+
+
+def build_models(settings: ServeSettings, metrics: Metrics) -> Dict[str, ServedModel]:
+    """Validate every model config (files, metadata, labels) without loading weights."""
+    if not settings.models:
+        raise ValueError("no models configured (repository file, IRPE_SERVE_MODELS or --demo)")
+    names = settings.model_names()
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"model names used twice: {', '.join(duplicates)}")
+    return {m.name: ServedModel(m, metrics, settings.threads) for m in settings.models}
+
+
+def create_app(settings: ServeSettings) -> FastAPI:
+    """An app serving ``settings.models``; models load in the background after startup."""
+    metrics = Metrics()
+    state = AppState(settings, build_models(settings, metrics), metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        loading = [asyncio.create_task(m.start()) for m in state.models.values()]
+        yield
+        state.stopping = True
+        await asyncio.gather(*loading)
+        await asyncio.gather(*(m.stop() for m in state.models.values()))
+        log.info("stopped; queued requests drained")
+
+    app = FastAPI(title="irpe-serve", version=irpe.__version__, lifespan=lifespan,
+                  description="iRPE vision transformers: REST and Open Inference Protocol v2. "
+                  "Every error is a JSON body {\"error\": message}.")
+    app.state.irpe = state
+    install_handlers(app)
+    app.include_router(rest_router)
+    app.include_router(v2_router)
+    app.add_api_route("/metrics", _metrics, methods=["GET"], tags=["Operations"],
+                      response_class=Response, summary="Prometheus metrics")
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    app.add_middleware(ObserveMiddleware, metrics=metrics)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
+                           allow_methods=["GET", "POST"], allow_headers=["*"])
+    app.openapi = lambda: _openapi(app, [ImagesJSON, InferRequest, ErrorBody])
+    return app
+
+
+async def _metrics(request: Request) -> Response:
+    """Prometheus text format: requests, latency, in-flight, queue/compute time, batch sizes."""
+    return Response(app_state(request).metrics.render(), media_type=CONTENT_TYPE)
+
+
+def _openapi(app: FastAPI, models: List[type]) -> Dict:
+    """The generated schema plus the bodies the routes parse themselves."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                             description=app.description)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in models:
+            body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(body.pop("$defs", {}))
+            components[model.__name__] = body
+        app.openapi_schema = schema
+    return app.openapi_schema

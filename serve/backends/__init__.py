@@ -1,0 +1,71 @@
+"""Inference backends behind one small interface (numpy in, numpy out).
+
+Inputs: ``images`` float32 (B, 3, H, W) and, for detection, ``sizes`` int64 (B, 2) = valid
+(h, w) of each padded image. Outputs: classification ``logits`` (B, C); detection
+``pred_logits`` (B, Q, C+1) and ``pred_boxes`` (B, Q, 4) cx, cy, w, h relative to the valid
+size. These are also the ONNX tensor names, so every backend answers the same request the same.
+"""
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+
+from irpe.artifact import ModelSpec
+
+from ..config import ModelConfig
+
+__all__ = ["Backend", "create_backend", "input_names", "output_names"]
+
+_CLASSES = {"torch": "serve.backends.torch_backend:TorchBackend",
+            "onnxruntime": "serve.backends.ort_backend:OrtBackend",
+            "tensorrt": "serve.backends.trt_backend:TensorRTBackend",
+            "fault": "serve.backends.fault:FaultBackend"}
+
+
+def input_names(task: str) -> Tuple[str, ...]:
+    """Model input tensors of a task."""
+    return ("images",) if task == "classification" else ("images", "sizes")
+
+
+def output_names(task: str) -> Tuple[str, ...]:
+    """Model output tensors of a task."""
+    return ("logits",) if task == "classification" else ("pred_logits", "pred_boxes")
+
+
+class Backend(ABC):
+    """A model artifact on one runtime. ``spec`` is read cheaply at construction (validation);
+    ``load`` does the heavy work and runs in the model's worker thread."""
+
+    platform = "unknown"  # Open Inference Protocol model metadata
+
+    def __init__(self, cfg: ModelConfig, threads: int = 0) -> None:
+        self.cfg, self.threads = cfg, threads
+        self.spec: ModelSpec = self.read_spec()
+
+    @abstractmethod
+    def read_spec(self) -> ModelSpec:
+        """The artifact's ModelSpec (task, labels, preprocessing) without loading weights."""
+
+    @abstractmethod
+    def load(self) -> None:
+        """Build the model / session / engine on the configured device."""
+
+    @abstractmethod
+    def infer(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
+        """Run one batch; see the module docstring for names, shapes and types."""
+
+    def warmup(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
+        """First batch after loading (allocations, kernel selection); readiness waits for it."""
+        return self.infer(images, sizes)
+
+    def close(self) -> None:
+        """Release the runtime's resources."""
+
+
+def create_backend(cfg: ModelConfig, threads: int = 0) -> Backend:
+    """The backend class ``cfg.backend`` names, constructed (spec read, nothing loaded)."""
+    module, _, name = _CLASSES[cfg.backend].partition(":")
+    return getattr(importlib.import_module(module), name)(cfg, threads)

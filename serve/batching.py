@@ -1,0 +1,164 @@
+"""Dynamic batching: one worker per model drains a bounded queue into batches.
+
+Requests add one item per image. The worker takes the oldest item, waits until
+``max_batch_size`` items with the same key (same tensor shape; detection uses one key and pads)
+are queued or ``max_queue_delay`` after the oldest item's arrival has passed, then runs the batch
+in the model's single inference thread, never on the event loop. A full queue answers 503 with
+Retry-After; a request not answered within its timeout gets 504 and its items are skipped.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Deque, Hashable, List, Optional, Sequence
+
+from .errors import ServeError, unavailable
+from .metrics import Metrics
+
+__all__ = ["Batcher"]
+
+log = logging.getLogger("irpe.serve")
+
+
+@dataclass
+class _Item:
+    payload: Any
+    key: Hashable
+    future: asyncio.Future
+    enqueued: float
+
+
+class Batcher:
+    """Queue + worker task of one model; ``run_batch(payloads) -> results`` runs in a thread."""
+
+    def __init__(self, name: str, run_batch: Callable[[List[Any]], List[Any]],
+                 max_batch_size: int, max_delay_s: float, max_queue_size: int,
+                 metrics: Metrics) -> None:
+        self.name, self.run_batch = name, run_batch
+        self.max_batch_size, self.max_delay_s = max_batch_size, max_delay_s
+        self.max_queue_size, self.metrics = max_queue_size, metrics
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"infer-{name}")
+        self._items: Deque[_Item] = deque()
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._task: Optional[asyncio.Task] = None
+
+    def start(self) -> None:
+        """Start the worker task (call from the event loop)."""
+        self._task = asyncio.get_running_loop().create_task(self._worker(), name=self.name)
+
+    async def in_thread(self, fn: Callable, *args) -> Any:
+        """Run ``fn(*args)`` in this model's inference thread (loading, warmup)."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def submit(self, payloads: Sequence[Any], keys: Sequence[Hashable],
+                     timeout_s: float) -> List[Any]:
+        """Queue one item per payload and wait for all results (503 full, 504 timeout)."""
+        if self._closing:
+            raise unavailable(f"model {self.name} is shutting down")
+        if len(self._items) + len(payloads) > self.max_queue_size:
+            raise unavailable(f"queue of model {self.name} is full ({len(self._items)} of "
+                              f"{self.max_queue_size} images waiting); retry later")
+        loop = asyncio.get_running_loop()
+        items = [_Item(p, k, loop.create_future(), loop.time()) for p, k in zip(payloads, keys)]
+        self._items.extend(items)
+        self._changed()
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(i.future for i in items)), timeout_s)
+        except asyncio.TimeoutError:
+            raise ServeError(504, f"model {self.name} did not answer within {timeout_s:g} s") \
+                from None
+        finally:
+            for item in items:
+                if not item.future.done():
+                    item.future.cancel()  # the worker skips cancelled items
+
+    async def close(self) -> None:
+        """Refuse new work, finish every queued item, stop the worker and its thread."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+        self.executor.shutdown(wait=True)
+
+    def _changed(self) -> None:
+        self.metrics.queue_depth.labels(self.name).set(len(self._items))
+        self._wake.set()
+
+    async def _worker(self) -> None:
+        while True:
+            batch = await self._next_batch()
+            if batch is None:
+                return
+            await self._run(batch)
+
+    async def _next_batch(self) -> Optional[List[_Item]]:
+        while True:
+            while self._items and self._items[0].future.done():
+                self._items.popleft()  # timed out or cancelled while waiting
+            if self._items:
+                break
+            if self._closing:
+                return None
+            self._wake.clear()
+            await self._wake.wait()
+        await self._fill(self._items[0].enqueued + self.max_delay_s, self._items[0].key)
+        return self._take()
+
+    async def _fill(self, deadline: float, key: Hashable) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closing and self._count(key) < self.max_batch_size:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), remaining)
+            except asyncio.TimeoutError:
+                return
+
+    def _count(self, key: Hashable) -> int:
+        return sum(1 for i in self._items if i.key == key and not i.future.done())
+
+    def _take(self) -> List[_Item]:
+        key, batch, rest = self._items[0].key, [], deque()
+        for item in self._items:
+            if item.future.done():
+                continue
+            if item.key == key and len(batch) < self.max_batch_size:
+                batch.append(item)
+            else:
+                rest.append(item)
+        self._items = rest
+        self._changed()
+        return batch
+
+    async def _run(self, batch: List[_Item]) -> None:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for item in batch:
+            self.metrics.queue_time.labels(self.name).observe(start - item.enqueued)
+        try:
+            results = await loop.run_in_executor(self.executor, self.run_batch,
+                                                 [i.payload for i in batch])
+        except Exception as exc:  # any backend failure fails this batch's requests only
+            log.error("inference failed", extra={"model": self.name, "error": repr(exc)})
+            self._finish(batch, start, "failure")
+            error = ServeError(500, f"inference failed: {type(exc).__name__}: {exc}")
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(error)
+            return
+        self._finish(batch, start, "success")
+        for item, result in zip(batch, results):
+            if not item.future.done():
+                item.future.set_result(result)
+
+    def _finish(self, batch: List[_Item], start: float, outcome: str) -> None:
+        self.metrics.compute_time.labels(self.name).observe(
+            asyncio.get_running_loop().time() - start)
+        self.metrics.batch_size.labels(self.name).observe(len(batch))
+        self.metrics.batches.labels(self.name, outcome).inc()

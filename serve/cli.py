@@ -1,0 +1,102 @@
+"""``irpe serve``: start the inference server (demo models when nothing is configured)."""
+from __future__ import annotations
+
+import argparse
+from typing import Dict, List
+
+__all__ = ["add_parser", "cmd_serve"]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``irpe serve`` (heavy imports happen inside the command)."""
+    p = sub.add_parser("serve", help="serve models over HTTP (REST + Open Inference Protocol v2)",
+                       description="Serve the models of a repository file (YAML/TOML) or of "
+                       "IRPE_SERVE_* variables; with neither (or --demo), the bundled demo "
+                       "classifier and detector on ONNX Runtime, on 127.0.0.1:8000.")
+    p.add_argument("repository", nargs="?", help="model repository file (.yaml/.yml/.toml)")
+    p.add_argument("--demo", action="store_true", help="also serve the demo models")
+    p.add_argument("--backend", choices=("onnxruntime", "torch"), default="onnxruntime",
+                   help="backend of the demo models (default: onnxruntime)")
+    p.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="TCP port (default 8000; 0 = any free port)")
+    p.add_argument("--threads", type=int, help="torch/onnxruntime CPU threads (0 = default)")
+    p.add_argument("--log-format", choices=("json", "text"), help="log lines (default json)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--prepare", action="store_true", help="load and warm up every model, "
+                   "print a summary and exit (checks a repository; bakes demo ONNX files)")
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Build settings and models, then serve until SIGINT/SIGTERM (in-flight work drains)."""
+    from .logs import setup_logging
+    settings = _settings(args)
+    setup_logging(settings.log_level, settings.log_format)
+    from .app import create_app
+    app = create_app(settings)
+    if args.prepare:
+        return _prepare(app)
+    return _run(app, settings)
+
+
+def _settings(args: argparse.Namespace):
+    from irpe.errors import CLIError
+    from pydantic import ValidationError
+    from .config import ServeSettings
+    from .errors import validation_message
+    given = {"repository": args.repository, "host": args.host, "port": args.port,
+             "threads": args.threads, "log_format": args.log_format,
+             "log_level": args.log_level}
+    try:
+        settings = ServeSettings(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as exc:
+        raise CLIError(f"invalid settings: {validation_message(exc.errors())}") from None
+    if args.demo or not settings.models:
+        from .demo import demo_models
+        try:
+            demo = demo_models(args.backend, settings.cache_dir)
+        except RuntimeError as exc:
+            raise CLIError(str(exc)) from None
+        settings = settings.model_copy(update={"models": settings.models + demo})
+    return settings
+
+
+def _prepare(app) -> int:
+    import asyncio
+    from .state import AppState
+    state: AppState = app.state.irpe
+
+    async def load() -> List[Dict]:
+        await asyncio.gather(*(m.start() for m in state.models.values()))
+        rows = [m.describe() | {"error": m.error} for m in state.models.values()]
+        await asyncio.gather(*(m.stop() for m in state.models.values()))
+        return rows
+
+    rows = asyncio.run(load())
+    print(f"{'model':<24} {'task':<15} {'backend':<12} {'state':<8} path")
+    for row, model in zip(rows, state.models.values()):
+        print(f"{row['name']:<24} {row['task']:<15} {row['backend']:<12} "
+              f"{row['state'] if not row['error'] else 'failed':<8} {model.cfg.path}"
+              + (f"  ({row['error']})" if row["error"] else ""))
+    return 1 if any(r["error"] for r in rows) else 0
+
+
+def _run(app, settings) -> int:
+    import logging
+    import socket
+    import uvicorn
+    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") \
+            from None
+    host, port = sock.getsockname()[:2]
+    logging.getLogger("irpe.serve").info(
+        "serving", extra={"url": f"http://{host}:{port}", "models": settings.model_names()})
+    config = uvicorn.Config(app, log_config=None, access_log=False,
+                            timeout_graceful_shutdown=settings.shutdown_timeout_s)
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0

@@ -1,0 +1,160 @@
+"""Server settings: a model-repository file (YAML or TOML) plus ``IRPE_SERVE_*`` env variables.
+
+Priority, highest first: explicit arguments (the CLI), environment variables
+(``IRPE_SERVE_PORT=9000``, ``IRPE_SERVE_MODELS='[{"name": ...}]'``), the repository file named by
+``repository`` / ``IRPE_SERVE_REPOSITORY``, defaults. The file uses the same keys as the
+settings (``host``, ``port``, ``models: [...]``); relative model paths are resolved against
+the file's folder.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Literal, Optional, Tuple, Union
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+__all__ = ["FaultOptions", "ModelConfig", "ServeSettings", "read_repository", "BACKENDS"]
+
+BACKENDS = ("torch", "onnxruntime", "tensorrt", "fault")
+_PATH_KEYS = ("path", "metadata")
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+class FaultOptions(BaseModel):
+    """Test aid for ``backend: fault``: a real inner backend with injected delays or errors."""
+
+    model_config = ConfigDict(extra="forbid")
+    inner: Literal["torch", "onnxruntime"] = "torch"
+    delay_s: float = Field(0.0, ge=0, description="sleep before every batch")
+    load_delay_s: float = Field(0.0, ge=0, description="sleep while loading (warmup)")
+    fail: bool = Field(False, description="every served batch raises an error")
+
+
+class ModelConfig(BaseModel):
+    """One served model: artifact, backend, batching and device."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    path: Path = Field(description="trained-model .safetensors (torch), .onnx (onnxruntime) "
+                       "or engine file (tensorrt)")
+    backend: Literal["torch", "onnxruntime", "tensorrt", "fault"] = "torch"
+    task: Optional[Literal["classification", "detection"]] = Field(
+        None, description="checked against the artifact's task when given")
+    labels: Optional[Union[List[str], Path]] = Field(
+        None, description="class names (list or a text file, one per line); default: artifact's")
+    max_batch_size: int = Field(8, ge=1, le=1024)
+    max_queue_delay_ms: float = Field(5.0, ge=0, le=60_000)
+    max_queue_size: int = Field(64, ge=1, description="images waiting; more -> 503")
+    timeout_s: float = Field(30.0, gt=0, description="per request; slower -> 504")
+    device: str = Field("cpu", description="cpu, cuda or cuda:N")
+    providers: Optional[List[str]] = Field(
+        None, description="onnxruntime execution providers in priority order; default by device")
+    plugins: List[Path] = Field(default_factory=list, description="tensorrt plugin libraries")
+    metadata: Optional[Path] = Field(
+        None, description="tensorrt: .onnx or .safetensors holding the irpe metadata "
+        "(default: the engine path with suffix .onnx)")
+    fault: FaultOptions = Field(default_factory=FaultOptions)
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if not _DEVICE.match(value):
+            raise ValueError(f"device must be cpu, cuda or cuda:N, got {value!r}")
+        return value
+
+    def class_names(self) -> Optional[List[str]]:
+        """Configured labels (a list, or read from the labels file), or None."""
+        if self.labels is None or isinstance(self.labels, list):
+            return self.labels
+        lines = Path(self.labels).read_text(encoding="utf-8").splitlines()
+        return [line.strip() for line in lines if line.strip()]
+
+
+class ServeSettings(BaseSettings):
+    """Everything ``irpe serve`` needs; see the module docstring for sources."""
+
+    model_config = SettingsConfigDict(env_prefix="IRPE_SERVE_", extra="forbid")
+    repository: Optional[Path] = Field(None, description="model-repository file (.yaml/.toml)")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    models: List[ModelConfig] = Field(default_factory=list)
+    default_classifier: Optional[str] = Field(None, description="/v1/classify target")
+    default_detector: Optional[str] = Field(None, description="/v1/detect target")
+    auth_token: Optional[SecretStr] = Field(None, description="bearer token for inference")
+    max_body_bytes: int = Field(32 << 20, ge=1024)
+    max_images: int = Field(32, ge=1, description="images per request")
+    cors_origins: List[str] = Field(default_factory=list, description="empty: CORS off")
+    threads: int = Field(0, ge=0, description="torch / onnxruntime CPU threads; 0 = default")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "text"] = "json"
+    shutdown_timeout_s: float = Field(30.0, gt=0, description="drain time on SIGTERM")
+    cache_dir: Optional[Path] = Field(None, description="demo ONNX files (default irpe cache)")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings,
+                                   dotenv_settings, file_secret_settings
+                                   ) -> Tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, RepositorySource(settings_cls)
+
+    def model_names(self) -> List[str]:
+        """Names of the configured models, in order."""
+        return [m.name for m in self.models]
+
+
+class RepositorySource(PydanticBaseSettingsSource):
+    """Lowest-priority source: the repository file named by a higher-priority source."""
+
+    def get_field_value(self, field, field_name: str) -> Tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> Dict[str, Any]:
+        path = self.current_state.get("repository")
+        return read_repository(Path(path)) if path else {}
+
+
+def read_repository(path: Path) -> Dict[str, Any]:
+    """Parse a YAML/TOML repository file; model paths become relative to its folder."""
+    data = _parse(path)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    models = data.get("models", [])
+    if not isinstance(models, list):
+        raise ValueError(f"{path}: 'models' must be a list")
+    base = path.resolve().parent
+    data["models"] = [_relative_to(m, base) if isinstance(m, dict) else m for m in models]
+    return data
+
+
+def _parse(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"model repository not found: {path}") from None
+    if path.suffix.lower() == ".toml":
+        import tomllib
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{path}: invalid TOML: {exc}") from None
+    if path.suffix.lower() in (".yaml", ".yml"):
+        import yaml
+        try:
+            return yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path}: invalid YAML: {exc}".replace("\n", " ")) from None
+    raise ValueError(f"{path}: model repository must be .yaml, .yml or .toml")
+
+
+def _relative_to(model: Dict[str, Any], base: Path) -> Dict[str, Any]:
+    out = dict(model)
+    for key in _PATH_KEYS:
+        if isinstance(out.get(key), str) and not Path(out[key]).is_absolute():
+            out[key] = str(base / out[key])
+    if isinstance(out.get("labels"), str) and not Path(out["labels"]).is_absolute():
+        out["labels"] = str(base / out["labels"])
+    if isinstance(out.get("plugins"), list):
+        out["plugins"] = [str(base / p) if isinstance(p, str) and not Path(p).is_absolute()
+                          else p for p in out["plugins"]]
+    return out

@@ -1,0 +1,37 @@
+"""Prometheus metrics of one server instance (its own registry, so apps never collide)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["Metrics", "CONTENT_TYPE"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024)
+
+
+class Metrics:
+    """HTTP counters and latency, in-flight gauge, queue/compute time and batch sizes."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("irpe_http_requests_total", "HTTP requests by route, method and "
+                                "status", ["route", "method", "status"], registry=r)
+        self.latency = Histogram("irpe_http_request_duration_seconds", "HTTP request latency",
+                                 ["route"], buckets=_SECONDS, registry=r)
+        self.in_flight = Gauge("irpe_http_requests_in_flight", "HTTP requests being served",
+                               registry=r)
+        self.queue_time = Histogram("irpe_queue_seconds", "time an image waited for its batch",
+                                    ["model"], buckets=_SECONDS, registry=r)
+        self.compute_time = Histogram("irpe_compute_seconds", "backend time of one batch",
+                                      ["model"], buckets=_SECONDS, registry=r)
+        self.batch_size = Histogram("irpe_batch_size", "images per backend call", ["model"],
+                                    buckets=_SIZES, registry=r)
+        self.queue_depth = Gauge("irpe_queue_depth", "images waiting for a batch", ["model"],
+                                 registry=r)
+        self.batches = Counter("irpe_batches_total", "backend calls by model and outcome",
+                               ["model", "outcome"], registry=r)
+
+    def render(self) -> bytes:
+        """Text exposition format of every metric."""
+        return generate_latest(self.registry)

@@ -1,0 +1,116 @@
+"""ASGI middleware: request ids, request log, HTTP metrics, in-flight gauge, body size limit."""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+
+from .errors import ServeError
+from .logs import request_id
+from .metrics import Metrics
+
+__all__ = ["ObserveMiddleware", "BodyLimitMiddleware", "BodyTooLarge"]
+
+log = logging.getLogger("irpe.serve.access")
+_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+class BodyTooLarge(ServeError):
+    """A streamed body that grew past the limit (413)."""
+
+
+class ObserveMiddleware:
+    """Assign X-Request-ID, log each request, count it by route template and status."""
+
+    def __init__(self, app, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        rid = given if _ID.match(given) else uuid.uuid4().hex
+        token = request_id.set(rid)
+        status, start = 500, time.perf_counter()
+
+        async def send_with_id(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = list(message.get("headers", [])) + [
+                    (b"x-request-id", rid.encode())]
+            await send(message)
+
+        self.metrics.in_flight.inc()
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            self.metrics.in_flight.dec()
+            self._record(scope, status, time.perf_counter() - start)
+            request_id.reset(token)
+
+    def _record(self, scope, status: int, seconds: float) -> None:
+        route = getattr(scope.get("route"), "path", None) or "unmatched"
+        self.metrics.requests.labels(route, scope["method"], str(status)).inc()
+        self.metrics.latency.labels(route).observe(seconds)
+        log.info("request", extra={"method": scope["method"], "path": scope["path"],
+                                   "route": route, "status": status,
+                                   "duration_ms": round(seconds * 1000, 2),
+                                   "client": (scope.get("client") or ("-",))[0]})
+
+
+class BodyLimitMiddleware:
+    """413 for bodies over ``limit`` bytes (declared by Content-Length or streamed).
+
+    The rest of the body is read and discarded first (up to ``drain`` bytes): closing a socket
+    with unread data resets the connection, and the client would never see the 413.
+    """
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
+        self.drain = max(4 * limit, 16 << 20)
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            if length.isdigit() and int(length) <= self.drain:
+                await self._discard(receive, 0)
+            return await _reject(send, self._message())
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    if message.get("more_body", False):
+                        await self._discard(receive, received)
+                    raise BodyTooLarge(413, self._message())
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+    async def _discard(self, receive, seen: int) -> None:
+        while seen <= self.drain:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            seen += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
+
+    def _message(self) -> str:
+        return f"request body is over the limit of {self.limit} bytes"
+
+
+async def _reject(send, message: str) -> None:
+    body = json.dumps({"error": message}).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

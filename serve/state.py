@@ -1,0 +1,81 @@
+"""What the routes share: settings, served models, metrics; lookup and auth dependencies."""
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from .config import ServeSettings
+from .errors import ServeError, unavailable
+from .metrics import Metrics
+from .model import ServedModel
+
+__all__ = ["AppState", "app_state", "require_token", "get_model"]
+
+_bearer = HTTPBearer(auto_error=False, description="required when the server has an auth "
+                     "token (IRPE_SERVE_AUTH_TOKEN)")
+
+
+@dataclass
+class AppState:
+    """Server-wide state stored on ``app.state.irpe``."""
+
+    settings: ServeSettings
+    models: Dict[str, ServedModel]
+    metrics: Metrics = field(default_factory=Metrics)
+    stopping: bool = False
+
+    def not_ready(self) -> Optional[str]:
+        """Why the server is not ready, or None when every model is."""
+        if self.stopping:
+            return "server is shutting down"
+        waiting = [f"{m.name} ({m.state})" for m in self.models.values() if not m.ready]
+        return f"models not ready: {', '.join(waiting)}" if waiting else None
+
+    def model(self, name: str) -> ServedModel:
+        """The served model ``name``; 404 naming the available ones otherwise."""
+        if name not in self.models:
+            raise ServeError(404, f"unknown model {name!r}; available: "
+                             f"{', '.join(self.models) or 'none'}")
+        return self.models[name]
+
+    def default(self, task: str) -> ServedModel:
+        """Target of the /v1/classify and /v1/detect shortcuts."""
+        s = self.settings
+        name = s.default_classifier if task == "classification" else s.default_detector
+        if name is not None:
+            return self.model(name)
+        for m in self.models.values():
+            if m.task == task:
+                return m
+        raise ServeError(404, f"no {task} model is served")
+
+
+def app_state(request: Request) -> AppState:
+    """The AppState of the app handling ``request``."""
+    return request.app.state.irpe
+
+
+def require_token(request: Request,
+                  credentials: Optional[HTTPAuthorizationCredentials] = Depends(_bearer)) -> None:
+    """401 unless the bearer token equals the configured one (constant-time compare)."""
+    token = app_state(request).settings.auth_token
+    if token is None:
+        return
+    given = credentials.credentials if credentials is not None else ""
+    if not hmac.compare_digest(given.encode(), token.get_secret_value().encode()):
+        raise ServeError(401, "missing or invalid bearer token",
+                         {"WWW-Authenticate": "Bearer"})
+
+
+def get_model(request: Request, name: str) -> ServedModel:
+    """Path-parameter dependency: the named model, ready for inference (404 / 503)."""
+    state = app_state(request)
+    if state.stopping:
+        raise unavailable("server is shutting down")
+    model = state.model(name)
+    model.check_ready()
+    return model

@@ -1,0 +1,134 @@
+"""v2 inference on a served model: tensor validation, batching, requested outputs."""
+from __future__ import annotations
+
+import zlib
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .backends import input_names, output_names
+from .errors import ServeError
+from .model import ServedModel, validate_count
+from .v2codec import InferRequest, OutTensor, classification_strings, datatype_of
+
+__all__ = ["check_version", "model_metadata", "run_infer", "decompress"]
+
+
+def check_version(model: ServedModel, version: Optional[str]) -> None:
+    """Every model has the single version "1"."""
+    if version is not None and version != "1":
+        raise ServeError(404, f"model {model.name} has no version {version!r} (only \"1\")")
+
+
+def _tensor(name: str, datatype: str, shape: List[int]) -> Dict:
+    return {"name": name, "datatype": datatype, "shape": shape}
+
+
+def model_metadata(model: ServedModel) -> Dict:
+    """v2 model metadata; output shapes are known once warmup ran (-1 before)."""
+    p = model.preprocess
+    inputs = [_tensor("images", "FP32", [-1, 3, p.size, p.size] if model.task ==
+                      "classification" else [-1, 3, -1, -1])]
+    if model.task == "detection":
+        inputs.append(_tensor("sizes", "INT64", [-1, 2]))
+    shapes = model.output_shapes
+    outputs = [_tensor(n, "FP32", [-1] + list(shapes.get(n, (-1,) * (2 if n == "logits" else 3))
+                                              [1:])) for n in output_names(model.task)]
+    return {"name": model.name, "versions": ["1"], "platform": model.backend.platform,
+            "inputs": inputs, "outputs": outputs,
+            "parameters": {"task": model.task, "labels": model.labels,
+                           "preprocess": p.to_dict(), "model": model.spec.model_name}}
+
+
+def decompress(body: bytes, encoding: Optional[str], limit: int) -> bytes:
+    """Undo Content-Encoding gzip/deflate (tritonclient's request compression), bounded."""
+    if encoding in (None, "", "identity"):
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise ServeError(415, f"unsupported Content-Encoding {encoding!r}")
+    inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise ServeError(400, f"cannot decompress the {encoding} body: {exc}") from None
+    if len(out) > limit:
+        raise ServeError(413, f"decompressed body is over the limit of {limit} bytes")
+    return out
+
+
+def _images(model: ServedModel, tensors: Dict[str, np.ndarray], max_images: int) -> np.ndarray:
+    unknown = set(tensors) - set(input_names(model.task))
+    if unknown or "images" not in tensors:
+        raise ServeError(400, f"model {model.name} takes inputs {list(input_names(model.task))}"
+                         f", got {sorted(tensors)}")
+    images = tensors["images"]
+    if images.dtype != np.float32 or images.ndim != 4 or images.shape[1] != 3:
+        raise ServeError(400, f"images must be FP32 [batch, 3, height, width], got "
+                         f"{datatype_of(images)} {list(images.shape)}")
+    validate_count(images.shape[0], max_images)
+    p = model.preprocess
+    if model.task == "classification" and images.shape[2:] != (p.size, p.size):
+        raise ServeError(400, f"images must be [batch, 3, {p.size}, {p.size}] for model "
+                         f"{model.name}, got {list(images.shape)}")
+    if model.task == "detection" and not (0 < min(images.shape[2:]) and
+                                          max(images.shape[2:]) <= p.max_size):
+        raise ServeError(400, f"image height and width must be in 1..{p.max_size}, got "
+                         f"{list(images.shape[2:])}")
+    if not np.isfinite(images).all():
+        raise ServeError(400, "images contain NaN or infinity")
+    return images
+
+
+def _sizes(images: np.ndarray, sizes: Optional[np.ndarray]) -> List[Tuple[int, int]]:
+    batch, height, width = images.shape[0], images.shape[2], images.shape[3]
+    if sizes is None:
+        return [(height, width)] * batch
+    if sizes.dtype not in (np.int64, np.int32) or sizes.shape != (batch, 2):
+        raise ServeError(400, f"sizes must be INT64 [{batch}, 2], got {datatype_of(sizes)} "
+                         f"{list(sizes.shape)}")
+    if (sizes < 1).any() or (sizes[:, 0] > height).any() or (sizes[:, 1] > width).any():
+        raise ServeError(400, f"sizes must be valid (h, w) within 1..{height} x 1..{width}")
+    return [(int(h), int(w)) for h, w in sizes]
+
+
+async def run_infer(model: ServedModel, req: InferRequest, tensors: Dict[str, np.ndarray],
+                    max_images: int) -> List[OutTensor]:
+    """Validate inputs, run them through the batcher, build the requested outputs."""
+    images = _images(model, tensors, max_images)
+    sizes = _sizes(images, tensors.get("sizes")) if model.task == "detection" else None
+    wanted = _requested(model, req)
+    rows = await model.infer(list(images), sizes, _timeout(model, req))
+    outputs = []
+    for name, params in wanted:
+        array = np.stack([r[name] for r in rows])
+        binary = params.get("binary_data", req.parameters.get("binary_data_output", False))
+        k = params.get("classification")
+        if k is None:
+            outputs.append(OutTensor(name, array, datatype_of(array), bool(binary)))
+        else:
+            outputs.append(OutTensor(name, classification_strings(array, k, model.labels),
+                                     "BYTES", bool(binary)))
+    return outputs
+
+
+def _requested(model: ServedModel, req: InferRequest) -> List[Tuple[str, Dict]]:
+    names = output_names(model.task)
+    if req.outputs is None:
+        return [(n, {}) for n in names]
+    for out in req.outputs:
+        if out.name not in names:
+            raise ServeError(400, f"unknown output {out.name!r}; model {model.name} has "
+                             f"{list(names)}")
+        k = out.parameters.get("classification")
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1
+                              or out.name != "logits"):
+            raise ServeError(400, f"classification must be a positive integer on the logits "
+                             f"output, got {k!r} on {out.name}")
+    return [(o.name, o.parameters) for o in req.outputs]
+
+
+def _timeout(model: ServedModel, req: InferRequest) -> float:
+    micros = req.parameters.get("timeout")  # tritonclient's per-request timeout, microseconds
+    if isinstance(micros, (int, float)) and not isinstance(micros, bool) and micros > 0:
+        return min(model.cfg.timeout_s, micros / 1e6)
+    return model.cfg.timeout_s

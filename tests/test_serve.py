@@ -1,0 +1,454 @@
+"""Server end to end: a real uvicorn on 127.0.0.1, REST + v2 over HTTP (httpx, tritonclient).
+
+Models are the untrained demo architectures saved as trained-model files; results are checked
+against the same artifact run directly in PyTorch with the shared Preprocess / PostProcess.
+"""
+from __future__ import annotations
+
+import base64
+import io
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from irpe.artifact import default_spec, load_trained, save_trained
+from irpe.data.shapes import SHAPE_CLASSES, render_classification, render_detection
+from irpe.data.transforms import load_image
+from irpe.models import PostProcess, create_model
+from serve.config import ServeSettings
+from serve.testing import running_server
+
+torch.set_num_threads(1)
+
+
+def save_untrained(name: str, path) -> str:
+    """An untrained registered model written in trained-model format (shape class names)."""
+    torch.manual_seed(0)
+    save_trained(create_model(name).eval(), str(path), default_spec(name, list(SHAPE_CLASSES)))
+    return str(path)
+
+
+def encode(image, fmt: str = "PNG") -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, fmt)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("serve")
+    return {"cls": save_untrained("deit_shapes_irpe", d / "cls.safetensors"),
+            "det": save_untrained("detr_shapes_irpe", d / "det.safetensors")}
+
+
+@pytest.fixture(scope="module")
+def url(files):
+    fault = {"backend": "fault", "path": files["cls"]}
+    settings = ServeSettings(threads=1, max_images=4, log_level="warning", models=[
+        {"name": "cls", "path": files["cls"], "max_queue_delay_ms": 30},
+        {"name": "det", "path": files["det"]},
+        {**fault, "name": "slow", "timeout_s": 0.2, "fault": {"delay_s": 0.6}},
+        {**fault, "name": "broken", "fault": {"fail": True}},
+        {**fault, "name": "tiny", "max_batch_size": 1, "max_queue_size": 2,
+         "fault": {"delay_s": 0.2}}])
+    with running_server(settings) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    with httpx.Client(base_url=url, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def reference(files):
+    """Direct PyTorch results of the same artifacts."""
+    return {k: load_trained(v) for k, v in files.items()}
+
+
+def classify_direct(reference, blob: bytes, k: int = 5):
+    model, spec = reference["cls"]
+    with torch.no_grad():
+        logits = model(spec.transform()(load_image(blob))[None])
+    return logits, logits.softmax(-1).topk(k)
+
+
+def shape_png(index: int, size: int = 64) -> bytes:
+    return encode(render_classification(7, index, size)[0])
+
+
+# ---------------------------------------------------------------- REST classify / detect
+
+def test_classify_raw_png_equals_direct_pytorch(client, reference):
+    blob = shape_png(3, size=96)
+    r = client.post("/v1/models/cls/classify?top_k=3", content=blob,
+                    headers={"content-type": "image/png"})
+    assert r.status_code == 200, r.text
+    _, (scores, indices) = classify_direct(reference, blob, 3)
+    result = r.json()["results"][0]
+    assert result["indices"] == indices[0].tolist()
+    assert result["labels"] == [SHAPE_CLASSES[i] for i in result["indices"]]
+    assert np.allclose(result["scores"], scores[0].numpy(), atol=1e-5)
+    assert r.headers["x-request-id"]
+
+
+def test_classify_multipart_batch_in_request_order(client):
+    blobs = [shape_png(0), encode(render_classification(7, 1, 80)[0], "JPEG"),
+             encode(render_classification(7, 2, 64)[0], "WEBP")]
+    files = [("file", (f"{i}.img", b)) for i, b in enumerate(blobs)]
+    r = client.post("/v1/models/cls/classify", files=files)
+    assert r.status_code == 200, r.text
+    batch = r.json()["results"]
+    assert len(batch) == 3
+    for blob, got in zip(blobs, batch):
+        alone = client.post("/v1/classify", files=[("image", ("x", blob))]).json()["results"][0]
+        assert alone["indices"] == got["indices"]
+        assert np.allclose(alone["scores"], got["scores"], atol=1e-5)
+
+
+def test_classify_json_base64_and_top_k_capped(client):
+    blob = shape_png(4)
+    b64 = base64.b64encode(blob).decode()
+    r = client.post("/v1/classify?top_k=50",
+                    json={"images": [b64, "data:image/png;base64," + b64]})
+    assert r.status_code == 200, r.text
+    first, second = r.json()["results"]
+    assert first == second and len(first["labels"]) == len(SHAPE_CLASSES)
+    assert abs(sum(first["scores"]) - 1.0) < 1e-4
+
+
+def _detect_direct(reference, blob: bytes):
+    model, spec = reference["det"]
+    image = load_image(blob)
+    x = spec.transform()(image)
+    with torch.no_grad():
+        out = model(x[None], torch.tensor([list(x.shape[-2:])]))
+    return PostProcess()(out, torch.tensor([[image.height, image.width]]))[0]
+
+
+def test_detect_pixels_boxes_match_postprocess(client, reference):
+    image = render_detection(3, 0, 128)[0].resize((200, 150))
+    blob = encode(image)
+    r = client.post("/v1/models/det/detect?threshold=0&max_detections=5", content=blob,
+                    headers={"content-type": "image/png"})
+    assert r.status_code == 200, r.text
+    result = r.json()["results"][0]
+    assert (result["width"], result["height"]) == (200, 150)
+    ref = _detect_direct(reference, blob)
+    order = ref["scores"].argsort(descending=True)[:5]
+    dets = result["detections"]
+    assert len(dets) == 5
+    assert np.allclose([d["score"] for d in dets], ref["scores"][order], atol=1e-5)
+    assert np.allclose([d["box"] for d in dets], ref["boxes"][order], atol=1e-3)
+    assert [d["label"] for d in dets] == [SHAPE_CLASSES[i] for i in ref["labels"][order]]
+    coco = client.post("/v1/detect?threshold=0&max_detections=5&box_format=coco",
+                       content=blob, headers={"content-type": "image/png"}).json()
+    for d, c in zip(dets, coco["results"][0]["detections"]):
+        x0, y0, x1, y1 = d["box"]
+        assert np.allclose(c["box"], [x0, y0, x1 - x0, y1 - y0], atol=1e-3)
+
+
+def test_detect_batch_with_different_sizes_equals_single(client):
+    blobs = [encode(render_detection(3, i, 128)[0].resize(s)) for i, s in
+             enumerate([(128, 128), (96, 160), (160, 100)])]
+    files = [("file", (f"{i}.png", b)) for i, b in enumerate(blobs)]
+    batch = client.post("/v1/detect?threshold=0", files=files).json()["results"]
+    for blob, got in zip(blobs, batch):
+        alone = client.post("/v1/detect?threshold=0", content=blob,
+                            headers={"content-type": "image/png"}).json()["results"][0]
+        assert np.allclose([d["score"] for d in alone["detections"]],
+                           [d["score"] for d in got["detections"]], atol=1e-5)
+    high = client.post("/v1/detect?threshold=0.99", content=blobs[0],
+                       headers={"content-type": "image/png"}).json()
+    assert high["results"][0]["detections"] == []  # untrained: no confident box
+
+
+def test_model_listing(client):
+    models = {m["name"]: m for m in client.get("/v1/models").json()}
+    assert models["cls"]["task"] == "classification" and models["det"]["task"] == "detection"
+    assert models["cls"]["state"] == "ready" and models["cls"]["num_classes"] == 8
+    detail = client.get("/v1/models/det").json()
+    assert detail["labels"] == list(SHAPE_CLASSES)
+    assert detail["preprocess"]["min_size"] == 128
+
+
+# ---------------------------------------------------------------- Open Inference Protocol v2
+
+def test_v2_health_and_metadata(client):
+    assert client.get("/v2/health/live").json() == {"live": True}
+    assert client.get("/v2/health/ready").status_code == 200
+    meta = client.get("/v2").json()
+    assert meta["name"] == "irpe-serve" and "binary_tensor_data" in meta["extensions"]
+    cls = client.get("/v2/models/cls").json()
+    assert cls["inputs"] == [{"name": "images", "datatype": "FP32", "shape": [-1, 3, 64, 64]}]
+    assert cls["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": [-1, 8]}]
+    det = client.get("/v2/models/det/versions/1").json()
+    assert [t["name"] for t in det["inputs"]] == ["images", "sizes"]
+    assert det["outputs"][1]["shape"] == [-1, 16, 4]
+    assert client.get("/v2/models/det/ready").json() == {"name": "det", "ready": True}
+
+
+def _images(n: int, size: int = 64) -> np.ndarray:
+    return np.random.default_rng(n).standard_normal((n, 3, size, size)).astype(np.float32)
+
+
+def test_v2_json_infer_equals_direct(client, reference):
+    images = _images(2)
+    body = {"id": "abc", "inputs": [{"name": "images", "shape": [2, 3, 64, 64],
+                                     "datatype": "FP32", "data": images.tolist()}]}
+    r = client.post("/v2/models/cls/infer", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["id"] == "abc" and out["model_name"] == "cls"
+    logits = np.asarray(out["outputs"][0]["data"], np.float32).reshape(out["outputs"][0]["shape"])
+    with torch.no_grad():
+        expected = reference["cls"][0](torch.from_numpy(images)).numpy()
+    assert np.allclose(logits, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_tritonclient_classification(url, reference, binary):
+    import tritonclient.http as tc
+    client = tc.InferenceServerClient(url.removeprefix("http://"))
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("cls")
+    assert client.get_model_metadata("cls")["platform"] == "pytorch_libtorch"
+    images = _images(3)
+    inp = tc.InferInput("images", list(images.shape), "FP32")
+    inp.set_data_from_numpy(images, binary_data=binary)
+    outputs = [tc.InferRequestedOutput("logits", binary_data=binary),
+               tc.InferRequestedOutput("logits", binary_data=binary, class_count=2)]
+    result = client.infer("cls", [inp], outputs=outputs[:1])
+    with torch.no_grad():
+        expected = reference["cls"][0](torch.from_numpy(images)).numpy()
+    assert np.allclose(result.as_numpy("logits"), expected, atol=1e-5)
+    top = client.infer("cls", [inp], outputs=outputs[1:]).as_numpy("logits")
+    assert top.shape == (3, 2)
+    for row, logits in zip(top, expected):
+        text = row[0].decode() if isinstance(row[0], bytes) else row[0]
+        score, index, label = text.split(":")
+        best = int(logits.argmax())
+        assert int(index) == best and label == SHAPE_CLASSES[best]
+        assert abs(float(score) - logits[best]) < 1e-5  # the raw logit, Triton's convention
+    client.close()
+
+
+def test_tritonclient_detection_binary_with_sizes(url, reference):
+    import tritonclient.http as tc
+    client = tc.InferenceServerClient(url.removeprefix("http://"))
+    images = np.zeros((2, 3, 96, 128), np.float32)
+    images[:, :, :80, :100] = np.random.default_rng(1).standard_normal((2, 3, 80, 100))
+    sizes = np.array([[80, 100], [96, 128]], np.int64)
+    inputs = [tc.InferInput("images", list(images.shape), "FP32"),
+              tc.InferInput("sizes", [2, 2], "INT64")]
+    inputs[0].set_data_from_numpy(images)
+    inputs[1].set_data_from_numpy(sizes)
+    result = client.infer("det", inputs)  # no outputs named: all, binary
+    with torch.no_grad():
+        ref = reference["det"][0](torch.from_numpy(images), torch.from_numpy(sizes))
+    assert np.allclose(result.as_numpy("pred_boxes"), ref["pred_boxes"].numpy(), atol=1e-5)
+    assert np.allclose(result.as_numpy("pred_logits"), ref["pred_logits"].numpy(), atol=1e-4)
+    client.close()
+
+
+def test_tritonclient_errors_are_readable(url):
+    import tritonclient.http as tc
+    from tritonclient.utils import InferenceServerException
+    client = tc.InferenceServerClient(url.removeprefix("http://"))
+    inp = tc.InferInput("images", [1, 3, 32, 32], "FP32")
+    inp.set_data_from_numpy(np.zeros((1, 3, 32, 32), np.float32))
+    with pytest.raises(InferenceServerException, match=r"images must be \[batch, 3, 64, 64\]"):
+        client.infer("cls", [inp])
+    assert not client.is_model_ready("nope")
+    client.close()
+
+
+# ---------------------------------------------------------------- batching, overload, faults
+
+def _count(metrics_text: str, name: str, **labels) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+    total = 0.0
+    for family in text_string_to_metric_families(metrics_text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def test_concurrent_requests_are_batched(client, url):
+    blob = shape_png(5)
+    before = client.get("/metrics").text
+
+    def one(_):
+        return httpx.post(f"{url}/v1/models/cls/classify", content=blob, timeout=30,
+                          headers={"content-type": "image/png"}).status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        assert set(pool.map(one, range(16))) == {200}
+    after = client.get("/metrics").text
+    images = _count(after, "irpe_batch_size_sum", model="cls") - \
+        _count(before, "irpe_batch_size_sum", model="cls")
+    calls = _count(after, "irpe_batch_size_count", model="cls") - \
+        _count(before, "irpe_batch_size_count", model="cls")
+    singles = _count(after, "irpe_batch_size_bucket", model="cls", le="1.0") - \
+        _count(before, "irpe_batch_size_bucket", model="cls", le="1.0")
+    assert images == 16 and calls < 16 and singles < calls  # some batch held > 1 image
+    assert _count(after, "irpe_http_requests_total", route="/v1/models/{name}/classify",
+                  status="200") >= 16
+
+
+def test_overload_gives_503_with_retry_after_then_recovers(url, client):
+    blob = shape_png(6)
+
+    def one(_):
+        r = httpx.post(f"{url}/v1/models/tiny/classify", content=blob, timeout=30,
+                       headers={"content-type": "image/png"})
+        return r.status_code, r.headers.get("retry-after"), r.json()
+
+    with ThreadPoolExecutor(10) as pool:
+        results = list(pool.map(one, range(10)))
+    codes = [c for c, _, _ in results]
+    assert 200 in codes and 503 in codes and set(codes) <= {200, 503}
+    for code, retry, body in results:
+        if code == 503:
+            assert retry == "1" and "queue of model tiny is full" in body["error"]
+    assert client.post("/v1/models/tiny/classify", content=blob,
+                       headers={"content-type": "image/png"}).status_code == 200
+
+
+def test_timeout_gives_504_and_failure_500(client):
+    blob = shape_png(1)
+    r = client.post("/v1/models/slow/classify", content=blob,
+                    headers={"content-type": "image/png"})
+    assert r.status_code == 504
+    assert r.json() == {"error": "model slow did not answer within 0.2 s"}
+    r = client.post("/v1/models/broken/classify", content=blob,
+                    headers={"content-type": "image/png"})
+    assert r.status_code == 500 and r.json()["error"].startswith("inference failed: InjectedFault")
+    assert client.post("/v1/models/cls/classify", content=blob,
+                       headers={"content-type": "image/png"}).status_code == 200
+
+
+# ---------------------------------------------------------------- bad input matrix
+
+def bomb_png(width: int = 20000, height: int = 20000) -> bytes:
+    """A PNG header claiming width x height pixels (no pixel data): refused before decoding."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
+
+
+def _v2(inputs=None, outputs=None, **extra):
+    body = {"inputs": inputs if inputs is not None else [
+        {"name": "images", "shape": [1, 3, 64, 64], "datatype": "FP32", "data": [0.0] * 12288}]}
+    if outputs is not None:
+        body["outputs"] = outputs
+    return {"json": {**body, **extra}}
+
+
+def _png(body: bytes):
+    return {"content": body, "headers": {"content-type": "image/png"}}
+
+
+def _binary(header: dict, payload: bytes, length=None):
+    import json
+    head = json.dumps(header).encode()
+    return {"content": head + payload,
+            "headers": {"inference-header-content-length": str(length or len(head))}}
+
+
+_IMG = {"name": "images", "shape": [1, 3, 64, 64], "datatype": "FP32"}
+_NAN = np.full((1, 3, 64, 64), np.nan, np.float32).tobytes()
+CLS, DET, INFER = "/v1/models/cls/classify", "/v1/models/det/detect", "/v2/models/cls/infer"
+BAD = [  # (id, method, path, request kwargs, status, substring of the error)
+    ("text-plain", "post", CLS, {"content": b"hi", "headers": {"content-type": "text/plain"}},
+     415, "unsupported media type text/plain"),
+    ("no-content-type", "post", CLS, {"content": b"hi"}, 415, "unsupported media type (none)"),
+    ("garbage-png", "post", CLS, _png(b"not an image"), 400, "cannot decode image"),
+    ("empty-body", "post", CLS, _png(b""), 400, "empty image data"),
+    ("bomb", "post", CLS, _png(bomb_png()), 400, "over the limit"),
+    ("bad-base64", "post", CLS, {"json": {"images": ["@@@"]}}, 400, "images[0] is not valid"),
+    ("no-images", "post", CLS, {"json": {"images": []}}, 422, "images"),
+    ("wrong-json-key", "post", CLS, {"json": {"pictures": ["x"]}}, 422, "images: Field required"),
+    ("invalid-json", "post", CLS, {"content": b"{", "headers": {"content-type":
+                                                               "application/json"}}, 400, "JSON"),
+    ("multipart-no-file", "post", CLS, {"content": b'--b\r\nContent-Disposition: form-data; '
+                                        b'name="a"\r\n\r\nb\r\n--b--\r\n', "headers": {
+                                            "content-type": "multipart/form-data; boundary=b"}},
+     400, "no file part"),
+    ("too-many-files", "post", CLS, {"files": [("f", ("x.png", b"x"))] * 5}, 400,
+     "Too many files"),
+    ("wrong-task", "post", "/v1/models/det/classify", _png(b"x"), 400, "is a detection model"),
+    ("top-k-0", "post", CLS + "?top_k=0", _png(b"x"), 422, "top_k"),
+    ("threshold", "post", DET + "?threshold=1.5", _png(b"x"), 422, "threshold"),
+    ("box-format", "post", DET + "?box_format=xywh", _png(b"x"), 422, "box_format"),
+    ("unknown-model", "post", "/v1/models/nope/classify", _png(b"x"), 404,
+     "unknown model 'nope'; available: cls, det"),
+    ("get-classify", "get", CLS, {}, 405, "Method Not Allowed"),
+    ("unknown-route", "get", "/v3/models", {}, 404, "Not Found"),
+    ("v2-invalid-json", "post", INFER, {"content": b"{"}, 400, "JSON"),
+    ("v2-no-inputs", "post", INFER, {"json": {"inputs": []}}, 422, "inputs"),
+    ("v2-fp64", "post", INFER, _v2([{**_IMG, "datatype": "FP64", "data": [0.0] * 12288}]), 400,
+     "images must be FP32"),
+    ("v2-shape", "post", INFER, _v2([{**_IMG, "shape": [1, 3, 32, 32], "data": [0] * 3072}]),
+     400, "images must be [batch, 3, 64, 64]"),
+    ("v2-unknown-input", "post", INFER, _v2([{**_IMG, "name": "pixels", "data": [0.0] * 12288}]),
+     400, "takes inputs ['images']"),
+    ("v2-count", "post", INFER, _v2([{**_IMG, "data": [0.0] * 10}]), 400, "10 values"),
+    ("v2-strings", "post", INFER, _v2([{**_IMG, "data": ["a"] * 12288}]), 400,
+     "must hold FP32 numbers"),
+    ("v2-datatype", "post", INFER, _v2([{**_IMG, "datatype": "FP8", "data": [0] * 12288}]), 400,
+     "unsupported datatype"),
+    ("v2-no-data", "post", INFER, _v2([_IMG]), 400, "neither data nor binary_data_size"),
+    ("v2-binary-size", "post", INFER, _binary(
+        {"inputs": [{**_IMG, "parameters": {"binary_data_size": 100}}]}, b"\0" * 100), 400,
+     "binary_data_size 100 does not match"),
+    ("v2-header-length", "post", INFER, _binary({"inputs": [_IMG]}, b"", length=10 ** 6), 400,
+     "does not fit"),
+    ("v2-trailing", "post", INFER, _binary(
+        {"inputs": [{**_IMG, "data": [0.0] * 12288}]}, b"\0" * 8), 400, "belong to no input"),
+    ("v2-nan", "post", INFER, _binary(
+        {"inputs": [{**_IMG, "parameters": {"binary_data_size": len(_NAN)}}]}, _NAN), 400,
+     "NaN"),
+    ("v2-unknown-output", "post", INFER, _v2(outputs=[{"name": "probs"}]), 400,
+     "unknown output 'probs'"),
+    ("v2-classification-0", "post", INFER, _v2(outputs=[{"name": "logits", "parameters":
+                                                          {"classification": 0}}]), 400,
+     "classification must be a positive integer"),
+    ("v2-media-type", "post", INFER, {"content": b"{}", "headers": {"content-type":
+                                                                    "image/png"}}, 415,
+     "unsupported media type image/png"),
+    ("v2-encoding", "post", INFER, {"content": b"{}", "headers": {"content-encoding": "br"}},
+     415, "Content-Encoding"),
+    ("v2-gzip-garbage", "post", INFER, {"content": b"{}", "headers": {"content-encoding":
+                                                                      "gzip"}}, 400,
+     "cannot decompress"),
+    ("v2-version", "post", "/v2/models/cls/versions/2/infer", _v2(), 404, "no version '2'"),
+    ("v2-batch-limit", "post", INFER, _v2([{**_IMG, "shape": [5, 3, 64, 64],
+                                            "data": [0.0] * 12288 * 5}]), 400, "limit is 4"),
+    ("v2-sizes", "post", "/v2/models/det/infer", _v2([
+        {"name": "images", "shape": [1, 3, 8, 8], "datatype": "FP32", "data": [0.0] * 192},
+        {"name": "sizes", "shape": [1, 2], "datatype": "INT64", "data": [9, 8]}]), 400,
+     "sizes must be valid"),
+    ("v2-unknown-model", "get", "/v2/models/nope", {}, 404, "unknown model 'nope'"),
+]
+
+
+@pytest.mark.parametrize("method,path,kwargs,status,message", [b[1:] for b in BAD],
+                         ids=[b[0] for b in BAD])
+def test_bad_input_is_a_json_error_and_server_keeps_serving(client, method, path, kwargs,
+                                                             status, message):
+    r = client.request(method.upper(), path, **kwargs)
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/json"
+    body = r.json()
+    assert list(body) == ["error"] and message in body["error"], body
+    good = client.post(CLS, **_png(shape_png(0)))
+    assert good.status_code == 200
