@@ -61,7 +61,8 @@ def create_app(settings: ServeSettings) -> FastAPI:
     app.include_router(rest_router)
     app.include_router(v2_router)
     app.add_api_route("/metrics", _metrics, methods=["GET"], tags=["Operations"],
-                      response_class=Response, summary="Prometheus metrics")
+                      response_class=Response, summary="Prometheus metrics", responses={
+                          200: {"content": {CONTENT_TYPE.split(";")[0]: {}}}})
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
     app.add_middleware(ObserveMiddleware, metrics=metrics)
     if settings.cors_origins:
@@ -86,5 +87,18 @@ def _openapi(app: FastAPI, models: List[type]) -> Dict:
             body = model.model_json_schema(ref_template="#/components/schemas/{model}")
             components.update(body.pop("$defs", {}))
             components[model.__name__] = body
+        _errors_are_error_bodies(schema)
         app.openapi_schema = schema
     return app.openapi_schema
+
+
+def _errors_are_error_bodies(schema: Dict) -> None:
+    """FastAPI documents its own 422 body; ours is ErrorBody like every other error."""
+    ref = {"$ref": "#/components/schemas/ErrorBody"}
+    for operations in schema["paths"].values():
+        for op in operations.values():
+            if "422" in op.get("responses", {}):
+                op["responses"]["422"] = {"description": "request does not match the schema",
+                                          "content": {"application/json": {"schema": ref}}}
+    for name in ("HTTPValidationError", "ValidationError"):
+        schema["components"]["schemas"].pop(name, None)

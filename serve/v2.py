@@ -49,13 +49,26 @@ async def server_metadata() -> Dict:
     return {"name": "irpe-serve", "version": irpe.__version__, "extensions": EXTENSIONS}
 
 
-@router.get("/health/live")
+class Live(BaseModel):
+    live: bool
+
+
+class Ready(BaseModel):
+    ready: bool
+
+
+class ModelReady(BaseModel):
+    name: str
+    ready: bool
+
+
+@router.get("/health/live", response_model=Live)
 async def live() -> Dict:
     """200 while the process serves HTTP."""
     return {"live": True}
 
 
-@router.get("/health/ready", responses=error_responses(503))
+@router.get("/health/ready", response_model=Ready, responses=error_responses(503))
 async def ready(request: Request) -> Dict:
     """200 once every model is loaded and warmed up; 503 before, and while shutting down."""
     reason = app_state(request).not_ready()
@@ -74,8 +87,10 @@ async def metadata(request: Request, name: str, version: Optional[str] = None) -
     return model_metadata(model)
 
 
-@router.get("/models/{name}/ready", responses=error_responses(404, 503))
-@router.get("/models/{name}/versions/{version}/ready", include_in_schema=False)
+@router.get("/models/{name}/ready", response_model=ModelReady,
+            responses=error_responses(404, 503))
+@router.get("/models/{name}/versions/{version}/ready", response_model=ModelReady,
+            include_in_schema=False)
 async def model_ready(request: Request, name: str, version: Optional[str] = None) -> Dict:
     """200 when the model can infer, 503 (with the reason) otherwise."""
     model = app_state(request).model(name)
@@ -94,8 +109,12 @@ def infer_request_body() -> Dict:
                                      "Length bytes, then the binary_data_size tensors"}}}
 
 
+_BINARY_RESPONSE = {200: {"description": "JSON, or with binary outputs: the JSON header "
+                          "(Inference-Header-Content-Length bytes) then the tensors",
+                          "content": {"application/octet-stream": {}}}}
 _INFER = dict(response_model=InferResponse, dependencies=[Depends(require_token)],
-              responses=error_responses(400, 401, 404, 413, 415, 422, 500, 503, 504),
+              responses={**_BINARY_RESPONSE, **error_responses(400, 401, 404, 413, 415, 422,
+                                                               500, 503, 504)},
               openapi_extra={"requestBody": infer_request_body()})
 
 

@@ -130,8 +130,12 @@ def test_openapi_documents_bodies_errors_and_auth(client):
     infer = spec["paths"]["/v2/models/{name}/infer"]["post"]
     assert set(infer["requestBody"]["content"]) == {"application/json",
                                                     "application/octet-stream"}
+    assert "application/octet-stream" in infer["responses"]["200"]["content"]
     schemas = spec["components"]["schemas"]
     assert {"InferRequest", "TensorIn", "ImagesJSON", "ErrorBody"} <= set(schemas)
+    assert "HTTPValidationError" not in schemas  # 422 bodies are ErrorBody like the rest
+    assert classify["responses"]["422"]["content"]["application/json"]["schema"]["$ref"] \
+        .endswith("/ErrorBody")
     assert "top_k" in [p["name"] for p in classify["parameters"]]
     assert client.get("/docs").status_code == 200
 

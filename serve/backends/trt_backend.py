@@ -1,13 +1,14 @@
-"""TensorRT backend: a serialized engine (+ iRPE plugin library) run by
-``export.tensorrt.TRTRunner``; needs a GPU and the TensorRT Python module."""
+"""TensorRT backend: a serialized engine (+ iRPE plugin libraries) run by
+``export.tensorrt.TRTRunner``; needs a CUDA GPU and a TensorRT Python module."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Dict, Optional
 
 import numpy as np
 
-from irpe.artifact import ModelSpec, read_spec
+from irpe.artifact import ModelSpec, read_spec, spec_from_metadata
 
 from . import Backend, output_names
 
@@ -20,30 +21,37 @@ class TensorRTBackend(Backend):
     platform = "tensorrt_plan"
 
     def read_spec(self) -> ModelSpec:
-        source = Path(self.cfg.metadata or Path(self.cfg.path).with_suffix(".onnx"))
-        if source.suffix == ".safetensors":
-            return read_spec(str(source))[0]
-        from export.onnx import read_metadata
-        return read_metadata(str(source))
+        """From ``metadata`` (.safetensors / .onnx) or the engine's JSON sidecar."""
+        if self.cfg.metadata is not None:
+            if Path(self.cfg.metadata).suffix == ".safetensors":
+                return read_spec(str(self.cfg.metadata))[0]
+            from export.onnx import read_metadata
+            return read_metadata(str(self.cfg.metadata))
+        sidecar = Path(f"{self.cfg.path}.json")  # written by export.tensorrt.build_engine
+        if not sidecar.is_file():
+            raise FileNotFoundError(f"model {self.cfg.name}: {sidecar} (the engine's sidecar) "
+                                    "not found; set metadata: to the exported .onnx")
+        return spec_from_metadata(json.loads(sidecar.read_text()).get("onnx_metadata", {}))
 
     def load(self) -> None:
         if self.cfg.device == "cpu":
             raise RuntimeError(f"model {self.cfg.name}: the tensorrt backend needs device cuda")
+        import torch
         try:
             from export.tensorrt import TRTRunner
-        except ImportError as exc:
-            raise RuntimeError(f"model {self.cfg.name}: the tensorrt backend needs TensorRT "
-                               f"and export/tensorrt.py ({exc})") from None
-        device = int(self.cfg.device.partition(":")[2] or 0)
-        self.runner = TRTRunner(str(self.cfg.path), plugins=[str(p) for p in self.cfg.plugins],
-                                device=device)
+            self.runner = TRTRunner(str(self.cfg.path), plugins=[str(p) for p in self.cfg.plugins],
+                                    device=torch.device(self.cfg.device))
+        except ImportError as exc:  # export.tensorrt absent, or no TensorRT module
+            raise RuntimeError(f"model {self.cfg.name}: the tensorrt backend needs TensorRT: "
+                               f"{exc}") from None
+        self.torch = torch
 
     def infer(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
-        feeds = {"images": np.ascontiguousarray(images, dtype=np.float32)}
+        feeds = {"images": self.torch.from_numpy(images)}
         if self.spec.task == "detection":
-            feeds["sizes"] = np.ascontiguousarray(sizes, dtype=np.int64)
-        out = self.runner.infer(feeds)
-        return {k: np.asarray(out[k], dtype=np.float32) for k in output_names(self.spec.task)}
+            feeds["sizes"] = self.torch.from_numpy(sizes)
+        out = self.runner(**feeds)
+        return {k: out[k].float().cpu().numpy() for k in output_names(self.spec.task)}
 
     def close(self) -> None:
         self.runner = None
