@@ -1,0 +1,166 @@
+"""``irpe export``, ``irpe validate`` and ``irpe build-engine`` (registered by irpe.cli).
+
+Heavy modules (onnx, onnxruntime, tensorrt) are imported inside the command functions.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional, Tuple
+
+from irpe.errors import CLIError
+
+__all__ = ["add_parser", "cmd_export", "cmd_validate", "cmd_build_engine"]
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Export a model to ONNX; prints the output path, size and RPE node counts."""
+    import warnings
+    from .onnx import export_onnx, read_metadata_props
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = _warn_line
+        path = export_onnx(args.source, args.output or _default_output(args.source),
+                           args.checkpoint, inline=args.inline, opset=args.opset,
+                           progress=not args.quiet, optimize=not args.no_optimize)
+    props = read_metadata_props(path)
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB): {props['irpe.model_name']}, "
+          f"opset {props['irpe.opset']}, rpe nodes {props['irpe.rpe_nodes']}"
+          f"{' (inlined)' if args.inline else ''}, weights {props['irpe.weights']}")
+    return 0
+
+
+def _warn_line(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def _default_output(source: str) -> str:
+    from pathlib import Path
+    return Path(source).stem + ".onnx"
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Compare the file with PyTorch; exit status 1 when any output is out of tolerance."""
+    from .validate import validate, write_report
+    report = validate(args.file, args.source, args.checkpoint, num_inputs=args.num_inputs,
+                      image_dir=args.images, atol=args.atol, rtol=args.rtol,
+                      precision=args.precision, sizes=args.sizes)
+    if args.json:
+        write_report(report, args.json)
+    _print_report(report)
+    return 0 if report["passed"] else 1
+
+
+def _print_report(report: dict) -> None:
+    print(f"{report['file']}: {report['model']} on {report['runtime']}, {report['num_inputs']} "
+          f"inputs, {report['precision']} (atol {report['atol']:g}, rtol {report['rtol']:g})")
+    print(f"  {'output':<12} {'max abs':>10} {'mean abs':>10} {'max rel':>10} {'cosine':>10} "
+          f"{'violations':>12}")
+    for name, row in report["outputs"].items():
+        if "shape_mismatch" in row:
+            print(f"  {name:<12} shape mismatch: got {row['shape_mismatch'][0]}, "
+                  f"expected {row['shape_mismatch'][1]}")
+            continue
+        print(f"  {name:<12} {row['max_abs']:10.3g} {row['mean_abs']:10.3g} "
+              f"{row['max_rel']:10.3g} {row['cosine']:10.7f} "
+              f"{row['violations']:>5}/{row['elements']:<6}")
+    print("  " + ", ".join(f"{k} {v:.4g}" for k, v in report["metrics"].items()))
+    if report["passed"]:
+        print("PASS")
+        return
+    worst = []
+    for name in report["failed_outputs"]:
+        w = report["outputs"][name].get("worst", {})
+        worst.append(f"{name} (input {w.get('input')}, index {w.get('index')}: got "
+                     f"{w.get('got')}, expected {w.get('expected')})" if w else name)
+    print("FAIL: worst outputs: " + "; ".join(worst))
+
+
+def cmd_build_engine(args: argparse.Namespace) -> int:
+    """Build a TensorRT engine (and its .json sidecar) from an ONNX file."""
+    from .tensorrt import TensorRTUnavailable, build_engine
+    output = args.output or str(args.onnx).rsplit(".", 1)[0] + ".engine"
+    try:
+        side = build_engine(args.onnx, output, precision=args.precision, batch=args.batch,
+                            height=args.height, width=args.width,
+                            workspace_mib=args.workspace_mib, timing_cache=args.timing_cache,
+                            plugins=args.plugin, plugin_override=args.plugin_override,
+                            compute_capability=args.compute_capability, progress=True)
+    except TensorRTUnavailable as exc:
+        raise CLIError(str(exc)) from None
+    print(f"wrote {output} ({side['tensorrt_module']} {side['tensorrt_version']}, "
+          f"{side['precision']}, {side['compute_capability']}, rpe: {side['rpe_nodes']})")
+    print("profiles: " + json.dumps(side["profiles"]))
+    return 0
+
+
+def _range3(text: str) -> Tuple[int, int, int]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN,OPT,MAX integers, got {text!r}") from None
+    if len(values) == 1:
+        values = values * 3
+    if len(values) != 3:
+        raise argparse.ArgumentTypeError(f"expected MIN,OPT,MAX (or one value), got {text!r}")
+    return values  # type: ignore[return-value]
+
+
+def _sizes(text: str) -> List[Tuple[int, int]]:
+    out = []
+    for item in text.split(","):
+        try:
+            h, w = (int(v) for v in item.lower().split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"sizes are HxW[,HxW...], got {text!r}") from None
+        if h < 1 or w < 1:
+            raise argparse.ArgumentTypeError(f"sizes must be positive, got {item!r}")
+        out.append((h, w))
+    return out
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register the three subcommands on the ``irpe`` parser."""
+    p = sub.add_parser("export", help="export a model to ONNX (RPE nodes + local functions)")
+    p.add_argument("source", help="registered model name or trained-model .safetensors file")
+    p.add_argument("-o", "--output", help="ONNX file to write (default: ./<source>.onnx)")
+    p.add_argument("--checkpoint", help="weights for a registered name (.pth / .safetensors)")
+    p.add_argument("--inline", action="store_true",
+                   help="inline the RPE functions: plain ONNX without irpe-domain nodes")
+    p.add_argument("--opset", type=int, default=18, help="ONNX opset, 17..20 (default 18)")
+    p.add_argument("--no-optimize", action="store_true", help="skip constant folding/pruning")
+    p.add_argument("-q", "--quiet", action="store_true", help="no per-step timing on stderr")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("validate", help="compare an ONNX file or engine with PyTorch")
+    p.add_argument("file", help=".onnx file, or .engine/.plan (TensorRT, needs a GPU)")
+    p.add_argument("--source", help="model name / trained-model file (default: from metadata)")
+    p.add_argument("--checkpoint", help="weights for --source or the file's model name")
+    p.add_argument("-n", "--num-inputs", type=int, default=8, help="inputs in total")
+    p.add_argument("--images", help="folder of real images used first")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "fp16"])
+    p.add_argument("--atol", type=float, help="absolute tolerance (default per precision)")
+    p.add_argument("--rtol", type=float, help="relative tolerance (default per precision)")
+    p.add_argument("--sizes", type=_sizes, help="detection input sizes, e.g. 480x640,640x480")
+    p.add_argument("--json", help="write the full report to this JSON file")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("build-engine", help="ONNX -> TensorRT engine (tensorrt or TensorRT-RTX)")
+    p.add_argument("onnx", help="ONNX file from `irpe export`")
+    p.add_argument("-o", "--output", help="engine file (default: <onnx>.engine)")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "fp16"])
+    p.add_argument("--batch", type=_range3,
+                   help="MIN,OPT,MAX batch (default 1,8,32; detection 1,2,8)")
+    p.add_argument("--height", type=_range3,
+                   help="MIN,OPT,MAX input height (detection; default 32,min_size,max_size)")
+    p.add_argument("--width", type=_range3, help="MIN,OPT,MAX input width (detection)")
+    p.add_argument("--workspace-mib", type=int, help="builder workspace limit in MiB")
+    p.add_argument("--timing-cache", help="timing cache file (read if present, then updated)")
+    p.add_argument("--plugin", action="append", default=[],
+                   help="plugin library to load (repeatable), e.g. build/libirpe_plugins.so")
+    p.add_argument("--plugin-override", action="store_true",
+                   help="set the parser flag ENABLE_PLUGIN_OVERRIDE")
+    p.add_argument("--compute-capability",
+                   help="TensorRT-RTX ahead-of-time target, e.g. SM89 (default: this GPU)")
+    p.set_defaults(func=cmd_build_engine)

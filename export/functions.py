@@ -1,0 +1,150 @@
+"""ONNX model-local functions for the iRPE nodes ``irpe::RPEGather`` and ``irpe::RPEScatter``.
+
+A node of domain ``irpe`` runs as a TensorRT plugin where one is loaded; everywhere else the
+runtime expands the FunctionProto of the same name, whose body uses standard ONNX ops only.
+
+The bodies put the (batch, head) axes last so every gathered / scattered item is a contiguous
+row of B*H values: rows of the flattened (Lq*K, B*H) table are picked with one ``Gather`` on
+axis 0 (memcpy-sized copies), and the scatter is one ``ScatterND`` (reduction add) of (Lq*Lk)
+rows. This avoids both an index expanded to (B, H, Lq, Lk) and per-element gathers, which are
+4-8x slower in ONNX Runtime (see docs/export.md).
+"""
+from __future__ import annotations
+
+from typing import Dict, List
+
+import onnx
+from onnx import AttributeProto, FunctionProto, ModelProto, NodeProto, TensorProto, helper
+
+__all__ = ["DOMAIN", "GATHER", "SCATTER", "PLUGIN_NAMESPACE", "PLUGIN_VERSION", "OP_ATTRIBUTES",
+           "gather_function", "scatter_function", "attach_functions", "inline_functions",
+           "rpe_nodes"]
+
+DOMAIN = "irpe"
+DOMAIN_VERSION = 1
+GATHER = "RPEGather"
+SCATTER = "RPEScatter"
+PLUGIN_NAMESPACE = "irpe"
+PLUGIN_VERSION = "1"
+# attributes every RPE node carries (the plugin creator's field names)
+OP_ATTRIBUTES = ["plugin_namespace", "plugin_version", "num_buckets"]
+
+
+def _const(name: str, values: List[int]) -> NodeProto:
+    return helper.make_node("Constant", [], [name], value_ints=values)
+
+
+def _flat_index(index: str, rows: str, width: str) -> List[NodeProto]:
+    """Nodes for fi = index + row * width (int64, (Lq, Lk)): ids into the (Lq*width) rows."""
+    return [
+        helper.make_node("Cast", [index], ["idx"], to=TensorProto.INT64),
+        _const("zero", [0]), _const("one", [1]),
+        helper.make_node("Shape", ["idx"], ["lq"], start=0, end=1),
+        helper.make_node("Squeeze", ["lq"], ["lq_s"]),
+        helper.make_node("Squeeze", ["zero"], ["zero_s"]),
+        helper.make_node("Squeeze", ["one"], ["one_s"]),
+        helper.make_node("Range", ["zero_s", "lq_s", "one_s"], ["row"]),
+        helper.make_node("Mul", ["row", width], ["row_off"]),
+        helper.make_node("Unsqueeze", ["row_off", "one"], ["row_col"]),
+        helper.make_node("Add", ["idx", "row_col"], [rows]),
+    ]
+
+
+def gather_function(opset: int) -> FunctionProto:
+    """RPEGather(table[B,H,Lq,K], index[Lq,Lk]) -> out[b,h,i,j] = table[b,h,i,index[i,j]]."""
+    nodes = [
+        helper.make_node("Shape", ["table"], ["bh"], start=0, end=2),
+        helper.make_node("Shape", ["table"], ["k"], start=3, end=4),
+        *_flat_index("index", "flat_idx", "k"),
+        helper.make_node("Flatten", ["table"], ["table_2d"], axis=2),  # (B*H, Lq*K)
+        helper.make_node("Transpose", ["table_2d"], ["rows"], perm=[1, 0]),
+        helper.make_node("Gather", ["rows", "flat_idx"], ["picked"], axis=0),  # (Lq, Lk, B*H)
+        helper.make_node("Transpose", ["picked"], ["picked_t"], perm=[2, 0, 1]),
+        helper.make_node("Shape", ["flat_idx"], ["lq_lk"]),
+        helper.make_node("Concat", ["bh", "lq_lk"], ["out_shape"], axis=0),
+        helper.make_node("Reshape", ["picked_t", "out_shape"], ["output"]),
+    ]
+    return helper.make_function(DOMAIN, GATHER, ["table", "index"], ["output"], nodes,
+                                [helper.make_opsetid("", opset)], OP_ATTRIBUTES,
+                                doc_string=gather_function.__doc__)
+
+
+def scatter_function(opset: int) -> FunctionProto:
+    """RPEScatter(attn[B,H,Lq,Lk], index[Lq,Lk]; num_buckets=K) -> sum of attn per bucket."""
+    k_node = helper.make_node("Constant", [], ["k_scalar"])  # value_int = the node's num_buckets
+    k_node.attribute.append(helper.make_attribute_ref("value_int", AttributeProto.INT,
+                                                      ref_attr_name="num_buckets"))
+    nodes = [
+        k_node,
+        _const("axis0", [0]),
+        helper.make_node("Unsqueeze", ["k_scalar", "axis0"], ["k"]),
+        helper.make_node("Shape", ["attn"], ["bh"], start=0, end=2),
+        *_flat_index("index", "flat_idx", "k"),
+        _const("column", [-1, 1]),
+        helper.make_node("Reshape", ["flat_idx", "column"], ["scatter_idx"]),  # (Lq*Lk, 1)
+        helper.make_node("Flatten", ["attn"], ["attn_2d"], axis=2),  # (B*H, Lq*Lk)
+        helper.make_node("Transpose", ["attn_2d"], ["attn_rows"], perm=[1, 0]),
+        helper.make_node("Shape", ["attn_2d"], ["n"], start=0, end=1),
+        helper.make_node("Mul", ["lq", "k"], ["lqk"]),
+        helper.make_node("Concat", ["lqk", "n"], ["acc_shape"], axis=0),
+        helper.make_node("ConstantOfShape", ["acc_shape"], ["acc0"],
+                         value=helper.make_tensor("z", TensorProto.FLOAT, [1], [0.0])),
+        helper.make_node("CastLike", ["acc0", "attn"], ["acc"]),
+        helper.make_node("ScatterND", ["acc", "scatter_idx", "attn_rows"], ["sums"],
+                         reduction="add"),  # (Lq*K, B*H)
+        helper.make_node("Transpose", ["sums"], ["sums_t"], perm=[1, 0]),
+        helper.make_node("Concat", ["bh", "lq", "k"], ["out_shape"], axis=0),
+        helper.make_node("Reshape", ["sums_t", "out_shape"], ["output"]),
+    ]
+    return helper.make_function(DOMAIN, SCATTER, ["attn", "index"], ["output"], nodes,
+                                [helper.make_opsetid("", opset)], OP_ATTRIBUTES,
+                                doc_string=scatter_function.__doc__)
+
+
+_BUILDERS = {GATHER: gather_function, SCATTER: scatter_function}
+
+
+def rpe_nodes(model: ModelProto) -> List[NodeProto]:
+    """Nodes of the irpe domain in the main graph (the plugin candidates)."""
+    return [n for n in model.graph.node if n.domain == DOMAIN]
+
+
+def default_opset(model: ModelProto) -> int:
+    """Version of the default ("") ONNX domain the model imports."""
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return entry.version
+    raise ValueError("model imports no default ONNX opset")
+
+
+def attach_functions(model: ModelProto) -> ModelProto:
+    """Add the local function of each RPE op the graph uses, and the irpe opset import."""
+    used = sorted({n.op_type for n in rpe_nodes(model)})
+    unknown = set(used) - set(_BUILDERS)
+    if unknown:
+        raise ValueError(f"unknown irpe ops in graph: {sorted(unknown)}")
+    opset = default_opset(model)
+    present = {(f.domain, f.name) for f in model.functions}
+    for name in used:
+        if (DOMAIN, name) not in present:
+            model.functions.append(_BUILDERS[name](opset))
+    if used and all(o.domain != DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
+    return model
+
+
+def inline_functions(model: ModelProto) -> ModelProto:
+    """The same graph with every local function expanded: no irpe-domain nodes or import."""
+    inlined = onnx.inliner.inline_local_functions(model)
+    keep = [o for o in inlined.opset_import if o.domain != DOMAIN]
+    del inlined.opset_import[:]
+    inlined.opset_import.extend(keep)
+    return inlined
+
+
+def count_rpe_nodes(model: ModelProto) -> Dict[str, int]:
+    """{op_type: count} of the irpe nodes in the main graph."""
+    counts: Dict[str, int] = {}
+    for node in rpe_nodes(model):
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts

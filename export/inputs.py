@@ -1,0 +1,91 @@
+"""Validation inputs: random tensors plus real images (preprocessed as the model expects).
+
+Classification batches are (B, 3, S, S); detection batches are padded pairs of images of
+different sizes with their valid ``sizes``, so padding and dynamic H x W are both exercised.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from irpe.artifact import ModelSpec
+from irpe.models import pad_images
+
+__all__ = ["Batch", "make_batches", "default_sizes", "IMAGE_SUFFIXES"]
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".ppm")
+CLS_BATCH = 4   # classification images per batch (the file has a dynamic batch axis)
+DET_BATCH = 2   # detection images per padded batch
+SEED = 1234
+
+
+@dataclass
+class Batch:
+    """One forward's inputs (torch, CPU) and a short description for reports."""
+
+    label: str
+    feeds: Dict[str, torch.Tensor]
+
+
+def default_sizes(spec: ModelSpec) -> List[Tuple[int, int]]:
+    """Three detection input sizes from the model's preprocessing, one square, two not."""
+    short = int(spec.preprocess.get("min_size", 800))
+    long = min(int(spec.preprocess.get("max_size", 1333)), short * 4 // 3)
+    return [(short, long), (long, short), (short * 3 // 4, short * 3 // 4)]
+
+
+def _image_files(image_dir: Optional[os.PathLike]) -> List[Path]:
+    if image_dir is None:
+        return []
+    folder = Path(image_dir)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"image folder not found: {folder}")
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {folder}")
+    return files
+
+
+def _real_images(spec: ModelSpec, files: Sequence[Path]) -> List[Tuple[str, torch.Tensor]]:
+    from irpe.data.transforms import load_image
+    transform = spec.transform()
+    return [(p.name, transform(load_image(str(p)))) for p in files]
+
+
+def _random_images(spec: ModelSpec, count: int, size: int,
+                   sizes: Sequence[Tuple[int, int]]) -> List[Tuple[str, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(SEED)
+    out = []
+    for i in range(count):
+        h, w = (size, size) if spec.task == "classification" else sizes[i % len(sizes)]
+        out.append((f"random{i}", torch.randn(3, h, w, generator=gen)))
+    return out
+
+
+def make_batches(spec: ModelSpec, num_inputs: int, image_dir: Optional[os.PathLike] = None,
+                 sizes: Optional[Sequence[Tuple[int, int]]] = None,
+                 image_size: Optional[int] = None) -> List[Batch]:
+    """``num_inputs`` images in total: the folder's images first, random ones after."""
+    if num_inputs < 1:
+        raise ValueError(f"num_inputs must be >= 1, got {num_inputs}")
+    sizes = list(sizes) if sizes else default_sizes(spec)
+    files = _image_files(image_dir)[:num_inputs]
+    images = _real_images(spec, files)
+    size = image_size or int(spec.preprocess.get("size", 224))
+    images += _random_images(spec, num_inputs - len(images), size, sizes)
+    step = CLS_BATCH if spec.task == "classification" else DET_BATCH
+    batches = []
+    for start in range(0, len(images), step):
+        chunk = images[start:start + step]
+        names = ",".join(name for name, _ in chunk)
+        if spec.task == "classification":
+            batches.append(Batch(names, {"images": torch.stack([t for _, t in chunk])}))
+        else:
+            padded, valid = pad_images([t for _, t in chunk])
+            label = f"{names} ({'; '.join(f'{h}x{w}' for h, w in valid.tolist())})"
+            batches.append(Batch(label, {"images": padded, "sizes": valid}))
+    return batches

@@ -1,0 +1,238 @@
+"""PyTorch iRPE model -> ONNX file with RPEGather/RPEScatter nodes and local-function fallbacks.
+
+Exported with torch's TorchScript-based exporter (fast, dynamic axes, custom-op symbolics; see
+docs/export.md for why not the dynamo exporter). Bucket ids are computed in the graph
+(``irpe.set_traceable``), so a detection file is correct at every input size.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import time
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import onnx
+import torch
+from torch import nn
+
+import irpe
+from irpe.artifact import ModelSpec, spec_from_metadata
+from irpe.checkpoint import CheckpointError
+from irpe.rpe import iRPE, set_traceable
+
+from . import symbolic
+from .functions import attach_functions, count_rpe_nodes, inline_functions
+from .source import Source, SourceLike, load_source
+
+__all__ = ["export_onnx", "export_source", "read_metadata", "read_metadata_props", "io_spec",
+           "output_module"]
+
+MAX_IR_VERSION = 10  # onnxruntime 1.31 reads <= 13, TensorRT parsers expect <= 10
+
+
+class _Classifier(nn.Module):
+    """images -> logits (distilled models: the eval average of both heads)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model(images)
+
+
+class _Detector(nn.Module):
+    """(images, sizes) -> (pred_logits, pred_boxes); auxiliary decoder outputs are dropped."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor, sizes: torch.Tensor):
+        out = self.model(images, sizes)
+        return out["pred_logits"], out["pred_boxes"]
+
+
+def output_module(model: nn.Module, task: str) -> nn.Module:
+    """The module whose inputs/outputs are the ONNX file's (used by export and validation)."""
+    return (_Classifier if task == "classification" else _Detector)(model).eval()
+
+
+def io_spec(task: str) -> Tuple[List[str], List[str], Dict[str, Dict[int, str]]]:
+    """Input names, output names and dynamic axes of an exported model of ``task``."""
+    if task == "classification":
+        return ["images"], ["logits"], {"images": {0: "batch"}, "logits": {0: "batch"}}
+    return (["images", "sizes"], ["pred_logits", "pred_boxes"],
+            {"images": {0: "batch", 2: "height", 3: "width"}, "sizes": {0: "batch"},
+             "pred_logits": {0: "batch"}, "pred_boxes": {0: "batch"}})
+
+
+def _example_inputs(src: Source) -> Tuple[torch.Tensor, ...]:
+    """Trace inputs: batch 2; detection with one padded image so every masking op is traced."""
+    if src.spec.task == "classification":
+        size = getattr(getattr(src.model, "patch_embed", None), "img_size", None)
+        size = size or src.spec.preprocess.get("size", 224)
+        return (torch.randn(2, 3, size, size),)
+    images = torch.randn(2, 3, 160, 224)
+    return images, torch.tensor([[160, 224], [128, 150]])
+
+
+class _Progress:
+    """Step timing printed to stderr when enabled (the CLI turns it on)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled, self.start = enabled, time.perf_counter()
+
+    @contextmanager
+    def step(self, label: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        yield
+        if self.enabled:
+            print(f"[export] {label:<34} {time.perf_counter() - t0:7.2f} s", file=sys.stderr,
+                  flush=True)
+
+
+@contextmanager
+def _traceable(model: nn.Module) -> Iterator[None]:
+    """In-graph bucket ids while exporting; the modules' previous setting is restored."""
+    before = {m: m.traceable for m in model.modules() if isinstance(m, iRPE)}
+    set_traceable(model, True)
+    try:
+        yield
+    finally:
+        for module, value in before.items():
+            module.traceable = value
+
+
+def _custom_opsets(model: nn.Module) -> Dict[str, int]:
+    """{"irpe": 1} when the model has contextual iRPE (custom ops); else nothing to declare."""
+    ctx = any(isinstance(m, iRPE) and m.mode == "contextual" for m in model.modules())
+    return {"irpe": 1} if ctx else {}
+
+
+def _trace(src: Source, opset: int) -> onnx.ModelProto:
+    """Run torch's TorchScript exporter into memory and return the raw ModelProto."""
+    symbolic.register()
+    wrapper = output_module(src.model, src.spec.task)
+    inputs, outputs, dynamic = io_spec(src.spec.task)
+    buffer = io.BytesIO()
+    with _traceable(src.model), torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings on constant shapes, deprecation
+        torch.onnx.export(wrapper, _example_inputs(src), buffer, dynamo=False,
+                          opset_version=opset, input_names=inputs, output_names=outputs,
+                          dynamic_axes=dynamic, custom_opsets=_custom_opsets(src.model))
+    return onnx.load_from_string(buffer.getvalue())
+
+
+def _rpe_config(model: nn.Module) -> str:
+    cfg = getattr(model, "rpe_config", None)
+    if cfg is None:
+        return json.dumps(None)
+    return json.dumps({"config": cfg.to_string(), "ratio": cfg.ratio, "method": cfg.method.value,
+                       "mode": cfg.mode, "shared_head": cfg.shared_head, "skip": cfg.skip,
+                       "on": cfg.on, "num_buckets": cfg.num_buckets})
+
+
+def _metadata(src: Source, opset: int, inline: bool, nodes: Dict[str, int]) -> Dict[str, str]:
+    meta = src.spec.metadata()
+    meta.update({
+        "irpe.rpe_config": _rpe_config(src.model), "irpe.weights": src.weights,
+        "irpe.rpe_nodes": json.dumps(nodes), "irpe.inline": json.dumps(inline),
+        "irpe.opset": str(opset), "irpe.version": irpe.__version__,
+        "irpe.exporter": f"torch.onnx TorchScript exporter, torch {torch.__version__}",
+        "irpe.dynamic_axes": json.dumps(io_spec(src.spec.task)[2]),
+    })
+    return meta
+
+
+def _optimize(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Constant folding and dead-code removal (onnxscript); irpe nodes are left as they are."""
+    import onnxscript.optimizer
+    return onnxscript.optimizer.optimize(model, inline=False)
+
+
+def _finalize(model: onnx.ModelProto, src: Source, opset: int, inline: bool) -> onnx.ModelProto:
+    """Attach functions (or inline them), cap the IR version, write metadata, full check."""
+    attach_functions(model)
+    nodes = count_rpe_nodes(model)
+    if inline:
+        model = inline_functions(model)
+    model.ir_version = min(model.ir_version, MAX_IR_VERSION)
+    model.producer_name, model.producer_version = "irpe-deploy", irpe.__version__
+    model.doc_string = f"{src.spec.model_name} ({src.spec.task}) exported by irpe export"
+    del model.metadata_props[:]
+    onnx.helper.set_model_props(model, _metadata(src, opset, inline, nodes))
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _check_opset(opset: int) -> None:
+    if not symbolic.MIN_OPSET <= opset <= symbolic.MAX_OPSET:
+        raise ValueError(f"opset {opset} is not supported; choose {symbolic.MIN_OPSET}.."
+                         f"{symbolic.MAX_OPSET}")
+
+
+def export_source(src: Source, output: os.PathLike, *, inline: bool = False, opset: int = 18,
+                  progress: bool = False, optimize: bool = True) -> Path:
+    """Export an already resolved :class:`Source` (model + spec) to ``output``."""
+    _check_opset(opset)
+    log = _Progress(progress)
+    with log.step(f"trace + convert (opset {opset})"):
+        model = _trace(src, opset)
+    if optimize:
+        with log.step("optimize (fold constants, prune)"):
+            model = _optimize(model)
+    with log.step("functions, metadata, full check" + (", inline" if inline else "")):
+        model = _finalize(model, src, opset, inline)
+    output = Path(output)
+    with log.step(f"write {output.name}"):
+        output.parent.mkdir(parents=True, exist_ok=True)
+        tmp = output.with_name(output.name + ".tmp")
+        tmp.write_bytes(model.SerializeToString())
+        os.replace(tmp, output)
+    if progress:
+        print(f"[export] total {time.perf_counter() - log.start:.2f} s, "
+              f"{output.stat().st_size / 1e6:.1f} MB, rpe nodes {count_rpe_nodes(model) or 'none'}",
+              file=sys.stderr)
+    return output
+
+
+def export_onnx(source: SourceLike, output: os.PathLike, checkpoint: Optional[str] = None, *,
+                inline: bool = False, opset: int = 18, progress: bool = False,
+                spec: Optional[ModelSpec] = None, optimize: bool = True) -> Path:
+    """Export a registry name (+ checkpoint), a trained-model file or a module (+ spec) to ONNX."""
+    _check_opset(opset)
+    log = _Progress(progress)
+    with log.step("load model"):
+        src = load_source(source, checkpoint, spec)
+    if progress:
+        print(f"[export] {src.spec.model_name} ({src.spec.task}), weights {src.weights}",
+              file=sys.stderr)
+    return export_source(src, output, inline=inline, opset=opset, progress=progress,
+                         optimize=optimize)
+
+
+def read_metadata_props(path: os.PathLike) -> Dict[str, str]:
+    """All metadata_props of an ONNX file; a clear error for missing or corrupt files."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"ONNX file not found: {path}")
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except Exception as exc:  # protobuf DecodeError and friends
+        raise ValueError(f"{path} is not a readable ONNX file: {exc}") from None
+    return {p.key: p.value for p in model.metadata_props}
+
+
+def read_metadata(path: os.PathLike) -> ModelSpec:
+    """The :class:`irpe.artifact.ModelSpec` stored in an exported file (for serving)."""
+    props = read_metadata_props(path)
+    try:
+        return spec_from_metadata(props)
+    except CheckpointError as exc:
+        raise ValueError(f"{os.fspath(path)}: {exc}") from None

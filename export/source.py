@@ -1,0 +1,92 @@
+"""Resolve what to export or validate: registry name (+ checkpoint), trained-model file, module.
+
+The same resolution is used by export and validation, so a file exported from random weights
+(seed :data:`RANDOM_SEED`) can be validated later by rebuilding the same model.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+from torch import nn
+
+from irpe.artifact import ModelSpec, default_spec, load_trained
+from irpe.models import create_model, model_info
+
+__all__ = ["Source", "load_source", "RANDOM_SEED", "weights_from_metadata"]
+
+RANDOM_SEED = 0
+SourceLike = Union[str, os.PathLike, nn.Module]
+
+
+@dataclass
+class Source:
+    """A model in eval mode, the spec that describes it, and where its weights came from."""
+
+    model: nn.Module
+    spec: ModelSpec
+    weights: str  # "checkpoint:PATH" | "trained:PATH" | "bundled:FILE" | "random:seed=N" | "module"
+
+
+def _is_file_source(source: str) -> bool:
+    return source.endswith(".safetensors") or os.path.sep in source or os.path.isfile(source)
+
+
+def load_source(source: SourceLike, checkpoint: Optional[str] = None,
+                spec: Optional[ModelSpec] = None) -> Source:
+    """Model + spec for a registry name, a trained-model .safetensors file or an nn.Module."""
+    if isinstance(source, nn.Module):
+        return _from_module(source, spec)
+    source = os.fspath(source)
+    if _is_file_source(source):
+        if checkpoint is not None:
+            raise ValueError(f"{source} is a trained-model file and carries its weights; "
+                             "do not pass a checkpoint as well")
+        model, file_spec = load_trained(source)
+        return Source(model, spec or file_spec, f"trained:{source}")
+    info = model_info(source)  # KeyError naming close matches for unknown models
+    spec = spec or default_spec(info.name)
+    if checkpoint is not None:
+        if not os.path.isfile(checkpoint):
+            raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
+        model = spec.build(checkpoint)
+        return Source(model.eval(), spec, f"checkpoint:{checkpoint}")
+    if info.weights is not None:
+        model = create_model(info.name, pretrained=True)
+        return Source(model.eval(), spec, f"bundled:{info.weights}")
+    warnings.warn(f"{info.name}: no checkpoint given and no bundled weights; using RANDOM "
+                  f"weights (seed {RANDOM_SEED})", stacklevel=2)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(RANDOM_SEED)
+        model = spec.build()
+    return Source(model.eval(), spec, f"random:seed={RANDOM_SEED}")
+
+
+def _from_module(model: nn.Module, spec: Optional[ModelSpec]) -> Source:
+    if spec is None:
+        name = getattr(model, "model_name", None)
+        if name is None:
+            raise ValueError("exporting an nn.Module needs spec= (irpe.artifact.ModelSpec)")
+        spec = default_spec(name)
+    return Source(model.eval(), spec, "module")
+
+
+def weights_from_metadata(weights: str, spec: ModelSpec) -> Source:
+    """Rebuild the PyTorch model an exported file was made from (its irpe.weights entry)."""
+    kind, _, value = weights.partition(":")
+    if kind == "trained":
+        return load_source(value)
+    if kind == "checkpoint":
+        return load_source(spec.model_name, checkpoint=value, spec=spec)
+    if kind == "bundled":
+        return Source(create_model(spec.model_name, pretrained=True).eval(), spec, weights)
+    if kind == "random":
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(value.partition("=")[2] or RANDOM_SEED))
+            model = spec.build()
+        return Source(model.eval(), spec, weights)
+    raise ValueError(f"cannot rebuild the PyTorch model from weights {weights!r}; "
+                     "pass the source model (and checkpoint) explicitly")

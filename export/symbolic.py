@@ -1,0 +1,57 @@
+"""TorchScript-exporter symbolics: ``irpe::rpe_gather`` / ``irpe::rpe_scatter`` -> irpe nodes.
+
+Each call of the custom op becomes ONE node ``irpe::RPEGather`` / ``irpe::RPEScatter`` with the
+plugin attributes; the local functions are attached afterwards (:mod:`export.functions`).
+"""
+from __future__ import annotations
+
+import torch
+
+from .functions import DOMAIN, GATHER, PLUGIN_NAMESPACE, PLUGIN_VERSION, SCATTER
+
+__all__ = ["register", "MIN_OPSET", "MAX_OPSET"]
+
+MIN_OPSET = 17
+MAX_OPSET = 20  # highest opset of torch's TorchScript-based exporter
+_registered = False
+
+
+def _with_shape(out, like, sizes):
+    """Give the custom node's output a type so the exporter's shape inference continues."""
+    if like.type().scalarType() is not None:
+        out.setType(like.type().with_sizes(sizes))
+    return out
+
+
+def _sizes(value):
+    from torch.onnx import symbolic_helper
+    return symbolic_helper._get_tensor_sizes(value) or [None] * 4
+
+
+def _gather(g, table, index):
+    sizes, idx = _sizes(table), _sizes(index)
+    num_buckets = sizes[3]
+    if num_buckets is None:
+        raise ValueError("rpe_gather: the table's bucket dimension must be static to export")
+    out = g.op(f"{DOMAIN}::{GATHER}", table, index, plugin_namespace_s=PLUGIN_NAMESPACE,
+               plugin_version_s=PLUGIN_VERSION, num_buckets_i=num_buckets)
+    return _with_shape(out, table, sizes[:3] + [idx[1] if len(idx) == 2 else None])
+
+
+def _scatter(g, attn, index, num_buckets):
+    from torch.onnx import symbolic_helper
+    k = symbolic_helper._get_const(num_buckets, "i", "num_buckets")
+    out = g.op(f"{DOMAIN}::{SCATTER}", attn, index, plugin_namespace_s=PLUGIN_NAMESPACE,
+               plugin_version_s=PLUGIN_VERSION, num_buckets_i=k)
+    return _with_shape(out, attn, _sizes(attn)[:3] + [k])
+
+
+def register() -> None:
+    """Register both symbolics once per process (valid for opsets MIN_OPSET..MAX_OPSET)."""
+    global _registered
+    if _registered:
+        return
+    import irpe.ops  # noqa: F401  (defines the torch.ops.irpe namespace)
+    for name, fn in (("irpe::rpe_gather", _gather), ("irpe::rpe_scatter", _scatter)):
+        torch.onnx.register_custom_op_symbolic(name, fn, MIN_OPSET)
+    _registered = True

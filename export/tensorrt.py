@@ -1,0 +1,216 @@
+"""ONNX -> serialized TensorRT engine (+ JSON sidecar), with ``tensorrt`` or TensorRT-RTX.
+
+RPE nodes become plugin layers when a plugin library providing ``irpe::RPEGather`` /
+``irpe::RPEScatter`` is loaded; otherwise TensorRT expands their local functions. The sidecar
+records which happened, the precision, profiles, versions and the ONNX metadata.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .trt_common import Logger, TensorRTUnavailable, import_tensorrt, is_rtx, load_plugins
+from .trt_runtime import TRTRunner
+
+__all__ = ["build_engine", "TRTRunner", "TensorRTUnavailable", "parse_compute_capability",
+           "sidecar_path", "default_ranges", "PRECISIONS"]
+
+PRECISIONS = ("fp32", "tf32", "fp16")
+Range3 = Tuple[int, int, int]
+
+
+def sidecar_path(engine_path: os.PathLike) -> Path:
+    """The JSON file written next to an engine (``model.engine`` -> ``model.engine.json``)."""
+    return Path(f"{os.fspath(engine_path)}.json")
+
+
+def parse_compute_capability(trt: ModuleType, text: str):
+    """'SM89', 'sm_89', '8.9' or '89' -> trt.ComputeCapability.SM89 (TensorRT-RTX only)."""
+    if not hasattr(trt, "ComputeCapability"):
+        raise ValueError(f"--compute-capability needs TensorRT-RTX; {trt.__name__} builds for "
+                         "the GPU it runs on")
+    digits = "".join(ch for ch in text if ch.isdigit())
+    member = "CURRENT" if text.strip().lower() == "current" else f"SM{digits}"
+    if not digits and member != "CURRENT" or not hasattr(trt.ComputeCapability, member):
+        known = [m for m in dir(trt.ComputeCapability) if m.startswith("SM")]
+        raise ValueError(f"unknown compute capability {text!r}; {trt.__name__} knows {known}")
+    return getattr(trt.ComputeCapability, member)
+
+
+def _check_range(name: str, values: Sequence[int]) -> Range3:
+    values = tuple(int(v) for v in values)
+    if len(values) != 3 or not 1 <= values[0] <= values[1] <= values[2]:
+        raise ValueError(f"{name} needs min <= opt <= max (all >= 1), got {values}")
+    return values  # type: ignore[return-value]
+
+
+def _profiles(network, batch: Range3, height: Optional[Range3],
+              width: Optional[Range3]) -> Dict[str, List[List[int]]]:
+    """min/opt/max shape of every network input; dynamic H/W need height/width ranges."""
+    shapes = {}
+    for i in range(network.num_inputs):
+        tensor = network.get_input(i)
+        dims = list(tensor.shape)
+        rows = []
+        for k in range(3):
+            shape = [batch[k] if j == 0 and d == -1 else d for j, d in enumerate(dims)]
+            if len(shape) == 4:
+                for axis, rng, label in ((2, height, "height"), (3, width, "width")):
+                    if shape[axis] == -1:
+                        if rng is None:
+                            raise ValueError(f"input {tensor.name} has a dynamic {label}: "
+                                             f"give a {label} range (min,opt,max)")
+                        shape[axis] = rng[k]
+            if -1 in shape:
+                raise ValueError(f"input {tensor.name} {dims}: no range for a dynamic axis")
+            rows.append(shape)
+        shapes[tensor.name] = rows
+    return shapes
+
+
+def _parse(trt: ModuleType, builder, logger, onnx_path: str, override: bool):
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, logger)
+    if override:
+        if not hasattr(trt.OnnxParserFlag, "ENABLE_PLUGIN_OVERRIDE"):
+            raise ValueError(f"{trt.__name__} {trt.__version__} has no ENABLE_PLUGIN_OVERRIDE")
+        parser.set_flag(trt.OnnxParserFlag.ENABLE_PLUGIN_OVERRIDE)
+    if not parser.parse_from_file(onnx_path):
+        errors = [str(parser.get_error(i).desc()) for i in range(parser.num_errors)]
+        raise ValueError(f"TensorRT could not parse {onnx_path}: {'; '.join(errors[:5])}")
+    return network, parser
+
+
+def _plugin_layers(trt: ModuleType, network) -> List[str]:
+    kinds = {getattr(trt.LayerType, k) for k in ("PLUGIN", "PLUGIN_V2", "PLUGIN_V3")
+             if hasattr(trt.LayerType, k)}
+    return [network.get_layer(i).name for i in range(network.num_layers)
+            if network.get_layer(i).type in kinds]
+
+
+def _configure(trt: ModuleType, builder, precision: str, workspace_mib: Optional[int],
+               compute_capability: Optional[str]):
+    config = builder.create_builder_config()
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if hasattr(trt.BuilderFlag, "TF32"):
+        (config.set_flag if precision == "tf32" else config.clear_flag)(trt.BuilderFlag.TF32)
+    if precision == "fp16":
+        if not hasattr(trt.BuilderFlag, "FP16"):
+            raise ValueError(f"{trt.__name__} builds strongly typed networks (no FP16 builder "
+                             "flag): fp16 needs an fp16 ONNX graph; use fp32 or tf32")
+        config.set_flag(trt.BuilderFlag.FP16)
+    if workspace_mib is not None:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_mib) << 20)
+    target = None
+    if is_rtx(trt):
+        target = _rtx_target(trt, compute_capability)
+        config.num_compute_capabilities = 1
+        config.set_compute_capability(target, 0)
+    elif compute_capability is not None:
+        parse_compute_capability(trt, compute_capability)  # raises: not available here
+    return config, target
+
+
+def _rtx_target(trt: ModuleType, compute_capability: Optional[str]):
+    if compute_capability is not None:
+        return parse_compute_capability(trt, compute_capability)
+    import torch
+    if not torch.cuda.is_available():
+        raise ValueError("no CUDA GPU here: pass a compute capability to build ahead of time "
+                         "(e.g. --compute-capability SM89)")
+    return trt.ComputeCapability.CURRENT
+
+
+def _timing_cache(config, path: Optional[str]):
+    if path is None:
+        return None
+    data = Path(path).read_bytes() if os.path.isfile(path) else b""
+    cache = config.create_timing_cache(data)
+    config.set_timing_cache(cache, False)
+    return cache
+
+
+def default_ranges(props: Dict[str, str]) -> Dict[str, Range3]:
+    """Batch (and detection height/width) ranges from the file's irpe metadata."""
+    if props.get("irpe.task") != "detection":
+        return {"batch": (1, 8, 32)}
+    pre = json.loads(props.get("irpe.preprocess", "{}"))
+    short, long = int(pre.get("min_size", 800)), int(pre.get("max_size", 1333))
+    opt = min(long, short * 4 // 3)
+    return {"batch": (1, 2, 8), "height": (32, short, long), "width": (32, opt, long)}
+
+
+def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision: str = "fp32",
+                 batch: Optional[Sequence[int]] = None, height: Optional[Sequence[int]] = None,
+                 width: Optional[Sequence[int]] = None, workspace_mib: Optional[int] = None,
+                 timing_cache: Optional[str] = None, plugins: Sequence[str] = (),
+                 plugin_override: bool = False, compute_capability: Optional[str] = None,
+                 module: Optional[str] = None, progress: bool = False) -> Dict:
+    """Build and write an engine; returns the sidecar dict (also written as JSON beside it).
+
+    Unset ranges default from the file's metadata (:func:`default_ranges`).
+    """
+    from .onnx import read_metadata_props
+    onnx_path, engine_path = os.fspath(onnx_path), Path(engine_path)
+    defaults = default_ranges(read_metadata_props(onnx_path))
+    batch = _check_range("batch", batch or defaults["batch"])
+    height = height or defaults.get("height")
+    width = width or defaults.get("width")
+    height = _check_range("height", height) if height is not None else None
+    width = _check_range("width", width) if width is not None else None
+    trt = import_tensorrt(module)
+    logger = Logger(trt, verbose=False)
+    start = time.perf_counter()
+    creators = load_plugins(trt, plugins)
+    builder = trt.Builder(logger)
+    network, _parser = _parse(trt, builder, logger, onnx_path, plugin_override)
+    config, target = _configure(trt, builder, precision, workspace_mib, compute_capability)
+    shapes = _profiles(network, batch, height, width)
+    profile = builder.create_optimization_profile()
+    for name, (lo, opt, hi) in shapes.items():
+        profile.set_shape(name, lo, opt, hi)
+    config.add_optimization_profile(profile)
+    cache = _timing_cache(config, timing_cache)
+    plan = builder.build_serialized_network(network, config)
+    if plan is None:
+        raise RuntimeError(f"TensorRT failed to build {engine_path.name}: "
+                           f"{'; '.join(logger.messages[-3:]) or 'see log above'}")
+    _write(engine_path, bytes(plan))
+    if cache is not None:
+        Path(timing_cache).write_bytes(bytes(cache.serialize()))
+    sidecar = _sidecar(trt, onnx_path, engine_path, precision, shapes, target, plugins, creators,
+                       plugin_override, _plugin_layers(trt, network), time.perf_counter() - start)
+    sidecar_path(engine_path).write_text(json.dumps(sidecar, indent=2) + "\n")
+    if progress:
+        print(f"[build-engine] {engine_path} ({engine_path.stat().st_size / 1e6:.1f} MB) in "
+              f"{sidecar['build_seconds']:.1f} s; rpe plugin layers: "
+              f"{len(sidecar['plugin_layers'])}", file=sys.stderr)
+    return sidecar
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _sidecar(trt, onnx_path, engine_path, precision, shapes, target, plugins, creators,
+             override, plugin_layers, seconds) -> Dict:
+    from .onnx import read_metadata_props
+    return {
+        "engine": engine_path.name, "onnx": os.path.abspath(onnx_path),
+        "tensorrt_module": trt.__name__, "tensorrt_version": trt.__version__,
+        "precision": precision, "profiles": shapes,
+        "compute_capability": target.name if target is not None else "build GPU",
+        "plugin_libraries": [os.path.abspath(p) for p in plugins], "plugin_creators": creators,
+        "plugin_override": bool(override), "plugin_layers": plugin_layers,
+        "rpe_nodes": "plugin" if plugin_layers else "local functions inlined by the parser",
+        "build_seconds": round(seconds, 2), "onnx_metadata": read_metadata_props(onnx_path),
+    }

@@ -1,0 +1,82 @@
+"""What the TensorRT builder and runner share: module import, logger, plugin libraries.
+
+Works with the standard ``tensorrt`` module and with TensorRT-RTX (``tensorrt_rtx_bindings``
+from PyPI tensorrt-rtx-cu13-bindings, or ``tensorrt_rtx``), whose Python API is the same.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from types import ModuleType
+from typing import List, Optional, Sequence
+
+__all__ = ["TensorRTUnavailable", "import_tensorrt", "is_rtx", "Logger", "load_plugins",
+           "MODULES"]
+
+MODULES = ("tensorrt", "tensorrt_rtx_bindings", "tensorrt_rtx")
+INSTALL_HINT = ("install TensorRT (`pip install tensorrt`, GPU machines) or TensorRT-RTX "
+                "(`pip install tensorrt-rtx-cu13-libs tensorrt-rtx-cu13-bindings`, builds "
+                "engines ahead of time on CPU-only machines too)")
+
+
+class TensorRTUnavailable(ImportError):
+    """No TensorRT Python module can be imported here."""
+
+
+def import_tensorrt(preferred: Optional[str] = None) -> ModuleType:
+    """The first importable TensorRT module (``preferred`` first when given)."""
+    names = ([preferred] if preferred else []) + [m for m in MODULES if m != preferred]
+    errors: List[str] = []
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ImportError as exc:  # also OSError-like failures to load the .so
+            errors.append(f"{name}: {exc}")
+    raise TensorRTUnavailable(f"no TensorRT module importable ({'; '.join(errors)}); "
+                              f"{INSTALL_HINT}")
+
+
+def is_rtx(trt: ModuleType) -> bool:
+    """True for TensorRT-RTX (strongly typed, ahead-of-time compute capabilities)."""
+    return "rtx" in trt.__name__ or hasattr(trt, "ComputeCapability")
+
+
+# TensorRT warns once per function call site because function bodies reuse node names;
+# harmless (the inlined tensors are simply not queryable by name), so it is counted, not shown
+_QUIET = ("already exists, the output tensors of this new instance will not be queryable",)
+
+
+def Logger(trt: ModuleType, verbose: bool = False):
+    """An ILogger that prints warnings and errors to stderr and keeps them for reports."""
+
+    class _Logger(trt.ILogger):
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+            self.messages: List[str] = []
+            self.suppressed = 0
+
+        def log(self, severity, msg: str) -> None:
+            if any(q in msg for q in _QUIET):
+                self.suppressed += 1
+                return
+            keep = severity <= trt.ILogger.Severity.WARNING
+            if keep:
+                self.messages.append(f"{severity.name}: {msg}")
+            if keep or verbose:
+                print(f"[tensorrt] {severity.name}: {msg}", file=sys.stderr)
+
+    return _Logger()
+
+
+def load_plugins(trt: ModuleType, paths: Sequence[str]) -> List[str]:
+    """Load plugin libraries into the registry; returns the creators they add (name/ns)."""
+    registry = trt.get_plugin_registry()
+    before = {(c.name, c.plugin_namespace) for c in registry.all_creators}
+    for path in paths:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"plugin library not found: {path}")
+        if registry.load_library(os.path.abspath(path)) is None:
+            raise OSError(f"TensorRT could not load plugin library {path}")
+    after = {(c.name, c.plugin_namespace) for c in registry.all_creators}
+    return sorted(f"{ns}::{name}" if ns else name for name, ns in after - before)

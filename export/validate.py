@@ -1,0 +1,188 @@
+"""Compare an exported ONNX file (ONNX Runtime) or TensorRT engine against the PyTorch model.
+
+Every element must satisfy |got - expected| <= atol + rtol * |expected| (tolerances per
+precision). The report adds max abs / rel error, cosine similarity, top-1/top-5 agreement
+(classification) or box L1, score and label agreement (detection), and names the outputs and
+inputs with the worst errors.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from irpe.artifact import spec_from_metadata
+
+from .inputs import Batch, make_batches
+from .source import Source, load_source, weights_from_metadata
+
+__all__ = ["validate", "compare", "TOLERANCES", "ENGINE_SUFFIXES"]
+
+TOLERANCES = {"fp32": (1e-4, 1e-4), "tf32": (5e-3, 5e-3), "fp16": (5e-2, 5e-2)}
+ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
+Runner = Callable[[Dict[str, torch.Tensor]], Dict[str, np.ndarray]]
+
+
+def _onnx_runner(path: str) -> Tuple[Runner, Dict[str, str], str]:
+    import onnxruntime as ort
+    from .onnx import read_metadata_props
+    props = read_metadata_props(path)
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    outputs = [o.name for o in session.get_outputs()]
+
+    def run(feeds: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
+        return dict(zip(outputs, session.run(None, {n: feeds[n].numpy() for n in names})))
+
+    return run, props, f"onnxruntime {ort.__version__} (CPUExecutionProvider)"
+
+
+def _engine_runner(path: str) -> Tuple[Runner, Dict[str, str], str]:
+    from .tensorrt import TRTRunner, sidecar_path
+    side = sidecar_path(path)
+    props = json.loads(side.read_text()).get("onnx_metadata", {}) if side.is_file() else {}
+    runner = TRTRunner(path)
+
+    def run(feeds: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
+        out = runner(**feeds)
+        torch.cuda.current_stream(runner.device).synchronize()
+        return {k: v.float().cpu().numpy() for k, v in out.items()}
+
+    return run, props, f"{runner.trt.__name__} {runner.trt.__version__}"
+
+
+def _reference(src: Source) -> Runner:
+    from .onnx import output_module
+    module = output_module(src.model, src.spec.task)
+    names = ["images"] if src.spec.task == "classification" else ["images", "sizes"]
+
+    @torch.no_grad()
+    def run(feeds: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
+        out = module(*[feeds[n] for n in names])
+        out = out if isinstance(out, tuple) else (out,)
+        keys = ["logits"] if src.spec.task == "classification" else ["pred_logits", "pred_boxes"]
+        return {k: v.numpy() for k, v in zip(keys, out)}
+
+    return run
+
+
+def compare(got: np.ndarray, expected: np.ndarray, atol: float, rtol: float,
+            rows: Optional[Sequence[str]] = None) -> Dict:
+    """Error statistics of one output; ``rows`` names the input of each leading index."""
+    if got.shape != expected.shape:
+        return {"shape_mismatch": [list(got.shape), list(expected.shape)], "violations": 1,
+                "worst_ratio": float("inf")}
+    got64, exp64 = got.astype(np.float64), expected.astype(np.float64)
+    diff = np.abs(got64 - exp64)
+    both_nan = np.isnan(got64) & np.isnan(exp64)
+    diff = np.where(both_nan, 0.0, np.nan_to_num(diff, nan=np.inf))
+    ratio = diff / (atol + rtol * np.abs(np.nan_to_num(exp64)))
+    flat = int(np.argmax(ratio)) if ratio.size else 0
+    index = np.unravel_index(flat, ratio.shape) if ratio.size else ()
+    denom = np.linalg.norm(got64) * np.linalg.norm(exp64)
+    return {
+        "max_abs": float(diff.max(initial=0.0)), "mean_abs": float(diff.mean()) if diff.size else 0.0,
+        "max_rel": float((diff / np.maximum(np.abs(exp64), 1e-12)).max(initial=0.0)),
+        "cosine": float(np.nansum(got64 * exp64) / denom) if denom > 0 else 1.0,
+        "violations": int((ratio > 1).sum()), "elements": int(diff.size),
+        "worst_ratio": float(ratio.max(initial=0.0)),
+        "worst": {"input": rows[index[0]] if rows is not None and index else None,
+                  "index": [int(i) for i in index],
+                  "got": float(got64[index]) if ratio.size else None,
+                  "expected": float(exp64[index]) if ratio.size else None},
+    }
+
+
+def _topk_metrics(got: np.ndarray, expected: np.ndarray) -> Dict:
+    k = min(5, got.shape[-1])
+    top_got = np.argsort(-got, axis=-1)[:, :k]
+    top_exp = np.argsort(-expected, axis=-1)[:, :k]
+    overlap = [len(set(a) & set(b)) / k for a, b in zip(top_got, top_exp)]
+    return {"top1_agreement": float(np.mean(top_got[:, 0] == top_exp[:, 0])),
+            f"top{k}_agreement": float(np.mean(overlap))}
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _detection_metrics(got: Dict[str, np.ndarray], exp: Dict[str, np.ndarray]) -> Dict:
+    pg, pe = _softmax(got["pred_logits"])[..., :-1], _softmax(exp["pred_logits"])[..., :-1]
+    box_l1 = np.abs(got["pred_boxes"] - exp["pred_boxes"]).mean(axis=-1)
+    return {"label_agreement": float(np.mean(pg.argmax(-1) == pe.argmax(-1))),
+            "score_max_abs": float(np.abs(pg.max(-1) - pe.max(-1)).max()),
+            "box_l1_mean": float(box_l1.mean()), "box_l1_max": float(box_l1.max())}
+
+
+def _resolve(path: str, source, checkpoint) -> Tuple[Runner, Source, str, Dict[str, str]]:
+    is_engine = path.endswith(ENGINE_SUFFIXES)
+    run, props, runtime = (_engine_runner if is_engine else _onnx_runner)(path)
+    if source is not None:
+        return run, load_source(source, checkpoint), runtime, props
+    if "irpe.weights" not in props:
+        raise ValueError(f"{path} does not say which weights it was exported from; "
+                         "pass the source model (and checkpoint)")
+    spec = spec_from_metadata(props)
+    if checkpoint is not None:
+        return run, load_source(spec.model_name, checkpoint, spec), runtime, props
+    return run, weights_from_metadata(props["irpe.weights"], spec), runtime, props
+
+
+def _run_all(batches: List[Batch], run: Runner, ref: Runner):
+    got, exp, rows = {}, {}, []
+    for batch in batches:
+        g, e = run(batch.feeds), ref(batch.feeds)
+        for name in e:
+            got.setdefault(name, []).append(g[name])
+            exp.setdefault(name, []).append(e[name])
+        names = batch.label.split(" (")[0].split(",")
+        rows += names
+    cat = lambda d: {k: np.concatenate(v) for k, v in d.items()}  # noqa: E731
+    return cat(got), cat(exp), rows
+
+
+def validate(onnx_or_engine_path: os.PathLike, source=None, checkpoint: Optional[str] = None,
+             num_inputs: int = 8, image_dir: Optional[os.PathLike] = None,
+             atol: Optional[float] = None, rtol: Optional[float] = None,
+             precision: str = "fp32",
+             sizes: Optional[Sequence[Tuple[int, int]]] = None) -> Dict:
+    """Run the file and PyTorch on the same inputs; the report's ``passed`` is the verdict."""
+    path = os.fspath(onnx_or_engine_path)
+    if precision not in TOLERANCES:
+        raise ValueError(f"precision must be one of {sorted(TOLERANCES)}, got {precision!r}")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"file not found: {path}")
+    atol = TOLERANCES[precision][0] if atol is None else atol
+    rtol = TOLERANCES[precision][1] if rtol is None else rtol
+    start = time.perf_counter()
+    run, src, runtime, props = _resolve(path, source, checkpoint)
+    if sizes and src.spec.task != "detection":
+        raise ValueError("sizes apply to detection models only")
+    img = getattr(getattr(src.model, "patch_embed", None), "img_size", None)
+    batches = make_batches(src.spec, num_inputs, image_dir, sizes, img)
+    got, exp, rows = _run_all(batches, run, _reference(src))
+    outputs = {k: compare(got[k], exp[k], atol, rtol, rows) for k in exp}
+    metrics = (_topk_metrics(got["logits"], exp["logits"]) if src.spec.task == "classification"
+               else _detection_metrics(got, exp))
+    failed = sorted((k for k, v in outputs.items() if v["violations"]),
+                    key=lambda k: -outputs[k]["worst_ratio"])
+    return {"file": path, "runtime": runtime, "model": src.spec.model_name,
+            "task": src.spec.task, "weights": src.weights, "precision": precision,
+            "atol": atol, "rtol": rtol, "num_inputs": num_inputs,
+            "batches": [b.label for b in batches], "outputs": outputs, "metrics": metrics,
+            "passed": not failed, "failed_outputs": failed,
+            "seconds": round(time.perf_counter() - start, 2)}
+
+
+def write_report(report: Dict, path: os.PathLike) -> Path:
+    """Write the report as indented JSON."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return path
