@@ -94,6 +94,12 @@ __global__ void bucket_ids_kernel(irpe_bucket_params params, int32_t* out, int64
 
 extern "C" const char* irpe_last_error(void) { return irpe::last_error; }
 
+extern "C" int irpe_device_count(void)
+{
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? n : -1;
+}
+
 extern "C" int irpe_bucket_ids_device(const irpe_bucket_params* params, int32_t* out, void* stream)
 {
     if (!params || !out || params->width < 1 || params->height < 1 || params->skip < 0) {

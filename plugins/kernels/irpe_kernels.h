@@ -63,6 +63,9 @@ IRPE_API int irpe_make_bucket_params(irpe_bucket_params* out, int method, double
                                      int64_t height, int64_t width, int64_t skip);
 IRPE_API int irpe_bucket_ids_host(const irpe_bucket_params* params, int32_t* out);
 
+/* CUDA devices visible to this library, or -1 when the runtime reports an error (no driver). */
+IRPE_API int irpe_device_count(void);
+
 /* Message of the last IRPE_ERR_CUDA on this thread ("" if none). */
 IRPE_API const char* irpe_last_error(void);
 

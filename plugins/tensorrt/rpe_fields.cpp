@@ -70,13 +70,12 @@ bool read_string(PluginField const& f, std::string& value)
     return true;
 }
 
-// Fills in num_buckets for the on-the-fly scatter when the node did not set it.
+// On the fly, num_buckets follows from method, ratio and skip: fill it in or check it.
 std::string finish(RpeConfig& c)
 {
     if (c.on_the_fly() && c.method_id() >= 0 && c.ratio > 0.0f) {
         irpe_bucket_params p;
-        if (irpe_bucket_params_init(&p, c.method_id(), c.ratio, 1, 1, c.skip) == IRPE_OK &&
-            c.op == Op::kScatter) {
+        if (irpe_bucket_params_init(&p, c.method_id(), c.ratio, 1, 1, c.skip) == IRPE_OK) {
             if (c.num_buckets == 0) {
                 c.num_buckets = p.num_buckets;
             } else if (c.num_buckets != p.num_buckets) {
@@ -110,8 +109,8 @@ std::string RpeConfig::validate() const
             return "on-the-fly ids need ratio > 0 and skip >= 0";
         }
     }
-    if (op == Op::kScatter && num_buckets < 1) {
-        return "RPEScatter needs num_buckets >= 1";
+    if (num_buckets < 0 || (op == Op::kScatter && num_buckets < 1)) {
+        return "num_buckets must be >= 1 (RPEScatter: required)";
     }
     return {};
 }
@@ -158,9 +157,7 @@ void log_error(std::string const& message)
 RpeCreator::RpeCreator(Op op)
     : mOp(op)
 {
-    if (op == Op::kScatter) {
-        mFieldNames.emplace_back("num_buckets", nullptr, PluginFieldType::kINT32, 1);
-    }
+    mFieldNames.emplace_back("num_buckets", nullptr, PluginFieldType::kINT32, 1);
     mFieldNames.emplace_back("method", nullptr, PluginFieldType::kCHAR, 0);
     mFieldNames.emplace_back("ratio", nullptr, PluginFieldType::kFLOAT32, 1);
     mFieldNames.emplace_back("skip", nullptr, PluginFieldType::kINT32, 1);

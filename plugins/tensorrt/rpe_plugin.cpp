@@ -129,6 +129,10 @@ std::string RpePlugin::check_dims(Dims const& a, Dims const& b, Dims const& out)
     if (a.nbDims != 4 || out.nbDims != 4) {
         return "expected 4-D input and output";
     }
+    if (mConfig.op == Op::kGather && mConfig.num_buckets > 0 && a.d[3] != mConfig.num_buckets) {
+        return "table has " + std::to_string(a.d[3]) + " buckets, num_buckets is " +
+               std::to_string(mConfig.num_buckets);
+    }
     if (mConfig.on_the_fly()) {
         irpe_bucket_params p;
         int64_t const h = b.nbDims >= 2 ? b.d[b.nbDims - 2] : 0, w = b.nbDims >= 2 ? b.d[b.nbDims - 1] : 0;
@@ -196,7 +200,7 @@ IPluginV3* RpePlugin::attachToContext(IPluginResourceContext* /*context*/) noexc
 PluginFieldCollection const* RpePlugin::getFieldsToSerialize() noexcept
 {
     mFields.clear();
-    if (mConfig.op == Op::kScatter) {
+    if (mConfig.num_buckets > 0) {
         mFields.emplace_back("num_buckets", &mConfig.num_buckets, PluginFieldType::kINT32, 1);
     }
     if (mConfig.on_the_fly()) {

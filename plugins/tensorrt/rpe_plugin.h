@@ -3,7 +3,8 @@
 // Thin glue: validate fields and shapes, map TensorRT types to the kernels' C ABI and call
 // irpe_gather / irpe_scatter (or their on-the-fly *_grid variants) on the enqueue stream.
 // Fields (ONNX node attributes of the same name; see plugins/tensorrt/README.md):
-//   num_buckets INT32   RPEScatter: K of the output [B,H,Lq,K]
+//   num_buckets INT32   K: RPEScatter output [B,H,Lq,K] (required); RPEGather: checked
+//                       against the table's last dim when set (export/ always sets it)
 //   method      CHAR    "" or absent: ids come from input 1, an index [Lq,Lk] (int32/int64);
 //                       euc|quant|product|cross_rows|cross_cols: ids computed on the fly and
 //                       input 1 is any tensor whose last two dims are the grid (H, W)
