@@ -26,7 +26,7 @@ cmake --build "$build" -j "$(nproc)"
 
 echo
 echo "built in $build:"
-for lib in libirpe_kernels.so libirpe_trt_plugins.so libirpe_trt_plugins_dynamic.so; do
+for lib in libirpe_kernels.so libirpe_trt_plugins.so libirpe_trt_plugins_static.so; do
   if [ -f "$build/$lib" ]; then
     echo "  $lib"
   else

@@ -1,13 +1,13 @@
 // Registration of the two creators, for both ways TensorRT loads a plugin library:
+//  * dynamic: IPluginRegistry.load_library (export/, serve/) and trtexec --dynamicPlugins call
+//    the exported getCreators() and setLoggerFinder() (libirpe_trt_plugins.so).
 //  * static: loading the library (trtexec --staticPlugins, polygraphy --plugins, ctypes.CDLL,
 //    linking it) registers the creators in the global registry from a static initializer.
 //    This is what REGISTER_TENSORRT_PLUGIN does, except that the stock macro registers under
 //    the namespace "" while our ONNX nodes carry plugin_namespace="irpe", so the registrar
 //    below passes the creators' own namespace. Compiled only with IRPE_STATIC_REGISTRATION
-//    (the CMake target irpe_trt_plugins); the _dynamic target leaves it out so that
-//    IPluginRegistry::loadLibrary never sees the creators registered twice.
-//  * dynamic: trtexec --dynamicPlugins / IPluginRegistry.load_library call the exported
-//    getCreators() and setLoggerFinder().
+//    (libirpe_trt_plugins_static.so): in the load_library library a static registrar would
+//    register every creator a second time.
 #include "rpe_plugin.h"
 
 #if defined(_WIN32)
