@@ -59,6 +59,9 @@ class Batcher:
         """Queue one item per payload and wait for all results (503 full, 504 timeout)."""
         if self._closing:
             raise unavailable(f"model {self.name} is shutting down")
+        if len(payloads) > self.max_queue_size:
+            raise ServeError(400, f"{len(payloads)} images in one request; model {self.name} "
+                             f"queues at most {self.max_queue_size}")
         if len(self._items) + len(payloads) > self.max_queue_size:
             raise unavailable(f"queue of model {self.name} is full ({len(self._items)} of "
                               f"{self.max_queue_size} images waiting); retry later")

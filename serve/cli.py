@@ -17,6 +17,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--demo", action="store_true", help="also serve the demo models")
     p.add_argument("--backend", choices=("onnxruntime", "torch"), default="onnxruntime",
                    help="backend of the demo models (default: onnxruntime)")
+    p.add_argument("--device", default="cpu", help="device of the demo models: cpu, cuda, "
+                   "cuda:N (onnxruntime-gpu / CUDA torch)")
     p.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="TCP port (default 8000; 0 = any free port)")
     p.add_argument("--threads", type=int, help="torch/onnxruntime CPU threads (0 = default)")
@@ -42,21 +44,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _settings(args: argparse.Namespace):
     from irpe.errors import CLIError
     from pydantic import ValidationError
-    from .config import ServeSettings
     from .errors import validation_message
+    try:
+        return _build_settings(args)
+    except ValidationError as exc:
+        raise CLIError(f"invalid settings: {validation_message(exc.errors())}") from None
+    except RuntimeError as exc:  # demo: no ONNX exporter in this build
+        raise CLIError(str(exc)) from None
+
+
+def _build_settings(args: argparse.Namespace):
+    from .config import ServeSettings
     given = {"repository": args.repository, "host": args.host, "port": args.port,
              "threads": args.threads, "log_format": args.log_format,
              "log_level": args.log_level}
-    try:
-        settings = ServeSettings(**{k: v for k, v in given.items() if v is not None})
-    except ValidationError as exc:
-        raise CLIError(f"invalid settings: {validation_message(exc.errors())}") from None
+    settings = ServeSettings(**{k: v for k, v in given.items() if v is not None})
     if args.demo or not settings.models:
         from .demo import demo_models
-        try:
-            demo = demo_models(args.backend, settings.cache_dir)
-        except RuntimeError as exc:
-            raise CLIError(str(exc)) from None
+        demo = demo_models(args.backend, settings.cache_dir, args.device)
         settings = settings.model_copy(update={"models": settings.models + demo})
     return settings
 

@@ -24,13 +24,14 @@ DEMO_MODELS = ("deit_shapes_irpe", "detr_shapes_irpe")
 log = logging.getLogger("irpe.serve")
 
 
-def demo_models(backend: str = "onnxruntime", cache_dir: Optional[Path] = None) -> List[ModelConfig]:
+def demo_models(backend: str = "onnxruntime", cache_dir: Optional[Path] = None,
+                device: str = "cpu") -> List[ModelConfig]:
     """Configs of the demo models; exports ONNX files first when missing (onnxruntime)."""
     configs = []
     for name in DEMO_MODELS:
         weights = Path(bundled_weights(model_info(name)))  # clear FileNotFoundError if absent
         path = weights if backend == "torch" else _exported(weights, cache_dir)
-        configs.append(ModelConfig(name=name, path=path, backend=backend))
+        configs.append(ModelConfig(name=name, path=path, backend=backend, device=device))
     return configs
 
 

@@ -109,7 +109,7 @@ class BodyLimitMiddleware:
 
 
 async def _reject(send, message: str) -> None:
-    body = json.dumps({"error": message}).encode()
+    body = json.dumps({"error": message}, separators=(",", ":")).encode()
     await send({"type": "http.response.start", "status": 413,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode())]})

@@ -173,7 +173,7 @@ def encode_response(header: Dict[str, Any], outputs: List[OutTensor]) -> Tuple[b
             entry["data"] = ([b.decode() for b in flat] if out.datatype == "BYTES"
                              else flat.tolist())
         entries.append(entry)
-    head = json.dumps({**header, "outputs": entries}).encode()
+    head = json.dumps({**header, "outputs": entries}, separators=(",", ":")).encode()
     return (head + b"".join(blobs), len(head)) if blobs else (head, None)
 
 

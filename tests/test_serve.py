@@ -221,7 +221,7 @@ def test_tritonclient_classification(url, reference, binary):
     inp.set_data_from_numpy(images, binary_data=binary)
     outputs = [tc.InferRequestedOutput("logits", binary_data=binary),
                tc.InferRequestedOutput("logits", binary_data=binary, class_count=2)]
-    result = client.infer("cls", [inp], outputs=outputs[:1])
+    result = client.infer("cls", [inp], outputs=outputs[:1], request_compression_algorithm="gzip")
     with torch.no_grad():
         expected = reference["cls"][0](torch.from_numpy(images)).numpy()
     assert np.allclose(result.as_numpy("logits"), expected, atol=1e-5)

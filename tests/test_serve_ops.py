@@ -2,6 +2,7 @@
 graceful shutdown (a real `irpe serve` process receiving SIGTERM)."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ import pytest
 
 from serve.config import ServeSettings
 from serve.testing import running_server, wait_ready
-from tests.test_serve import save_untrained, shape_png
+from tests.test_serve import client, save_untrained, shape_png  # noqa: F401 (fixture)
 
 TOKEN = "s3cret-token"
 PNG = {"content-type": "image/png"}
@@ -32,12 +33,6 @@ def url(cls_file):
                              log_level="warning", models=[{"name": "cls", "path": cls_file}])
     with running_server(settings) as base:
         yield base
-
-
-@pytest.fixture(scope="module")
-def client(url):
-    with httpx.Client(base_url=url, timeout=30) as c:
-        yield c
 
 
 def _auth(token: str = TOKEN) -> dict:
@@ -96,6 +91,11 @@ def test_body_limit_413_declared_and_streamed(client):
     assert r.status_code == 413 and "over the limit" in r.json()["error"]
     assert client.post("/v1/models/cls/classify", content=shape_png(2),
                        headers=_auth()).status_code == 200
+    inflates = gzip.compress(b"\0" * (100 << 10))  # small on the wire, too big inflated
+    r = client.post("/v2/models/cls/infer", content=inflates,
+                    headers={"authorization": f"Bearer {TOKEN}", "content-encoding": "gzip"})
+    assert r.status_code == 413
+    assert r.json() == {"error": "decompressed body is over the limit of 65536 bytes"}
 
 
 def test_request_ids(client):
