@@ -214,3 +214,18 @@ def test_low_precision_forward_close_to_fp32(dtype):
         low = model.to(dtype)(x.to(dtype))
     assert low.dtype == dtype
     torch.testing.assert_close(low.float(), ref, atol=0.05, rtol=0.05)
+
+
+def test_conv_stem_matches_patch_grid_and_rejects_odd_patch():
+    from irpe.models.layers import ConvStem, PatchEmbed
+    x = torch.randn(2, 3, 64, 48)
+    tokens, h, w = ConvStem(64, 8, 3, 96)(x)
+    ref, rh, rw = PatchEmbed(64, 8, 3, 96)(x)
+    assert (h, w) == (rh, rw) == (8, 6) and tokens.shape == ref.shape == (2, 48, 96)
+    with pytest.raises(ValueError, match="power-of-two"):
+        ConvStem(64, 6, 3, 96)
+    with pytest.raises(ValueError, match="stem must be"):
+        create_model("deit_shapes_irpe", stem="hybrid")
+    model = create_model("deit_shapes_irpe").eval()
+    assert model(torch.randn(1, 3, 64, 64)).shape == (1, 8)
+    assert "patch_embed.stem.0.weight" in model.state_dict()
