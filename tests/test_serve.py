@@ -251,6 +251,10 @@ def test_tritonclient_detection_binary_with_sizes(url, reference):
         ref = reference["det"][0](torch.from_numpy(images), torch.from_numpy(sizes))
     assert np.allclose(result.as_numpy("pred_boxes"), ref["pred_boxes"].numpy(), atol=1e-5)
     assert np.allclose(result.as_numpy("pred_logits"), ref["pred_logits"].numpy(), atol=1e-4)
+    whole = client.infer("det", inputs[:1]).as_numpy("pred_boxes")  # no sizes: unpadded
+    with torch.no_grad():
+        expected = reference["det"][0](torch.from_numpy(images))["pred_boxes"].numpy()
+    assert np.allclose(whole, expected, atol=1e-5)
     client.close()
 
 

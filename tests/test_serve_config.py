@@ -80,6 +80,15 @@ def test_tensorrt_backend_without_gpu_or_tensorrt_is_a_clear_error(cls_file, tmp
         on_gpu.load()
 
 
+def test_configured_labels_replace_the_artifacts(cls_file):
+    from serve.metrics import Metrics
+    from serve.model import ServedModel
+    names = [f"shape{i}" for i in range(8)]
+    model = ServedModel(ModelConfig(name="m", path=cls_file, labels=names), Metrics())
+    assert model.labels == names and model.task == "classification"
+    assert ServedModel(ModelConfig(name="m", path=cls_file), Metrics()).labels[0] == "circle"
+
+
 def _cli(capsys, *argv) -> tuple:
     code = main(["serve", *argv])
     out = capsys.readouterr()
