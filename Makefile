@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 TORCH  ?= torch==2.13.0
 EXTRAS ?= dev
 
-.PHONY: install test run check bench clean
+.PHONY: install test run check bench clean demo-models
 
 $(VENV)/.installed-$(EXTRAS): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,23 @@ check: run
 ## make bench: forward time of DeiT-S plain / iRPE-K / iRPE-QKV on CPU (bs 8, 2 threads)
 bench: install
 	$(PY) -m benchmarks.deit_forward
+
+## make demo-models: regenerate the bundled demo weights (synthetic data -> irpe train -> irpe/demo)
+# ~1 h on 2 CPU cores (one thread per run, both runs in sequence); see docs/demo-models.md
+DEMO ?= build/demo
+IRPE := $(VENV)/bin/irpe
+demo-models: install
+	rm -rf $(DEMO)/cls $(DEMO)/det
+	$(IRPE) data shapes-cls --out $(DEMO)/shapes-cls --train 8000 --val 1000 --seed 0 --force
+	$(IRPE) data shapes-det --out $(DEMO)/shapes-det --train 8000 --val 500 --seed 0 --force
+	$(IRPE) train cls --model deit_shapes_irpe --data $(DEMO)/shapes-cls --output $(DEMO)/cls \
+	  --epochs 12 --batch-size 32 --lr 1e-3 --warmup-epochs 0.2 --drop-path 0.05 --threads 1
+	$(IRPE) train det --model detr_shapes_irpe --data $(DEMO)/shapes-det --output $(DEMO)/det \
+	  --epochs 12 --batch-size 16 --lr 2e-4 --lr-backbone 2e-4 --warmup-epochs 0.3 --threads 1
+	cp $(DEMO)/cls/model.safetensors irpe/demo/deit_shapes_irpe.safetensors
+	cp $(DEMO)/det/model.safetensors irpe/demo/detr_shapes_irpe.safetensors
+	$(IRPE) eval deit_shapes_irpe --data $(DEMO)/shapes-cls
+	$(IRPE) eval detr_shapes_irpe --data $(DEMO)/shapes-det
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -35,7 +35,11 @@ class ModelSpec:
 
     def build(self, checkpoint: Optional[str] = None) -> nn.Module:
         """The registered model with these overrides (and weights when ``checkpoint`` is set)."""
-        return create_model(self.model_name, checkpoint=checkpoint, **_decode(self.overrides))
+        return create_model(self.model_name, checkpoint=checkpoint, **self.build_overrides())
+
+    def build_overrides(self) -> Dict:
+        """Builder keyword arguments (JSON form decoded, e.g. iRPE config strings)."""
+        return _decode(self.overrides)
 
     def transform(self):
         """The :class:`irpe.data.Preprocess` this model was trained and evaluated with."""

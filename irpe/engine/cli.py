@@ -36,15 +36,25 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def load_for_eval(model: str, checkpoint: str = None):
     """(model, spec) from a trained-model file, or a registered name (+ checkpoint/bundled)."""
-    from ..artifact import default_spec, load_trained
+    from ..artifact import default_spec, load_trained, read_spec
+    from ..checkpoint import CheckpointError
     from ..models import create_model, model_info
+    from ..models.registry import bundled_weights
     if os.path.isfile(model):
         return load_trained(model)
     info = model_info(model)
-    if checkpoint is None and info.weights is None:
-        raise CLIError(f"{model} has no bundled weights: pass --checkpoint FILE")
-    net = create_model(model, checkpoint=checkpoint, pretrained=checkpoint is None)
-    return net.eval(), default_spec(model)
+    if checkpoint is None:
+        if info.weights is None:
+            raise CLIError(f"{model} has no bundled weights: pass --checkpoint FILE")
+        checkpoint = bundled_weights(info)
+    try:  # a trained-model file carries its class names and transform
+        spec, _ = read_spec(checkpoint)
+    except CheckpointError:
+        spec = default_spec(model)
+    if spec.model_name != model:
+        raise CLIError(f"{checkpoint} holds a {spec.model_name}, not a {model}")
+    net = create_model(model, checkpoint=checkpoint, **spec.build_overrides())
+    return net.eval(), spec
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
