@@ -64,7 +64,7 @@ int launch(const irpe_problem& p, const void* table, Ids ids, void* out, cudaStr
 // an index tensor) are aligned for them, else scalar (still coalesced) ones.
 struct GatherOp {
     const irpe_problem& p;
-    const void* table;
+    const void* in;  // table
     void* out;
     cudaStream_t stream;
 
@@ -74,22 +74,10 @@ struct GatherOp {
         constexpr int kVec = 16 / sizeof(T);
         const bool vec = p.lk % kVec == 0 && aligned(out, 16) &&
                          (!index || aligned(index, index_bytes * kVec));
-        return vec ? launch<T, Ids, kVec>(p, table, ids, out, stream)
-                   : launch<T, Ids, 1>(p, table, ids, out, stream);
+        return vec ? launch<T, Ids, kVec>(p, in, ids, out, stream)
+                   : launch<T, Ids, 1>(p, in, ids, out, stream);
     }
 };
-
-int gather_any(const irpe_problem* p, irpe_dtype dtype, const void* table,
-               irpe_index_dtype index_dtype, const void* index,
-               const irpe_bucket_params* grid, void* out, void* stream)
-{
-    const int status = check_call(p, table, out, index, grid);
-    if (status != IRPE_OK) {
-        return status;
-    }
-    const GatherOp op{*p, table, out, static_cast<cudaStream_t>(stream)};
-    return dispatch(op, dtype, index_dtype, index, grid, p->lk);
-}
 
 }  // namespace
 }  // namespace irpe
@@ -98,14 +86,14 @@ extern "C" int irpe_gather(const irpe_problem* problem, irpe_dtype dtype, const 
                            irpe_index_dtype index_dtype, const void* index, void* out,
                            void* stream)
 {
-    return irpe::gather_any(problem, dtype, table, index_dtype, index, nullptr, out, stream);
+    return irpe::check_and_run<irpe::GatherOp>(problem, dtype, table, index_dtype, index, nullptr,
+                                               out, stream);
 }
 
+// params == NULL is rejected by the check (neither an index nor a grid).
 extern "C" int irpe_gather_grid(const irpe_problem* problem, irpe_dtype dtype, const void* table,
                                 const irpe_bucket_params* params, void* out, void* stream)
 {
-    if (!params) {
-        return IRPE_ERR_ARGUMENT;
-    }
-    return irpe::gather_any(problem, dtype, table, IRPE_INT32, nullptr, params, out, stream);
+    return irpe::check_and_run<irpe::GatherOp>(problem, dtype, table, IRPE_INT32, nullptr, params,
+                                               out, stream);
 }

@@ -142,6 +142,21 @@ int dispatch(const Op& op, irpe_dtype dtype, irpe_index_dtype index_dtype, const
     return IRPE_ERR_ARGUMENT;
 }
 
+// What every entry point does: check the call, then run Op{problem, in, out, stream} for the
+// element type and id source (Op = the gather or scatter launcher).
+template <typename Op>
+int check_and_run(const irpe_problem* p, irpe_dtype dtype, const void* in,
+                  irpe_index_dtype index_dtype, const void* index, const irpe_bucket_params* grid,
+                  void* out, void* stream)
+{
+    const int status = check_call(p, in, out, index, grid);
+    if (status != IRPE_OK) {
+        return status;
+    }
+    const Op op{*p, in, out, static_cast<cudaStream_t>(stream)};
+    return dispatch(op, dtype, index_dtype, index, grid, p->lk);
+}
+
 }  // namespace irpe
 
 #endif  // IRPE_DEVICE_CUH

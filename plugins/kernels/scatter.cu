@@ -186,7 +186,7 @@ int launch(const irpe_problem& p, const void* attn, Ids ids, void* out, cudaStre
 // index allow them, else scalar (still coalesced) loads.
 struct ScatterOp {
     const irpe_problem& p;
-    const void* attn;
+    const void* in;  // attn
     void* out;
     cudaStream_t stream;
 
@@ -196,23 +196,11 @@ struct ScatterOp {
         constexpr int kVec = 16 / sizeof(T);
         const bool vec = p.lk % kVec == 0 && p.stride[3] == 1 && p.stride[0] % kVec == 0 &&
                          p.stride[1] % kVec == 0 && p.stride[2] % kVec == 0 &&
-                         aligned(attn, 16) && (!index || aligned(index, index_bytes * kVec));
-        return vec ? launch<T, Ids, kVec>(p, attn, ids, out, stream)
-                   : launch<T, Ids, 1>(p, attn, ids, out, stream);
+                         aligned(in, 16) && (!index || aligned(index, index_bytes * kVec));
+        return vec ? launch<T, Ids, kVec>(p, in, ids, out, stream)
+                   : launch<T, Ids, 1>(p, in, ids, out, stream);
     }
 };
-
-int scatter_any(const irpe_problem* p, irpe_dtype dtype, const void* attn,
-                irpe_index_dtype index_dtype, const void* index,
-                const irpe_bucket_params* grid, void* out, void* stream)
-{
-    const int status = check_call(p, attn, out, index, grid);
-    if (status != IRPE_OK) {
-        return status;
-    }
-    const ScatterOp op{*p, attn, out, static_cast<cudaStream_t>(stream)};
-    return dispatch(op, dtype, index_dtype, index, grid, p->lk);
-}
 
 }  // namespace
 }  // namespace irpe
@@ -221,14 +209,14 @@ extern "C" int irpe_scatter(const irpe_problem* problem, irpe_dtype dtype, const
                             irpe_index_dtype index_dtype, const void* index, void* out,
                             void* stream)
 {
-    return irpe::scatter_any(problem, dtype, attn, index_dtype, index, nullptr, out, stream);
+    return irpe::check_and_run<irpe::ScatterOp>(problem, dtype, attn, index_dtype, index, nullptr,
+                                                out, stream);
 }
 
+// params == NULL is rejected by the check (neither an index nor a grid).
 extern "C" int irpe_scatter_grid(const irpe_problem* problem, irpe_dtype dtype, const void* attn,
                                  const irpe_bucket_params* params, void* out, void* stream)
 {
-    if (!params) {
-        return IRPE_ERR_ARGUMENT;
-    }
-    return irpe::scatter_any(problem, dtype, attn, IRPE_INT32, nullptr, params, out, stream);
+    return irpe::check_and_run<irpe::ScatterOp>(problem, dtype, attn, IRPE_INT32, nullptr, params,
+                                                out, stream);
 }

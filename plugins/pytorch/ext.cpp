@@ -108,40 +108,36 @@ at::Tensor scatter(const at::Tensor& attn, const at::Tensor& index, int64_t num_
     return out;
 }
 
-at::Tensor gather_grid(const at::Tensor& table, int64_t method, double ratio, int64_t height,
-                       int64_t width, int64_t skip)
+// On-the-fly ids: a gather ([B,H,L,K] -> [B,H,L,L]) or a scatter ([B,H,L,L] -> [B,H,L,K]).
+at::Tensor run_grid(const at::Tensor& x, bool is_gather, int64_t method, double ratio,
+                    int64_t height, int64_t width, int64_t skip)
 {
-    check_input(table, "gather_grid");
+    const char* what = is_gather ? "irpe_gather_grid" : "irpe_scatter_grid";
+    check_input(x, what);
     const irpe_bucket_params params = grid_params(method, ratio, height, width, skip);
-    const c10::cuda::CUDAGuard guard(table.device());
-    at::Tensor out = at::empty({table.size(0), table.size(1), table.size(2), table.size(2)},
-                               table.options().memory_format(at::MemoryFormat::Contiguous));
+    const c10::cuda::CUDAGuard guard(x.device());
+    const int64_t k = is_gather ? x.size(3) : params.num_buckets;
+    at::Tensor out = at::empty({x.size(0), x.size(1), x.size(2), is_gather ? x.size(2) : k},
+                               x.options().memory_format(at::MemoryFormat::Contiguous));
     if (out.numel() == 0) {
         return out;
     }
-    const irpe_problem p = make_problem(table, table.size(2), table.size(3));
-    check_status(irpe_gather_grid(&p, value_dtype(table), table.data_ptr(), &params,
-                                  out.data_ptr(), stream()),
-                 "irpe_gather_grid");
+    const irpe_problem p = make_problem(x, is_gather ? x.size(2) : x.size(3), k);
+    const auto launch = is_gather ? irpe_gather_grid : irpe_scatter_grid;
+    check_status(launch(&p, value_dtype(x), x.data_ptr(), &params, out.data_ptr(), stream()), what);
     return out;
+}
+
+at::Tensor gather_grid(const at::Tensor& table, int64_t method, double ratio, int64_t height,
+                       int64_t width, int64_t skip)
+{
+    return run_grid(table, true, method, ratio, height, width, skip);
 }
 
 at::Tensor scatter_grid(const at::Tensor& attn, int64_t method, double ratio, int64_t height,
                         int64_t width, int64_t skip)
 {
-    check_input(attn, "scatter_grid");
-    const irpe_bucket_params params = grid_params(method, ratio, height, width, skip);
-    const c10::cuda::CUDAGuard guard(attn.device());
-    at::Tensor out = at::empty({attn.size(0), attn.size(1), attn.size(2), params.num_buckets},
-                               attn.options());
-    if (out.numel() == 0) {
-        return out;
-    }
-    const irpe_problem p = make_problem(attn, attn.size(3), params.num_buckets);
-    check_status(irpe_scatter_grid(&p, value_dtype(attn), attn.data_ptr(), &params,
-                                   out.data_ptr(), stream()),
-                 "irpe_scatter_grid");
-    return out;
+    return run_grid(attn, false, method, ratio, height, width, skip);
 }
 
 at::Tensor bucket_ids(int64_t method, double ratio, int64_t height, int64_t width, int64_t skip,

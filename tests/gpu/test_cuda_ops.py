@@ -58,9 +58,11 @@ def assert_scatter_close(got, attn, ids, k):
                                rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
-@pytest.mark.parametrize("dtype", DTYPES)
+ALL_CASES = pytest.mark.parametrize("shape,dtype,index_dtype", [
+    (s, d, i) for s in SHAPES for d in DTYPES for i in INDEX_DTYPES])
+
+
+@ALL_CASES
 def test_gather_is_exact(shape, dtype, index_dtype):
     for kind in ("grid", "random"):
         table, _, ids, _ = make(shape, dtype, index_dtype, kind)
@@ -69,9 +71,7 @@ def test_gather_is_exact(shape, dtype, index_dtype):
         assert torch.equal(got.cpu(), rpe_gather(table, ids)), kind
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@ALL_CASES
 def test_scatter_matches_fp64_reference(shape, dtype, index_dtype):
     for kind in ("grid", "random"):
         _, attn, ids, k = make(shape, dtype, index_dtype, kind)
