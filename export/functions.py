@@ -3,17 +3,19 @@
 A node of domain ``irpe`` runs as a TensorRT plugin where one is loaded; everywhere else the
 runtime expands the FunctionProto of the same name, whose body uses standard ONNX ops only.
 
-The bodies put the (batch, head) axes last so every gathered / scattered item is a contiguous
-row of B*H values: rows of the flattened (Lq*K, B*H) table are picked with one ``Gather`` on
-axis 0 (memcpy-sized copies), and the scatter is one ``ScatterND`` (reduction add) of (Lq*Lk)
-rows. This avoids both an index expanded to (B, H, Lq, Lk) and per-element gathers, which are
-4-8x slower in ONNX Runtime (see docs/export.md).
+Gather: the table is flattened to (Lq*K, B*H) rows and ONE ``Gather`` on axis 0 picks a row
+of B*H values per (query, key), so every copy is a contiguous run (no index expanded to
+(B, H, Lq, Lk), no per-element gather; both measured several times slower in ONNX Runtime).
+Scatter: a batched ``MatMul`` of the attention with the one-hot bucket map (Lq, Lk, K),
+because TensorRT's parser rejects ScatterND/ScatterElements with a reduction; the map is the
+same in every layer, so ONNX Runtime builds it once. See docs/export.md for the measurements.
 """
 from __future__ import annotations
 
 from typing import Dict, List
 
 import onnx
+import onnx.inliner
 from onnx import AttributeProto, FunctionProto, ModelProto, NodeProto, TensorProto, helper
 
 __all__ = ["DOMAIN", "GATHER", "SCATTER", "PLUGIN_NAMESPACE", "PLUGIN_VERSION", "OP_ATTRIBUTES",
@@ -70,29 +72,33 @@ def gather_function(opset: int) -> FunctionProto:
 
 
 def scatter_function(opset: int) -> FunctionProto:
-    """RPEScatter(attn[B,H,Lq,Lk], index[Lq,Lk]; num_buckets=K) -> sum of attn per bucket."""
+    """RPEScatter(attn[B,H,Lq,Lk], index[Lq,Lk]; num_buckets=K) -> sum of attn per bucket.
+
+    As a batched MatMul with the one-hot bucket map (Lq, Lk, K): scatter reductions are not
+    parsed by TensorRT, and the map is identical in every layer (ONNX Runtime computes it once).
+    """
     k_node = helper.make_node("Constant", [], ["k_scalar"])  # value_int = the node's num_buckets
     k_node.attribute.append(helper.make_attribute_ref("value_int", AttributeProto.INT,
                                                       ref_attr_name="num_buckets"))
     nodes = [
         k_node,
-        _const("axis0", [0]),
-        helper.make_node("Unsqueeze", ["k_scalar", "axis0"], ["k"]),
+        _const("zero", [0]), _const("one", [1]), _const("last", [-1]),
+        helper.make_node("Squeeze", ["zero"], ["zero_s"]),
+        helper.make_node("Squeeze", ["one"], ["one_s"]),
+        helper.make_node("Range", ["zero_s", "k_scalar", "one_s"], ["buckets"]),
+        helper.make_node("Cast", ["index"], ["idx"], to=TensorProto.INT64),
+        helper.make_node("Unsqueeze", ["idx", "last"], ["idx_3d"]),
+        helper.make_node("Equal", ["idx_3d", "buckets"], ["hit"]),  # (Lq, Lk, K)
+        helper.make_node("CastLike", ["hit", "attn"], ["one_hot"]),
         helper.make_node("Shape", ["attn"], ["bh"], start=0, end=2),
-        *_flat_index("index", "flat_idx", "k"),
-        _const("column", [-1, 1]),
-        helper.make_node("Reshape", ["flat_idx", "column"], ["scatter_idx"]),  # (Lq*Lk, 1)
-        helper.make_node("Flatten", ["attn"], ["attn_2d"], axis=2),  # (B*H, Lq*Lk)
-        helper.make_node("Transpose", ["attn_2d"], ["attn_rows"], perm=[1, 0]),
-        helper.make_node("Shape", ["attn_2d"], ["n"], start=0, end=1),
-        helper.make_node("Mul", ["lq", "k"], ["lqk"]),
-        helper.make_node("Concat", ["lqk", "n"], ["acc_shape"], axis=0),
-        helper.make_node("ConstantOfShape", ["acc_shape"], ["acc0"],
-                         value=helper.make_tensor("z", TensorProto.FLOAT, [1], [0.0])),
-        helper.make_node("CastLike", ["acc0", "attn"], ["acc"]),
-        helper.make_node("ScatterND", ["acc", "scatter_idx", "attn_rows"], ["sums"],
-                         reduction="add"),  # (Lq*K, B*H)
-        helper.make_node("Transpose", ["sums"], ["sums_t"], perm=[1, 0]),
+        helper.make_node("Shape", ["attn"], ["lq_lk"], start=2, end=4),
+        helper.make_node("Concat", ["last", "lq_lk"], ["nql_shape"], axis=0),
+        helper.make_node("Reshape", ["attn", "nql_shape"], ["attn_3d"]),  # (B*H, Lq, Lk)
+        helper.make_node("Transpose", ["attn_3d"], ["attn_q"], perm=[1, 0, 2]),
+        helper.make_node("MatMul", ["attn_q", "one_hot"], ["sums"]),  # (Lq, B*H, K)
+        helper.make_node("Transpose", ["sums"], ["sums_t"], perm=[1, 0, 2]),
+        helper.make_node("Shape", ["attn"], ["lq"], start=2, end=3),
+        helper.make_node("Unsqueeze", ["k_scalar", "zero"], ["k"]),
         helper.make_node("Concat", ["bh", "lq", "k"], ["out_shape"], axis=0),
         helper.make_node("Reshape", ["sums_t", "out_shape"], ["output"]),
     ]

@@ -120,13 +120,28 @@ def _trace(src: Source, opset: int) -> onnx.ModelProto:
     symbolic.register()
     wrapper = output_module(src.model, src.spec.task)
     inputs, outputs, dynamic = io_spec(src.spec.task)
+    example = _example_inputs(src)
     buffer = io.BytesIO()
     with _traceable(src.model), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings on constant shapes, deprecation
-        torch.onnx.export(wrapper, _example_inputs(src), buffer, dynamo=False,
+        torch.onnx.export(wrapper, example, buffer, dynamo=False,
                           opset_version=opset, input_names=inputs, output_names=outputs,
                           dynamic_axes=dynamic, custom_opsets=_custom_opsets(src.model))
-    return onnx.load_from_string(buffer.getvalue())
+        traced = wrapper(*example)
+    model = onnx.load_from_string(buffer.getvalue())
+    traced = traced if isinstance(traced, tuple) else (traced,)
+    _static_output_dims(model, [tuple(t.shape) for t in traced], dynamic)
+    return model
+
+
+def _static_output_dims(model: onnx.ModelProto, shapes: List[Tuple[int, ...]],
+                        dynamic: Dict[str, Dict[int, str]]) -> None:
+    """Write fixed sizes (queries, classes) into output dims the exporter left symbolic."""
+    for output, shape in zip(model.graph.output, shapes):
+        dims = output.type.tensor_type.shape.dim
+        for axis, dim in enumerate(dims):
+            if axis not in dynamic.get(output.name, {}) and axis < len(shape):
+                dim.dim_value = shape[axis]
 
 
 def _rpe_config(model: nn.Module) -> str:

@@ -127,8 +127,12 @@ def _rtx_target(trt: ModuleType, compute_capability: Optional[str]):
     return trt.ComputeCapability.CURRENT
 
 
-def _timing_cache(config, path: Optional[str]):
-    if path is None:
+def _timing_cache(trt: ModuleType, config, path: Optional[str]):
+    """Load (or start) a timing cache; TensorRT-RTX has none (its timing-cache calls are no-ops)."""
+    if path is None or is_rtx(trt):
+        if path is not None:
+            print(f"[build-engine] {trt.__name__} has no timing cache; ignoring {path}",
+                  file=sys.stderr)
         return None
     data = Path(path).read_bytes() if os.path.isfile(path) else b""
     cache = config.create_timing_cache(data)
@@ -176,7 +180,7 @@ def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision:
     for name, (lo, opt, hi) in shapes.items():
         profile.set_shape(name, lo, opt, hi)
     config.add_optimization_profile(profile)
-    cache = _timing_cache(config, timing_cache)
+    cache = _timing_cache(trt, config, timing_cache)
     plan = builder.build_serialized_network(network, config)
     if plan is None:
         raise RuntimeError(f"TensorRT failed to build {engine_path.name}: "
@@ -186,6 +190,7 @@ def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision:
         Path(timing_cache).write_bytes(bytes(cache.serialize()))
     sidecar = _sidecar(trt, onnx_path, engine_path, precision, shapes, target, plugins, creators,
                        plugin_override, _plugin_layers(trt, network), time.perf_counter() - start)
+    sidecar["timing_cache"] = os.path.abspath(timing_cache) if cache is not None else None
     sidecar_path(engine_path).write_text(json.dumps(sidecar, indent=2) + "\n")
     if progress:
         print(f"[build-engine] {engine_path} ({engine_path.stat().st_size / 1e6:.1f} MB) in "
