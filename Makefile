@@ -39,7 +39,7 @@ demo-models: install
 	$(IRPE) data shapes-cls --out $(DEMO)/shapes-cls --train 8000 --val 1000 --seed 0 --force
 	$(IRPE) data shapes-det --out $(DEMO)/shapes-det --train 8000 --val 500 --seed 0 --force
 	$(IRPE) train cls --model deit_shapes_irpe --data $(DEMO)/shapes-cls --output $(DEMO)/cls \
-	  --epochs 12 --batch-size 32 --lr 1e-3 --warmup-epochs 0.2 --drop-path 0.05 --threads 1
+	  --epochs 15 --batch-size 32 --lr 3e-4 --warmup-epochs 0.5 --drop-path 0.0 --threads 1
 	$(IRPE) train det --model detr_shapes_irpe --data $(DEMO)/shapes-det --output $(DEMO)/det \
 	  --epochs 12 --batch-size 16 --lr 2e-4 --lr-backbone 2e-4 --warmup-epochs 0.3 --threads 1
 	cp $(DEMO)/cls/model.safetensors irpe/demo/deit_shapes_irpe.safetensors
