@@ -204,6 +204,7 @@ def export_source(src: Source, output: os.PathLike, *, inline: bool = False, ops
             model = _optimize(model)
     with log.step("functions, metadata, full check" + (", inline" if inline else "")):
         model = _finalize(model, src, opset, inline)
+    nodes = {p.key: p.value for p in model.metadata_props}["irpe.rpe_nodes"]
     output = Path(output)
     with log.step(f"write {output.name}"):
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -212,7 +213,7 @@ def export_source(src: Source, output: os.PathLike, *, inline: bool = False, ops
         os.replace(tmp, output)
     if progress:
         print(f"[export] total {time.perf_counter() - log.start:.2f} s, "
-              f"{output.stat().st_size / 1e6:.1f} MB, rpe nodes {count_rpe_nodes(model) or 'none'}",
+              f"{output.stat().st_size / 1e6:.1f} MB, rpe nodes {nodes}",
               file=sys.stderr)
     return output
 

@@ -209,6 +209,7 @@ def _write(path: Path, data: bytes) -> None:
 def _sidecar(trt, onnx_path, engine_path, precision, shapes, target, plugins, creators,
              override, plugin_layers, seconds) -> Dict:
     from .onnx import read_metadata_props
+    props = read_metadata_props(onnx_path)
     return {
         "engine": engine_path.name, "onnx": os.path.abspath(onnx_path),
         "tensorrt_module": trt.__name__, "tensorrt_version": trt.__version__,
@@ -216,6 +217,17 @@ def _sidecar(trt, onnx_path, engine_path, precision, shapes, target, plugins, cr
         "compute_capability": target.name if target is not None else "build GPU",
         "plugin_libraries": [os.path.abspath(p) for p in plugins], "plugin_creators": creators,
         "plugin_override": bool(override), "plugin_layers": plugin_layers,
-        "rpe_nodes": "plugin" if plugin_layers else "local functions inlined by the parser",
-        "build_seconds": round(seconds, 2), "onnx_metadata": read_metadata_props(onnx_path),
+        "rpe_nodes": _rpe_route(props, plugin_layers),
+        "build_seconds": round(seconds, 2), "onnx_metadata": props,
     }
+
+
+def _rpe_route(props: Dict[str, str], plugin_layers: List[str]) -> str:
+    """How the engine computes the RPE ops (recorded in the sidecar)."""
+    if plugin_layers:
+        return "plugin"
+    if props.get("irpe.inline") == "true":
+        return "inlined at export (--inline file)"
+    if props.get("irpe.rpe_nodes", "{}") == "{}":
+        return "none in the model"
+    return "local functions inlined by the parser"

@@ -66,6 +66,15 @@ def test_engine_is_built(onnx_files, tmp_path, kind, override):
         assert side["compute_capability"] == "SM89"
 
 
+@needs_trt
+def test_engine_from_inlined_file(onnx_files, tmp_path):
+    inlined = export_onnx(str(onnx_files["deit"]).replace(".onnx", ".safetensors"),
+                          tmp_path / "inl.onnx", inline=True)
+    side = build_engine(inlined, tmp_path / "inl.engine", batch=(1, 1, 2), **AOT)
+    assert side["rpe_nodes"] == "inlined at export (--inline file)"
+    assert (tmp_path / "inl.engine").stat().st_size > 100_000
+
+
 _CREATOR_SCRIPT = textwrap.dedent("""
     import sys, numpy as np
     from export.trt_common import import_tensorrt

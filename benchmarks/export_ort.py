@@ -1,0 +1,255 @@
+"""ONNX Runtime throughput of exported DeiT-S iRPE-K / iRPE-QKV relative to exported plain DeiT-S.
+
+    python -m benchmarks.export_ort [--batch 8] [--threads 2] [--repeats 7] [--quick]
+
+Each model is exported with ``export.onnx.export_onnx`` (RPE nodes + local functions, random
+weights, non-zero iRPE tables), loaded into its own CPU session, warmed up and then timed
+round-robin (one run of each model per round) so machine drift hits all alike. Reports the
+median / p90 per run, images/s and the throughput ratio to the plain model against the goals
+(iRPE-K >= 0.95, iRPE-QKV >= 0.90). The same run times the RPE function bodies against the
+alternatives they were chosen over, on one DeiT-S layer (``LAYER``). Writes JSON + Markdown
+under benchmarks/results/<device>/.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import numpy as np
+import torch
+
+from benchmarks import deit_forward
+from benchmarks.deit_forward import MODELS, device_name
+
+GOALS = {"irpe_k": 0.95, "irpe_qkv": 0.90}
+QUICK_OVERRIDES = dict(depth=2)  # DeiT-Ti with 2 blocks: checks the report, not the numbers
+
+
+LAYER = dict(B=8, H=6, L=197, K=50)  # DeiT-S attention at 224x224, product ratio 1.9 + cls
+
+
+def _graph(nodes, inputs, opset: int = 18, functions=()):
+    from onnx import TensorProto, helper
+    value_infos = [helper.make_tensor_value_info(n, TensorProto.FLOAT if f else TensorProto.INT64,
+                                                 None) for n, f in inputs]
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, None)
+    model = helper.make_model(helper.make_graph(nodes, "op", value_infos, [out]),
+                              opset_imports=[helper.make_opsetid("", opset),
+                                             helper.make_opsetid("irpe", 1)],
+                              functions=list(functions))
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def formulations() -> Dict[str, bytes]:
+    """Gather / scatter as ONNX graphs: ours (the local functions) and the alternatives."""
+    from onnx import helper
+    from export.functions import gather_function, scatter_function
+    n = helper.make_node
+    tbl, att, idx = ("table", True), ("attn", True), ("index", False)
+    attrs = dict(domain="irpe", plugin_namespace="irpe", plugin_version="1",
+                 num_buckets=LAYER["K"])
+    return {
+        "gather: rows Gather (ours)": _graph([n("RPEGather", ["table", "index"], ["out"], **attrs)],
+                                             [tbl, idx], functions=[gather_function(18)]),
+        "gather: GatherElements + expanded index": _graph(
+            [n("Expand", ["index", "out_shape"], ["big"]),
+             n("GatherElements", ["table", "big"], ["out"], axis=3)],
+            [tbl, idx, ("out_shape", False)]),
+        "gather: flatten + Gather (official export)": _graph(
+            [n("Reshape", ["table", "flat_shape"], ["flat"]),
+             n("Gather", ["flat", "flat_index"], ["picked"], axis=2),
+             n("Reshape", ["picked", "out_shape"], ["out"])],
+            [tbl, ("flat_shape", False), ("flat_index", False), ("out_shape", False)]),
+        "scatter: one-hot MatMul (ours)": _graph(
+            [n("RPEScatter", ["attn", "index"], ["out"], **attrs)], [att, idx],
+            functions=[scatter_function(18)]),
+        "scatter: ScatterElements add (not parsed by TensorRT)": _graph(
+            [n("Expand", ["index", "attn_shape"], ["big"]),
+             n("ScatterElements", ["zeros", "big", "attn"], ["out"], axis=3, reduction="add")],
+            [att, idx, ("attn_shape", False), ("zeros", True)]),
+    }
+
+
+def _layer_feeds() -> Dict[str, np.ndarray]:
+    """Inputs of one DeiT-S layer: tables, attention, product bucket ids with the cls bucket."""
+    import irpe
+    b, h, length, k = LAYER["B"], LAYER["H"], LAYER["L"], LAYER["K"]
+    ids = irpe.bucket_ids("product", 1.9, 14, 14, skip=1).numpy()
+    rng = np.random.default_rng(0)
+    return {"table": rng.standard_normal((b, h, length, k), dtype=np.float32),
+            "attn": rng.random((b, h, length, length), dtype=np.float32), "index": ids,
+            "flat_index": (ids + np.arange(length)[:, None] * k).reshape(-1),
+            "flat_shape": np.array([0, 0, -1]), "out_shape": np.array([b, h, length, length]),
+            "attn_shape": np.array([b, h, length, length]),
+            "zeros": np.zeros((b, h, length, k), np.float32)}
+
+
+def measure_ops(threads: int, repeats: int, warmup: int) -> Dict[str, List[float]]:
+    """Seconds per run of each formulation (checked equal to the first of its kind)."""
+    import onnxruntime as ort
+    feeds = _layer_feeds()
+    runs: Dict[str, Callable[[], object]] = {}
+    for key, graph in formulations().items():
+        session = ort.InferenceSession(graph, _options(ort, threads),
+                                       providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+        runs[key] = functools.partial(session.run, None, {k: feeds[k] for k in names})
+    reference = {}
+    for key, run in runs.items():
+        kind, out = key.split(":")[0], run()[0]
+        np.testing.assert_allclose(out, reference.setdefault(kind, out), rtol=1e-5, atol=1e-5)
+    return _round_robin(runs, repeats, warmup, "ops")
+
+
+def _options(ort, threads: int):
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    return opts
+
+
+def export_models(models: Dict[str, str], folder: Path, overrides: Dict) -> Dict[str, Path]:
+    """Export every model once (random weights, iRPE tables ~ N(0, 0.02))."""
+    from export.onnx import export_onnx
+    from irpe import create_model
+    from irpe.artifact import default_spec
+    paths = {}
+    for key, name in models.items():
+        torch.manual_seed(0)
+        model = create_model(name, **overrides).eval()
+        with torch.no_grad():
+            for pname, p in model.named_parameters():
+                if "lookup_table" in pname:
+                    p.normal_(0, 0.02)
+        start = time.perf_counter()
+        paths[key] = export_onnx(model, folder / f"{key}.onnx",
+                                 spec=default_spec(name, **overrides))
+        print(f"  exported {key:<9} {name} in {time.perf_counter() - start:.1f} s", flush=True)
+    return paths
+
+
+def measure(paths: Dict[str, Path], batch: int, threads: int, repeats: int,
+            warmup: int) -> Dict[str, List[float]]:
+    """Seconds per session.run for each exported file, interleaved round-robin."""
+    import onnxruntime as ort
+    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224), dtype=np.float32)
+    runs: Dict[str, Callable[[], object]] = {}
+    for key, path in paths.items():
+        session = ort.InferenceSession(str(path), _options(ort, threads),
+                                       providers=["CPUExecutionProvider"])
+        runs[key] = functools.partial(session.run, None, {"images": x})
+    return _round_robin(runs, repeats, warmup, "models")
+
+
+def _round_robin(runs: Dict[str, Callable[[], object]], repeats: int, warmup: int,
+                 label: str) -> Dict[str, List[float]]:
+    times: Dict[str, List[float]] = {key: [] for key in runs}
+    for round_ in range(warmup + repeats):
+        elapsed = {key: _seconds(run) for key, run in runs.items()}
+        for key, seconds in elapsed.items():
+            if round_ >= warmup:
+                times[key].append(seconds)
+        print(f"  {label} round {round_ + 1}/{warmup + repeats}"
+              f"{' (warm-up)' if round_ < warmup else ''}", flush=True)
+    return times
+
+
+def _seconds(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def summarize(times: Dict[str, List[float]], models: Dict[str, str], batch: int) -> Dict:
+    """deit_forward's rows (median, p90, img/s) plus throughput / plain and the goals."""
+    rows = deit_forward.summarize(times, models, batch)
+    for key, row in rows.items():
+        ratio = 1.0 / row.pop("ratio_to_plain")
+        row.update(throughput_ratio=ratio, goal=GOALS.get(key),
+                   meets_goal=ratio >= GOALS[key] if key in GOALS else None)
+    return rows
+
+
+def summarize_ops(times: Dict[str, List[float]]) -> Dict[str, Dict]:
+    """Median ms per formulation and its time relative to ours (first of its kind)."""
+    rows, ours = {}, {}
+    for key, ts in times.items():
+        med = statistics.median(ts) * 1e3
+        base = ours.setdefault(key.split(":")[0], med)
+        rows[key] = {"median_ms": med, "x_ours": med / base}
+    return rows
+
+
+def _ops_lines(ops: Dict[str, Dict]) -> List[str]:
+    if not ops:
+        return []
+    layer = ", ".join(f"{k}={v}" for k, v in LAYER.items())
+    lines = ["", f"RPE op formulations, one DeiT-S layer ({layer}), same run:", "",
+             "| formulation | median ms | x ours |", "|---|---|---|"]
+    return lines + [f"| {k} | {r['median_ms']:.2f} | {r['x_ours']:.2f} |" for k, r in ops.items()]
+
+
+def write_report(result: Dict, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "export_ort.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = [f"# ONNX Runtime, exported models, on {result['device']}", "",
+             f"batch {result['batch']}, {result['threads']} threads, onnxruntime "
+             f"{result['onnxruntime']}, torch {result['torch']}, {result['repeats']} timed "
+             f"rounds (median), load average {result['load_before']} -> {result['load_after']}.",
+             "", "| variant | model | median ms | p90 ms | img/s | throughput / plain | goal |",
+             "|---|---|---|---|---|---|---|"]
+    for key, row in result["results"].items():
+        goal = "" if row["goal"] is None else \
+            f">= {row['goal']:.2f} {'met' if row['meets_goal'] else 'missed'}"
+        lines.append(f"| {key} | {row['model']} | {row['median_ms']:.1f} | {row['p90_ms']:.1f} "
+                     f"| {row['images_per_s']:.1f} | {row['throughput_ratio']:.3f} | {goal} |")
+    path = out_dir / "export_ort.md"
+    path.write_text("\n".join(lines + _ops_lines(result.get("ops", {}))) + "\n")
+    return path
+
+
+def _load() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for option, default in (("batch", 8), ("threads", 2), ("repeats", 7), ("warmup", 2)):
+        parser.add_argument(f"--{option}", type=int, default=default)
+    parser.add_argument("--quick", action="store_true",
+                        help="2-block DeiT-Ti, batch 1, 1 round: checks the report only")
+    parser.add_argument("--out", type=Path, default=None, help="results folder")
+    args = parser.parse_args(argv)
+    models, overrides = dict(MODELS), {}
+    if args.quick:
+        args.batch, args.repeats, args.warmup = 1, 1, 1
+        models = {k: v.replace("small", "tiny") for k, v in MODELS.items() if k != "irpe_qkv"}
+        overrides = QUICK_OVERRIDES
+    import onnxruntime
+    torch.set_num_threads(args.threads)
+    print(f"ONNX Runtime export benchmark: batch {args.batch}, {args.threads} threads, "
+          f"{args.repeats} rounds", flush=True)
+    load_before = _load()
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = export_models(models, Path(tmp), overrides)
+        times = measure(paths, args.batch, args.threads, args.repeats, args.warmup)
+    ops = {} if args.quick else measure_ops(args.threads, 3 * args.repeats, args.warmup)
+    result = {"device": device_name(), "onnxruntime": onnxruntime.__version__,
+              "torch": torch.__version__, "batch": args.batch, "threads": args.threads,
+              "repeats": args.repeats, "quick": args.quick, "date": time.strftime("%Y-%m-%d"),
+              "load_before": load_before, "load_after": _load(),
+              "results": summarize(times, models, args.batch), "ops": summarize_ops(ops)}
+    out_dir = args.out or Path(__file__).parent / "results" / result["device"]
+    print(write_report(result, out_dir).read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
