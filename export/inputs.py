@@ -25,10 +25,11 @@ SEED = 1234
 
 @dataclass
 class Batch:
-    """One forward's inputs (torch, CPU) and a short description for reports."""
+    """One forward's inputs (torch, CPU), the name of each image and a description."""
 
-    label: str
+    names: List[str]
     feeds: Dict[str, torch.Tensor]
+    label: str
 
 
 def default_sizes(spec: ModelSpec) -> List[Tuple[int, int]]:
@@ -80,12 +81,13 @@ def make_batches(spec: ModelSpec, num_inputs: int, image_dir: Optional[os.PathLi
     step = CLS_BATCH if spec.task == "classification" else DET_BATCH
     batches = []
     for start in range(0, len(images), step):
-        chunk = images[start:start + step]
-        names = ",".join(name for name, _ in chunk)
+        names = [name for name, _ in images[start:start + step]]
+        tensors = [t for _, t in images[start:start + step]]
         if spec.task == "classification":
-            batches.append(Batch(names, {"images": torch.stack([t for _, t in chunk])}))
+            batches.append(Batch(names, {"images": torch.stack(tensors)}, ",".join(names)))
         else:
-            padded, valid = pad_images([t for _, t in chunk])
-            label = f"{names} ({'; '.join(f'{h}x{w}' for h, w in valid.tolist())})"
-            batches.append(Batch(label, {"images": padded, "sizes": valid}))
+            padded, valid = pad_images(tensors)
+            hw = "; ".join(f"{h}x{w}" for h, w in valid.tolist())
+            batches.append(Batch(names, {"images": padded, "sizes": valid},
+                                 f"{','.join(names)} ({hw})"))
     return batches

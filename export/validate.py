@@ -120,18 +120,19 @@ def _detection_metrics(got: Dict[str, np.ndarray], exp: Dict[str, np.ndarray]) -
             "box_l1_mean": float(box_l1.mean()), "box_l1_max": float(box_l1.max())}
 
 
-def _resolve(path: str, source, checkpoint) -> Tuple[Runner, Source, str, Dict[str, str]]:
+def _resolve(path: str, source, checkpoint) -> Tuple[Runner, Source, str]:
+    """The file's runner, the PyTorch reference (from metadata unless given) and a label."""
     is_engine = path.endswith(ENGINE_SUFFIXES)
     run, props, runtime = (_engine_runner if is_engine else _onnx_runner)(path)
     if source is not None:
-        return run, load_source(source, checkpoint), runtime, props
+        return run, load_source(source, checkpoint), runtime
     if "irpe.weights" not in props:
         raise ValueError(f"{path} does not say which weights it was exported from; "
                          "pass the source model (and checkpoint)")
     spec = spec_from_metadata(props)
     if checkpoint is not None:
-        return run, load_source(spec.model_name, checkpoint, spec), runtime, props
-    return run, weights_from_metadata(props["irpe.weights"], spec), runtime, props
+        return run, load_source(spec.model_name, checkpoint, spec), runtime
+    return run, weights_from_metadata(props["irpe.weights"], spec), runtime
 
 
 def _run_all(batches: List[Batch], run: Runner, ref: Runner):
@@ -141,8 +142,7 @@ def _run_all(batches: List[Batch], run: Runner, ref: Runner):
         for name in e:
             got.setdefault(name, []).append(g[name])
             exp.setdefault(name, []).append(e[name])
-        names = batch.label.split(" (")[0].split(",")
-        rows += names
+        rows += batch.names
     cat = lambda d: {k: np.concatenate(v) for k, v in d.items()}  # noqa: E731
     return cat(got), cat(exp), rows
 
@@ -161,7 +161,7 @@ def validate(onnx_or_engine_path: os.PathLike, source=None, checkpoint: Optional
     atol = TOLERANCES[precision][0] if atol is None else atol
     rtol = TOLERANCES[precision][1] if rtol is None else rtol
     start = time.perf_counter()
-    run, src, runtime, props = _resolve(path, source, checkpoint)
+    run, src, runtime = _resolve(path, source, checkpoint)
     if sizes and src.spec.task != "detection":
         raise ValueError("sizes apply to detection models only")
     img = getattr(getattr(src.model, "patch_embed", None), "img_size", None)
