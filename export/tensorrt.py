@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .trt_common import Logger, TensorRTUnavailable, import_tensorrt, is_rtx, load_plugins
+from .trt_common import TensorRTUnavailable, import_tensorrt, is_rtx, load_plugins, make_logger
 from .trt_runtime import TRTRunner
 
 __all__ = ["build_engine", "TRTRunner", "TensorRTUnavailable", "parse_compute_capability",
@@ -169,7 +169,7 @@ def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision:
     height = _check_range("height", height) if height is not None else None
     width = _check_range("width", width) if width is not None else None
     trt = import_tensorrt(module)
-    logger = Logger(trt, verbose=False)
+    logger = make_logger(trt)
     start = time.perf_counter()
     creators = load_plugins(trt, plugins)
     builder = trt.Builder(logger)

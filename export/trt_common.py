@@ -11,7 +11,7 @@ import sys
 from types import ModuleType
 from typing import List, Optional, Sequence
 
-__all__ = ["TensorRTUnavailable", "import_tensorrt", "is_rtx", "Logger", "load_plugins",
+__all__ = ["TensorRTUnavailable", "import_tensorrt", "is_rtx", "make_logger", "load_plugins",
            "MODULES"]
 
 MODULES = ("tensorrt", "tensorrt_rtx_bindings", "tensorrt_rtx")
@@ -47,7 +47,7 @@ def is_rtx(trt: ModuleType) -> bool:
 _QUIET = ("already exists, the output tensors of this new instance will not be queryable",)
 
 
-def Logger(trt: ModuleType, verbose: bool = False):
+def make_logger(trt: ModuleType, verbose: bool = False):
     """An ILogger that prints warnings and errors to stderr and keeps them for reports."""
 
     class _Logger(trt.ILogger):

@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from .trt_common import Logger, import_tensorrt, load_plugins
+from .trt_common import import_tensorrt, load_plugins, make_logger
 
 __all__ = ["TRTRunner"]
 
@@ -41,7 +41,7 @@ class TRTRunner:
         self.trt = trt = import_tensorrt(module)
         self.device = torch.device(device or "cuda")
         load_plugins(trt, plugins)
-        self._logger = Logger(trt)
+        self._logger = make_logger(trt)
         with torch.cuda.device(self.device):
             self._runtime = trt.Runtime(self._logger)
             self.engine = self._runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
