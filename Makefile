@@ -36,7 +36,7 @@ DEMO ?= build/demo
 IRPE := $(VENV)/bin/irpe
 demo-models: install
 	rm -rf $(DEMO)/cls $(DEMO)/det
-	$(IRPE) data shapes-cls --out $(DEMO)/shapes-cls --train 8000 --val 1000 --seed 0 --force
+	$(IRPE) data shapes-cls --out $(DEMO)/shapes-cls --train 16000 --val 1000 --seed 0 --force
 	$(IRPE) data shapes-det --out $(DEMO)/shapes-det --train 8000 --val 500 --seed 0 --force
 	$(IRPE) train cls --model deit_shapes_irpe --data $(DEMO)/shapes-cls --output $(DEMO)/cls \
 	  --epochs 15 --batch-size 32 --lr 3e-4 --warmup-epochs 0.5 --drop-path 0.0 --threads 1
