@@ -20,11 +20,16 @@ install: $(VENV)/.installed-$(EXTRAS)
 test: install
 	$(PY) -m pytest -q
 
-## make run: the main job. Until serving lands (issue: FastAPI server) it runs the self-check.
+## make run: the main job: serve the bundled demo classifier + detector on 127.0.0.1:8000
+## (ONNX Runtime, offline; Ctrl-C drains and stops). HOST/PORT override the address.
+HOST ?= 127.0.0.1
+PORT ?= 8000
 run: install
-	$(VENV)/bin/irpe check
+	$(VENV)/bin/irpe serve --host $(HOST) --port $(PORT)
 
-check: run
+## make check: the self-test (bucket ids, ops, forward, checkpoint round trip)
+check: install
+	$(VENV)/bin/irpe check
 
 ## make bench: forward time of DeiT-S plain / iRPE-K / iRPE-QKV on CPU (bs 8, 2 threads)
 bench: install
