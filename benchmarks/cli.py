@@ -1,0 +1,138 @@
+"""`irpe bench`: models, ops, serve and report subcommands (heavy imports inside commands)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import List, Sequence
+
+__all__ = ["add_parser"]
+
+
+def int_list(text: str) -> List[int]:
+    """'1,4,16' -> [1, 4, 16] (positive integers); ValueError otherwise."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"not a comma-separated list of integers: {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"need positive integers, got {text!r}")
+    return values
+
+
+def choice_list(text: str, allowed: Sequence[str], what: str) -> List[str]:
+    """'a,b' -> ['a', 'b'], each one of ``allowed``."""
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [v for v in values if v not in allowed]
+    if bad or not values:
+        raise ValueError(f"unknown {what} {', '.join(bad) or repr(text)}; choose from "
+                         f"{', '.join(allowed)}")
+    return values
+
+
+def _print_files(paths: Sequence[Path]) -> None:
+    for path in paths:
+        print(f"wrote {path}")
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    """Plain vs iRPE models across backends, batches and precisions."""
+    from benchmarks import models_bench as mb
+    from benchmarks.report import envelope, out_dir, save
+    families = choice_list(args.models, list(mb.FAMILIES), "model family")
+    backends = choice_list(args.backends, mb.BACKENDS, "backend")
+    precisions = choice_list(args.precisions, mb.PRECISIONS, "precision")
+    batches = int_list(args.batches)
+    if args.quick:
+        args.repeats, args.warmup = 2, 1
+    folder = out_dir(args.out)
+    cfg = {"device": args.device, "threads": args.threads, "repeats": args.repeats,
+           "warmup": args.warmup, "cache": folder / ".onnx_cache"}
+    jobs = mb.plan(families, batches, backends, precisions, args.quick)
+    results = mb.run_all(jobs, cfg)
+    settings = {**{k: v for k, v in cfg.items() if k != "cache"}, "models": families,
+                "backends": backends, "precisions": precisions, "batches": batches,
+                "quick": args.quick}
+    notes = ["latency = one forward of the whole batch; img/s = batch / p50; x plain = p50 / "
+             "p50 of the plain model timed round-robin in the same run",
+             "RSS+ = RSS growth over build + first forward; peak = process peak RSS so far",
+             *args.note]
+    _print_files(save(envelope("models", settings, results, notes), folder))
+    return 0
+
+
+def cmd_ops(args: argparse.Namespace) -> int:
+    """The iRPE op benchmark (ops_cpu, or ops_gpu on CUDA) in the bench report format."""
+    from benchmarks import ops_bench
+    from benchmarks.report import envelope, out_dir, save
+    settings, results = ops_bench.run(args.quick, args.threads, args.repeats)
+    doc = envelope("ops", settings, results, list(args.note))
+    _print_files(save(doc, out_dir(args.out)))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """HTTP load against a server started here: closed- and open-loop; vs in-process."""
+    from benchmarks import serve_bench
+    from benchmarks.report import envelope, out_dir, save
+    conc = int_list(args.concurrency)
+    if args.rate <= 0 or args.duration <= 0:
+        raise ValueError("--rate and --duration must be positive")
+    settings = {"backend": args.backend, "concurrency": conc, "rate": args.rate,
+                "duration_s": args.duration, "max_batch_size": args.max_batch,
+                "threads": args.threads, "quick": args.quick}
+    results, hist = serve_bench.run(settings, out_dir(args.out) / ".serve_cache")
+    doc = envelope("serve", settings, results, list(args.note))
+    doc["batch_histogram"] = hist
+    _print_files(save(doc, out_dir(args.out)))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Regenerate Markdown and plots from every bench_*.json in the folder."""
+    from benchmarks.report import out_dir, render
+    folder = out_dir(args.out)
+    paths = sorted(folder.glob("bench_*.json"))
+    if not paths:
+        raise ValueError(f"no bench_*.json in {folder}")
+    for path in paths:
+        _print_files(render(path))
+    return 0
+
+
+def _common(p: argparse.ArgumentParser, threads: int = 2) -> None:
+    p.add_argument("--quick", action="store_true", help="seconds: checks the report files")
+    p.add_argument("--threads", type=int, default=threads, help="CPU threads")
+    p.add_argument("--out", type=Path, help="results folder (default benchmarks/results/<device>)")
+    p.add_argument("--note", action="append", default=[], help="a line for the report notes")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``irpe bench`` and its subcommands."""
+    p = sub.add_parser("bench", help="benchmarks: models, ops, serve, report")
+    bench = p.add_subparsers(dest="bench_command", required=True, metavar="WHAT")
+    m = bench.add_parser("models", help="plain vs iRPE models x backends x batch x precision")
+    m.add_argument("--models", default="deit_tiny,deit_small", help="families: deit_tiny, "
+                   "deit_small, deit_base, detr_small, detr_r50")
+    m.add_argument("--backends", default="eager,onnxruntime", help="eager, compile, onnxruntime")
+    m.add_argument("--precisions", default="fp32", help="fp32, bf16 (torch backends)")
+    m.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
+    m.add_argument("--repeats", type=int, default=7, help="timed rounds (median)")
+    m.add_argument("--warmup", type=int, default=2, help="untimed rounds")
+    m.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    _common(m)
+    m.set_defaults(func=cmd_models)
+    o = bench.add_parser("ops", help="iRPE gather/scatter ops vs official, cost vs L")
+    o.add_argument("--repeats", type=int, default=7, help="timed rounds (median)")
+    _common(o, threads=1)
+    o.set_defaults(func=cmd_ops)
+    s = bench.add_parser("serve", help="HTTP load generator against `irpe serve` machinery")
+    s.add_argument("--backend", choices=("torch", "onnxruntime"), default="onnxruntime")
+    s.add_argument("--concurrency", default="1,4,16", help="closed-loop client counts")
+    s.add_argument("--rate", type=float, default=20.0, help="open-loop requests per second")
+    s.add_argument("--duration", type=float, default=5.0, help="seconds per load level")
+    s.add_argument("--max-batch", type=int, default=8, help="server max_batch_size")
+    _common(s, threads=1)
+    s.set_defaults(func=cmd_serve)
+    r = bench.add_parser("report", help="regenerate Markdown + PNG plots from the JSON")
+    r.add_argument("--out", type=Path, help="results folder (default benchmarks/results/<device>)")
+    r.set_defaults(func=cmd_report)

@@ -1,0 +1,152 @@
+"""Report files of `irpe bench`: JSON (env + settings + rows), Markdown tables and PNG plots.
+
+Every benchmark writes ``bench_<kind>.json`` under benchmarks/results/<device>/; `irpe bench
+report` rebuilds ``bench_<kind>.md`` and ``bench_<kind>_*.png`` from those JSON files alone.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+RESULTS = Path(__file__).parent / "results"
+KINDS = ("models", "ops", "serve")
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """Nearest-rank q-th percentile (0..100) of ``samples``."""
+    data = sorted(samples)
+    return data[min(len(data) - 1, max(0, int(round(q / 100 * (len(data) - 1)))))]
+
+
+def latency_ms(samples_s: Sequence[float]) -> Dict[str, float]:
+    """p50/p90/p99 (ms) of per-call seconds."""
+    return {f"p{q}_ms": percentile(samples_s, q) * 1e3 for q in (50, 90, 99)}
+
+
+def git_sha() -> str:
+    """Commit of the working tree ('unknown' outside git)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, cwd=Path(__file__).parent, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def versions() -> Dict[str, str]:
+    """Versions of Python and the libraries that set the numbers."""
+    import importlib.metadata as md
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "onnxruntime", "numpy", "fastapi", "uvicorn", "httpx"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def device() -> str:
+    """Results folder name of this machine: the GPU's slug when CUDA is up, else the CPU's."""
+    import torch
+    from benchmarks.deit_forward import device_name
+    if torch.cuda.is_available():
+        from benchmarks.ops_gpu import device_slug
+        return device_slug(torch.cuda.get_device_name())
+    return device_name()
+
+
+def envelope(kind: str, settings: Dict, results: List[Dict], notes: Sequence[str] = ()) -> Dict:
+    """The JSON document of one benchmark run."""
+    import torch
+    return {"kind": kind, "device": device(), "date": time.strftime("%Y-%m-%d %H:%M"),
+            "git_sha": git_sha(), "versions": versions(), "cpu_count": _cpus(),
+            "torch_threads": torch.get_num_threads(), "settings": settings,
+            "notes": list(notes), "results": results}
+
+
+def _cpus() -> Optional[int]:
+    import os
+    return os.cpu_count()
+
+
+def out_dir(given: Optional[Path]) -> Path:
+    """The folder reports go to (default benchmarks/results/<device>)."""
+    return Path(given) if given else RESULTS / device()
+
+
+def save(doc: Dict, folder: Path) -> List[Path]:
+    """Write bench_<kind>.json, then the Markdown and plots; returns every file written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"bench_{doc['kind']}.json"
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return [path] + render(path)
+
+
+def render(path: Path) -> List[Path]:
+    """bench_<kind>.json -> bench_<kind>.md + PNG plots next to it."""
+    from benchmarks import plots
+    doc = json.loads(Path(path).read_text())
+    kind = doc.get("kind")
+    if kind not in KINDS:
+        raise ValueError(f"{path}: not an irpe bench report (kind {kind!r})")
+    header, rows = TABLES[kind](doc["results"])
+    md = path.with_suffix(".md")
+    md.write_text(markdown(doc, header, rows))
+    return [md] + plots.PLOTS[kind](doc, path.parent)
+
+
+def markdown(doc: Dict, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Title, environment line, notes and one table."""
+    v = doc["versions"]
+    lines = [f"# irpe bench {doc['kind']} on {doc['device']}", "",
+             f"{doc['date']}, git {doc['git_sha']}, torch {v.get('torch', '-')}, onnxruntime "
+             f"{v.get('onnxruntime', '-')}, {doc['cpu_count']} CPUs, torch threads "
+             f"{doc['torch_threads']}. Settings: `{json.dumps(doc['settings'])}`", ""]
+    lines += [f"- {n}" for n in doc.get("notes", [])]
+    lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _f(value, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def models_table(results: List[Dict]):
+    """One row per (model, backend, precision, batch, size)."""
+    header = ["family", "variant", "backend", "prec", "size", "batch", "img/s", "p50 ms",
+              "p90 ms", "p99 ms", "x plain", "RSS+ MB", "peak MB"]
+    rows = [[r["family"], r["variant"], r["backend"], r["precision"], r["size"], str(r["batch"]),
+             _f(r.get("images_per_s")), _f(r.get("p50_ms")), _f(r.get("p90_ms")),
+             _f(r.get("p99_ms")), _f(r.get("overhead_vs_plain"), ".3f"),
+             _f(r.get("rss_delta_mb"), ".0f"), _f(r.get("peak_mb"), ".0f")]
+            if "error" not in r else [r["family"], r["variant"], r["backend"], r["precision"],
+                                      r["size"], str(r["batch"]), f"error: {r['error']}"]
+            + ["-"] * 6 for r in results]
+    return header, rows
+
+
+def ops_table(results: List[Dict]):
+    """One row per (op variant, L)."""
+    header = ["op", "L", "median ms", "growth p", "official / irpe"]
+    rows = [[r["op"], str(r["L"]), _f(r["median_ms"], ".3f"), _f(r.get("growth"), ".2f"),
+             _f(r.get("speedup"), ".2f")] for r in results]
+    return header, rows
+
+
+def serve_table(results: List[Dict]):
+    """One row per load level (closed-loop concurrency or open-loop rate) plus in-process."""
+    header = ["mode", "load", "requests", "img/s", "p50 ms", "p90 ms", "p99 ms", "errors",
+              "HTTP / in-process"]
+    rows = [[r["mode"], str(r["load"]), str(r.get("requests", "-")), _f(r.get("images_per_s")),
+             _f(r.get("p50_ms")), _f(r.get("p90_ms")), _f(r.get("p99_ms")),
+             json.dumps(r.get("errors", {})) if r.get("errors") else "0",
+             _f(r.get("ratio_to_inprocess"), ".3f")] for r in results]
+    return header, rows
+
+
+TABLES: Dict[str, Callable] = {"models": models_table, "ops": ops_table, "serve": serve_table}
