@@ -29,6 +29,12 @@ def choice_list(text: str, allowed: Sequence[str], what: str) -> List[str]:
     return values
 
 
+def _cache(what: str) -> Path:
+    """Scratch folder for exported models (outside the results folder)."""
+    import tempfile
+    return Path(tempfile.gettempdir()) / f"irpe-bench-{what}"
+
+
 def _print_files(paths: Sequence[Path]) -> None:
     for path in paths:
         print(f"wrote {path}")
@@ -46,7 +52,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         args.repeats, args.warmup = 2, 1
     folder = out_dir(args.out)
     cfg = {"device": args.device, "threads": args.threads, "repeats": args.repeats,
-           "warmup": args.warmup, "cache": folder / ".onnx_cache"}
+           "warmup": args.warmup, "cache": _cache("onnx")}
     jobs = mb.plan(families, batches, backends, precisions, args.quick)
     results = mb.run_all(jobs, cfg)
     settings = {**{k: v for k, v in cfg.items() if k != "cache"}, "models": families,
@@ -75,12 +81,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from benchmarks import serve_bench
     from benchmarks.report import envelope, out_dir, save
     conc = int_list(args.concurrency)
+    if args.quick:
+        conc, args.duration, args.rate = conc[:2], 1.0, min(args.rate, 10.0)
     if args.rate <= 0 or args.duration <= 0:
         raise ValueError("--rate and --duration must be positive")
     settings = {"backend": args.backend, "concurrency": conc, "rate": args.rate,
                 "duration_s": args.duration, "max_batch_size": args.max_batch,
                 "threads": args.threads, "quick": args.quick}
-    results, hist = serve_bench.run(settings, out_dir(args.out) / ".serve_cache")
+    results, hist = serve_bench.run(settings, _cache("serve"))
     doc = envelope("serve", settings, results, list(args.note))
     doc["batch_histogram"] = hist
     _print_files(save(doc, out_dir(args.out)))
