@@ -167,7 +167,12 @@ def _metadata(src: Source, opset: int, inline: bool, nodes: Dict[str, int]) -> D
 
 def _optimize(model: onnx.ModelProto) -> onnx.ModelProto:
     """Constant folding and dead-code removal (onnxscript); irpe nodes are left as they are."""
-    import onnxscript.optimizer
+    try:
+        import onnxscript.optimizer
+    except ImportError:  # the file stays correct, only less tidy
+        warnings.warn("onnxscript is not installed: the graph is written unoptimized "
+                      "(pip install onnxscript)", stacklevel=3)
+        return model
     return onnxscript.optimizer.optimize(model, inline=False)
 
 
