@@ -32,8 +32,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Build settings and models, then serve until SIGINT/SIGTERM (in-flight work drains)."""
     from .logs import setup_logging
-    settings = _settings(args)
+    settings = _user_errors(_settings, args)
     setup_logging(settings.log_level, settings.log_format)
+    if args.demo or not settings.models:  # after logging: a first start logs the ONNX export
+        settings = _user_errors(_with_demo, settings, args)
     from .app import create_app
     app = create_app(settings)
     if args.prepare:
@@ -41,29 +43,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return _run(app, settings)
 
 
-def _settings(args: argparse.Namespace):
+def _user_errors(fn, *args):
+    """``fn(*args)`` with settings and exporter problems turned into one-line CLI errors."""
     from irpe.errors import CLIError
     from pydantic import ValidationError
     from .errors import validation_message
     try:
-        return _build_settings(args)
+        return fn(*args)
     except ValidationError as exc:
         raise CLIError(f"invalid settings: {validation_message(exc.errors())}") from None
     except RuntimeError as exc:  # demo: no ONNX exporter in this build
         raise CLIError(str(exc)) from None
 
 
-def _build_settings(args: argparse.Namespace):
+def _settings(args: argparse.Namespace):
     from .config import ServeSettings
     given = {"repository": args.repository, "host": args.host, "port": args.port,
              "threads": args.threads, "log_format": args.log_format,
              "log_level": args.log_level}
-    settings = ServeSettings(**{k: v for k, v in given.items() if v is not None})
-    if args.demo or not settings.models:
-        from .demo import demo_models
-        demo = demo_models(args.backend, settings.cache_dir, args.device)
-        settings = settings.model_copy(update={"models": settings.models + demo})
-    return settings
+    return ServeSettings(**{k: v for k, v in given.items() if v is not None})
+
+
+def _with_demo(settings, args: argparse.Namespace):
+    from .demo import demo_models
+    demo = demo_models(args.backend, settings.cache_dir, args.device)
+    return settings.model_copy(update={"models": settings.models + demo})
 
 
 def _prepare(app) -> int:
