@@ -144,14 +144,21 @@ def _add_extension(sub: argparse._SubParsersAction, module: str) -> None:
     mod.add_parser(sub)
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def number(kind: type = int, minimum: float = 1) -> Callable[[str], float]:
+    """argparse type: a ``kind`` number >= ``minimum``, with a clear usage error otherwise."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            what = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+_positive = number(int, 1)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

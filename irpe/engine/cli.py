@@ -99,18 +99,8 @@ def _eval_dataset(spec, args):
     return CocoDetection(args.data, args.split, tf)
 
 
-def _nonneg_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
 def _add_train(sub) -> None:
-    from ..cli import _positive
+    from ..cli import _positive, number
     p = sub.add_parser("train", help="train a model (DeiT recipe / DETR set loss)")
     p.add_argument("task", choices=sorted(TASK_NAMES), help="cls (ImageFolder) or det (COCO)")
     p.add_argument("--model", required=True, help="registered model name")
@@ -120,7 +110,7 @@ def _add_train(sub) -> None:
     p.add_argument("--batch-size", type=_positive)
     for flag in ("lr", "min-lr", "lr-backbone", "weight-decay", "warmup-epochs",
                  "label-smoothing", "mixup", "cutmix", "drop-path", "clip-grad"):
-        p.add_argument(f"--{flag}", type=_nonneg_float)
+        p.add_argument(f"--{flag}", type=number(float, 0))
     p.add_argument("--no-hflip", dest="hflip", action="store_false", default=None)
     p.add_argument("--init", help="start from these weights (tensors of matching shape)")
     p.add_argument("--resume", help="continue from a run's last.pt")

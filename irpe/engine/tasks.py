@@ -29,6 +29,15 @@ def random_hflip(images: torch.Tensor, sizes: Optional[torch.Tensor], p: float,
     return images, flip
 
 
+def _checked_spec(model: str, task: str):
+    """Default spec of ``model``; a clear error when it is not a ``task`` model."""
+    info = model_info(model)
+    if info.task != task:
+        other = "det" if task == "classification" else "cls"
+        raise ValueError(f"{model} is a {info.task} model; use `irpe train {other}`")
+    return default_spec(model)
+
+
 class ClassificationTask:
     """ImageFolder (DIR/train, DIR/val) or the synthetic shapes set; DeiT loss with mixup."""
 
@@ -36,11 +45,7 @@ class ClassificationTask:
 
     def __init__(self, cfg) -> None:
         from ..data.datasets import ImageFolder, ShapesClassification
-        info = model_info(cfg.model)
-        if info.task != "classification":
-            raise ValueError(f"{cfg.model} is a {info.task} model; use `irpe train det`")
-        spec = default_spec(cfg.model, num_classes=info.config.get("num_classes", 1000))
-        preprocess = spec.transform()
+        preprocess = _checked_spec(cfg.model, "classification").transform()
         if cfg.data == SHAPES:
             size = preprocess.size
             self.train_set = ShapesClassification(cfg.shapes_train, cfg.seed, size, preprocess)
@@ -85,10 +90,7 @@ class DetectionTask:
 
     def __init__(self, cfg) -> None:
         from ..data.datasets import CocoDetection, ShapesDetection
-        info = model_info(cfg.model)
-        if info.task != "detection":
-            raise ValueError(f"{cfg.model} is a {info.task} model; use `irpe train cls`")
-        preprocess = default_spec(cfg.model).transform()
+        preprocess = _checked_spec(cfg.model, "detection").transform()
         if cfg.data == SHAPES:
             self.train_set = ShapesDetection(cfg.shapes_train, cfg.seed, transform=preprocess)
             self.val_set = ShapesDetection(cfg.shapes_val, cfg.seed, transform=preprocess,
