@@ -3,6 +3,7 @@ classification extension ("score:index:label" strings, as Triton formats them)."
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
@@ -18,6 +19,7 @@ __all__ = ["InferRequest", "InferResponse", "OutTensor", "decode_request", "enco
 DATATYPES = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
              "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
              "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
+_MAX_BYTES = 1 << 48  # numpy cannot even describe much larger arrays, zero-sized or not
 _KINDS = {"b": "b", "u": "biu", "i": "biu", "f": "biuf"}  # JSON element kinds each type accepts
 
 
@@ -122,7 +124,9 @@ def _tensor(spec: TensorIn, binary: memoryview) -> Tuple[np.ndarray, int]:
         raise ServeError(400, f"input {spec.name}: unsupported datatype {spec.datatype!r}")
     if any(d < 0 for d in spec.shape):
         raise ServeError(400, f"input {spec.name}: negative dimension in shape {spec.shape}")
-    dtype, count = np.dtype(DATATYPES[spec.datatype]), int(np.prod(spec.shape, dtype=np.int64))
+    dtype, count = np.dtype(DATATYPES[spec.datatype]), math.prod(spec.shape)  # exact, no wrap
+    if math.prod(max(d, 1) for d in spec.shape) * dtype.itemsize > _MAX_BYTES:
+        raise ServeError(400, f"input {spec.name}: shape {spec.shape} is too large")
     nbytes = spec.parameters.get("binary_data_size")
     if nbytes is not None:
         if not isinstance(nbytes, int) or nbytes != count * dtype.itemsize or nbytes > len(binary):
@@ -144,11 +148,19 @@ def _json_tensor(spec: TensorIn, dtype: np.dtype, count: int) -> np.ndarray:
         raise ServeError(400, f"input {spec.name}: data must hold {spec.datatype} numbers")
     if array.size != count:
         raise ServeError(400, f"input {spec.name}: {array.size} values for shape {spec.shape}")
-    try:
-        return array.astype(dtype).reshape(spec.shape)
-    except OverflowError:
-        raise ServeError(400, f"input {spec.name}: value out of range for {spec.datatype}") \
-            from None
+    if not _fits(array, dtype):
+        raise ServeError(400, f"input {spec.name}: value out of range for {spec.datatype}")
+    return array.astype(dtype).reshape(spec.shape)
+
+
+def _fits(array: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether integer ``array`` values fit ``dtype`` (numpy's astype would wrap them)."""
+    if dtype.kind not in "iu" or not array.size:
+        return True
+    if array.dtype.kind == "O":  # Python ints beyond int64/uint64
+        return False
+    info = np.iinfo(dtype)
+    return bool(array.min() >= info.min and array.max() <= info.max)
 
 
 def classification_strings(values: np.ndarray, k: int, labels: List[str]) -> np.ndarray:
