@@ -77,19 +77,26 @@ def cmd_ops(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """HTTP load against a server started here: closed- and open-loop; vs in-process."""
+    """HTTP load against `irpe serve` in a child process: closed- and open-loop; vs in-process."""
     from benchmarks import serve_bench
     from benchmarks.report import envelope, out_dir, save
     conc = int_list(args.concurrency)
+    models = choice_list(args.models, list(serve_bench.MODELS), "serve model")
     if args.quick:
-        conc, args.duration, args.rate = conc[:2], 1.0, min(args.rate, 10.0)
-    if args.rate <= 0 or args.duration <= 0:
-        raise ValueError("--rate and --duration must be positive")
-    settings = {"backend": args.backend, "concurrency": conc, "rate": args.rate,
+        conc, args.duration, args.rate, models = conc[:2], 1.0, min(args.rate, 10.0), ["tiny"]
+    if min(args.rate, args.rate_deit_s, args.duration) <= 0:
+        raise ValueError("--rate, --rate-deit-s and --duration must be positive")
+    settings = {"backend": args.backend, "models": models, "concurrency": conc,
+                "rate": {"tiny": args.rate, "deit_s": args.rate_deit_s},
                 "duration_s": args.duration, "max_batch_size": args.max_batch,
                 "threads": args.threads, "quick": args.quick}
     results, hist = serve_bench.run(settings, _cache("serve"))
-    doc = envelope("serve", settings, results, list(args.note))
+    notes = ["server: `python -m irpe serve REPO.yaml` child process, one model; load: asyncio + "
+             "httpx in the bench process, one keep-alive connection per client",
+             "in-process = PNG decode + Preprocess + backend, sequential batches of "
+             "max_batch_size; backend = backend.infer on batches of zeros; HTTP / in-process = "
+             "best closed-loop img/s / in-process img/s (HTTP / backend in the JSON)", *args.note]
+    doc = envelope("serve", settings, results, notes)
     doc["batch_histogram"] = hist
     _print_files(save(doc, out_dir(args.out)))
     return 0
@@ -133,10 +140,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--repeats", type=int, default=7, help="timed rounds (median)")
     _common(o, threads=1)
     o.set_defaults(func=cmd_ops)
-    s = bench.add_parser("serve", help="HTTP load generator against `irpe serve` machinery")
+    s = bench.add_parser("serve", help="HTTP load generator against an `irpe serve` process")
     s.add_argument("--backend", choices=("torch", "onnxruntime"), default="onnxruntime")
+    s.add_argument("--models", default="tiny,deit_s", help="tiny (shapes 64x64), deit_s "
+                   "(DeiT-S iRPE-K 224x224); --quick: tiny")
     s.add_argument("--concurrency", default="1,4,16", help="closed-loop client counts")
-    s.add_argument("--rate", type=float, default=20.0, help="open-loop requests per second")
+    s.add_argument("--rate", type=float, default=20.0, help="open-loop requests/s (tiny)")
+    s.add_argument("--rate-deit-s", type=float, default=4.0, help="open-loop requests/s (deit_s)")
     s.add_argument("--duration", type=float, default=5.0, help="seconds per load level")
     s.add_argument("--max-batch", type=int, default=8, help="server max_batch_size")
     _common(s, threads=1)

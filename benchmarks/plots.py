@@ -84,20 +84,24 @@ def ops_plots(doc: Dict, folder: Path) -> List[Path]:
 
 
 def serve_plots(doc: Dict, folder: Path) -> List[Path]:
-    """Closed-loop throughput and latency vs concurrency; the server's batch-size histogram."""
-    closed = [r for r in doc["results"] if r["mode"] == "closed"]
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(13, 4))
-    _lines(a, _series(closed, lambda r: "HTTP", "load", "images_per_s"))
-    inproc = [r for r in doc["results"] if r["mode"] == "in-process"]
-    if inproc:
-        a.axhline(inproc[0]["images_per_s"], color="gray", ls="--", label="in-process")
+    """Per model: closed-loop throughput and latency vs clients; the server's batch sizes."""
+    models = list(dict.fromkeys(r.get("model", "-") for r in doc["results"]))
+    hists = doc.get("batch_histogram", {})
+    fig, axes = plt.subplots(len(models), 3, figsize=(13, 4 * len(models)), squeeze=False)
+    for (a, b, c), model in zip(axes, models):
+        rows = [r for r in doc["results"] if r.get("model", "-") == model]
+        closed = [r for r in rows if r["mode"] == "closed"]
+        _lines(a, _series(closed, lambda r: "HTTP", "load", "images_per_s"))
+        for mode, style in (("in-process", "--"), ("backend", ":")):
+            for r in (r for r in rows if r["mode"] == mode):
+                a.axhline(r["images_per_s"], color="gray", ls=style, label=mode)
         a.legend(fontsize=7)
-    a.set(xlabel="concurrency", ylabel="images / s", title="throughput")
-    _lines(b, {f"p{q}": [(r["load"], r[f"p{q}_ms"]) for r in closed] for q in (50, 90, 99)})
-    b.set(xlabel="concurrency", ylabel="ms", title="latency")
-    hist = doc.get("batch_histogram", {})
-    c.bar([str(k) for k in hist], list(hist.values()))
-    c.set(xlabel="batch size (upper bound)", ylabel="batches", title="server batch sizes")
+        a.set(xlabel="clients", ylabel="images / s", title=f"{model}: throughput")
+        _lines(b, {f"p{q}": [(r["load"], r[f"p{q}_ms"]) for r in closed] for q in (50, 90, 99)})
+        b.set(xlabel="clients", ylabel="ms", title=f"{model}: latency")
+        hist = hists.get(model, hists if model == "-" else {})  # "-": older one-model reports
+        c.bar([str(k) for k in hist], list(hist.values()))
+        c.set(xlabel="batch size (upper bound)", ylabel="batches", title=f"{model}: batches")
     return [_save(fig, folder / "bench_serve.png")]
 
 

@@ -139,12 +139,12 @@ def ops_table(results: List[Dict]):
 
 
 def serve_table(results: List[Dict]):
-    """One row per load level (closed-loop concurrency or open-loop rate) plus in-process."""
-    header = ["mode", "load", "requests", "img/s", "p50 ms", "p90 ms", "p99 ms", "errors",
-              "HTTP / in-process"]
-    rows = [[r["mode"], str(r["load"]), str(r.get("requests", "-")), _f(r.get("images_per_s")),
-             _f(r.get("p50_ms")), _f(r.get("p90_ms")), _f(r.get("p99_ms")),
-             json.dumps(r.get("errors", {})) if r.get("errors") else "0",
+    """One row per model and load level (closed-loop clients, open-loop rate, in-process)."""
+    header = ["model", "mode", "load", "requests", "img/s", "p50 ms", "p90 ms", "p99 ms",
+              "errors", "HTTP / in-process"]
+    rows = [[r.get("model", "-"), r["mode"], str(r["load"]), str(r.get("requests", "-")),
+             _f(r.get("images_per_s")), _f(r.get("p50_ms")), _f(r.get("p90_ms")),
+             _f(r.get("p99_ms")), json.dumps(r.get("errors", {})) if r.get("errors") else "0",
              _f(r.get("ratio_to_inprocess"), ".3f")] for r in results]
     return header, rows
 

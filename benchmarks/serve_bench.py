@@ -1,176 +1,148 @@
-"""`irpe bench serve`: asyncio + httpx load against a real uvicorn server on 127.0.0.1.
+"""`irpe bench serve`: HTTP throughput of `irpe serve` (child process) vs the same work in-process.
 
-The server is the project's own (serve.testing.running_server -> serve.app.create_app) serving
-the shapes classifier (bundled weights when present, else an untrained one of the same
-architecture). Closed loop: N clients each send the next request when the last one returned.
-Open loop: requests start at a fixed rate whatever the responses do. The in-process figure is
-the backend alone at max_batch_size (no HTTP, no PNG decoding).
+Models: ``tiny`` = the shapes classifier (64x64, bundled weights when present, else untrained;
+~1 ms/image, so per-request HTTP work dominates) and ``deit_s`` = an untrained DeiT-S iRPE-K
+classifier at 224x224 (compute dominates). Each is served alone by `irpe serve REPO.yaml` in its
+own process (benchmarks.serve_load) while this process generates the load. In-process figures
+(measured before the server starts, no server running):
+
+- ``in-process``: PNG decode + the artifact's Preprocess + backend on batches of max_batch_size,
+  one thread, sequential (the work a request does, minus HTTP, JSON and batching);
+- ``backend``: backend.infer alone on full batches of zeros.
+
+HTTP / in-process = best closed-loop img/s / ``in-process`` img/s.
 """
 from __future__ import annotations
 
 import asyncio
 import io
 import time
-from collections import Counter
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
-from benchmarks.report import latency_ms
+from benchmarks import serve_load
 
-MODEL = "deit_shapes_irpe"
-URL = f"/v1/models/{MODEL}/classify?top_k=1"
+MODELS = {"tiny": ("deit_shapes_irpe", 64), "deit_s": (
+    "deit_small_patch16_224_ctx_product_50_shared_k", 224)}
 
 
-def weights(cache: Path) -> Path:
-    """The bundled classifier weights, or an untrained model of that architecture."""
+def weights(name: str, cache: Path) -> Path:
+    """Bundled weights of ``name``, or an untrained model of that architecture."""
     from irpe.models.registry import bundled_weights, model_info
     try:
-        return Path(bundled_weights(model_info(MODEL)))
+        return Path(bundled_weights(model_info(name)))
     except FileNotFoundError:
-        return _untrained(cache / f"{MODEL}_untrained.safetensors")
+        return _untrained(name, cache / f"{name}_untrained.safetensors")
 
 
-def _untrained(path: Path) -> Path:
+def _untrained(name: str, path: Path) -> Path:
     import torch
     from irpe.artifact import default_spec, save_trained
-    from irpe.data.shapes import SHAPE_CLASSES
     from irpe.models import create_model
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(0)
-        save_trained(create_model(MODEL).eval(), str(path), default_spec(MODEL, list(SHAPE_CLASSES)))
+        save_trained(create_model(name, num_classes=10).eval(), str(path),
+                     default_spec(name, [f"c{i}" for i in range(10)], num_classes=10))
     return path
 
 
-def model_config(backend: str, cache: Path, max_batch: int):
-    """ModelConfig of the benchmarked model (exports ONNX once for onnxruntime)."""
+def model_config(name: str, backend: str, cache: Path, max_batch: int):
+    """ModelConfig of a benchmarked model (exports ONNX once for onnxruntime)."""
     from serve.config import ModelConfig
-    path = weights(cache)
+    path = weights(name, cache)
     if backend == "onnxruntime":
         onnx = cache / f"{path.stem}.onnx"
         if not onnx.is_file():
             from export.onnx import export_onnx
-            export_onnx(str(path), onnx)
+            export_onnx(str(path), str(onnx))
         path = onnx
-    return ModelConfig(name=MODEL, path=path, backend=backend, max_batch_size=max_batch,
+    return ModelConfig(name=name, path=path, backend=backend, max_batch_size=max_batch,
                        max_queue_size=1024)
 
 
-def png(index: int = 3) -> bytes:
-    """One 64x64 shapes image, PNG encoded."""
+def png(size: int, index: int = 3) -> bytes:
+    """One shapes image of ``size`` x ``size`` pixels, PNG encoded."""
     from irpe.data.shapes import render_classification
     buf = io.BytesIO()
-    render_classification(7, index, 64)[0].save(buf, "PNG")
+    render_classification(7, index, size)[0].save(buf, "PNG")
     return buf.getvalue()
 
 
-def in_process(cfg, threads: int, seconds: float) -> float:
-    """Images/s of the backend alone on full batches of max_batch_size."""
+def _rate(step: Callable[[], None], per_step: int, seconds: float) -> float:
+    """Items/s of ``step`` (one warm-up call, then repeated for ``seconds``)."""
+    step()
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        step()
+        count += per_step
+    return count / (time.perf_counter() - start)
+
+
+def in_process(cfg, threads: int, seconds: float, body: bytes) -> Dict[str, float]:
+    """img/s of decode + Preprocess + backend, and of the backend alone, at max_batch_size."""
     import numpy as np
+    from irpe.data.transforms import load_image
     from serve.backends import create_backend
     backend = create_backend(cfg, threads)
     backend.load()
-    batch = np.zeros((cfg.max_batch_size, 3, 64, 64), np.float32)
-    backend.infer(batch, None)
-    count, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        backend.infer(batch, None)
-        count += cfg.max_batch_size
-    rate = count / (time.perf_counter() - start)
-    backend.close()
-    return rate
+    pre, n = backend.spec.transform(), cfg.max_batch_size
+    zeros = np.zeros((n, 3, pre.size, pre.size), np.float32)
 
-
-async def _post(client, body: bytes, lat: List[float], status: Counter) -> None:
-    start = time.perf_counter()
+    def full() -> None:
+        backend.infer(np.stack([pre(load_image(body)).numpy() for _ in range(n)]), None)
     try:
-        r = await client.post(URL, content=body, headers={"content-type": "image/png"})
-        status[str(r.status_code)] += 1
-        if r.status_code == 200:
-            lat.append(time.perf_counter() - start)
-    except Exception as exc:  # connection errors count as errors, not crashes
-        status[type(exc).__name__] += 1
+        return {"in-process": _rate(full, n, seconds),
+                "backend": _rate(lambda: backend.infer(zeros, None), n, seconds)}
+    finally:
+        backend.close()
 
 
-async def closed_loop(base: str, clients: int, seconds: float, body: bytes) -> Dict:
-    """``clients`` concurrent loops of request-after-response for ``seconds``."""
+def _served(cfg) -> Dict:
+    return cfg.model_dump(mode="json", include={"name", "path", "backend", "max_batch_size",
+                                                "max_queue_size"})
+
+
+def http_rows(cfg, settings: Dict, rate: float, body: bytes, folder: Path
+              ) -> Tuple[List[Dict], Dict]:
+    """Closed-loop sweep + open-loop run against `irpe serve` in a child process."""
     import httpx
-    lat: List[float] = []
-    status: Counter = Counter()
-    limits = httpx.Limits(max_connections=clients + 4)
-    async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as client:
-        deadline = time.perf_counter() + seconds
-
-        async def worker():
-            while time.perf_counter() < deadline:
-                await _post(client, body, lat, status)
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(clients)))
-        elapsed = time.perf_counter() - start
-    return _row("closed", clients, lat, status, elapsed)
+    repo = serve_load.write_repository(folder / cfg.name, [_served(cfg)])
+    url, seconds = f"/v1/models/{cfg.name}/classify?top_k=1", settings["duration_s"]
+    rows = []
+    with serve_load.server_process(repo, settings["threads"]) as base:
+        for clients in _progress(settings["concurrency"], cfg.name):
+            rows.append(asyncio.run(serve_load.closed_loop(base, url, clients, seconds, body)))
+        rows.append(asyncio.run(serve_load.open_loop(base, url, rate, seconds, body)))
+        hist = serve_load.batch_histogram(httpx.get(f"{base}/metrics").text, cfg.name)
+    return rows, hist
 
 
-async def open_loop(base: str, rate: float, seconds: float, body: bytes) -> Dict:
-    """Requests started every 1/rate s for ``seconds`` (no waiting on responses)."""
-    import httpx
-    lat: List[float] = []
-    status: Counter = Counter()
-    async with httpx.AsyncClient(base_url=base, timeout=60,
-                                 limits=httpx.Limits(max_connections=256)) as client:
-        start, tasks = time.perf_counter(), []
-        for i in range(max(1, int(rate * seconds))):
-            await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
-            tasks.append(asyncio.create_task(_post(client, body, lat, status)))
-        await asyncio.gather(*tasks)
-        elapsed = time.perf_counter() - start
-    return _row("open", rate, lat, status, elapsed)
+def run_model(key: str, settings: Dict, cache: Path) -> Tuple[List[Dict], Dict]:
+    """Rows (in-process, backend, closed..., open) of one model and its batch histogram."""
+    name, size = MODELS[key]
+    cfg = model_config(name, settings["backend"], cache, settings["max_batch_size"])
+    body = png(size)
+    inproc = in_process(cfg, settings["threads"], settings["duration_s"], body)
+    rows = [{"mode": mode, "load": cfg.max_batch_size, "images_per_s": rate}
+            for mode, rate in inproc.items()]
+    http, hist = http_rows(cfg, settings, settings["rate"][key], body, cache / "repos")
+    best = max(http[:-1], key=lambda r: r["images_per_s"])
+    best["ratio_to_inprocess"] = best["images_per_s"] / inproc["in-process"]
+    best["ratio_to_backend"] = best["images_per_s"] / inproc["backend"]
+    return [{"model": key, **r} for r in rows + http], hist
 
 
-def _row(mode: str, load: float, lat: List[float], status: Counter, elapsed: float) -> Dict:
-    errors = {k: v for k, v in status.items() if k != "200"}
-    row = {"mode": mode, "load": load, "requests": sum(status.values()), "errors": errors,
-           "images_per_s": len(lat) / elapsed, "seconds": elapsed}
-    return row | (latency_ms(lat) if lat else {})
+def run(settings: Dict, cache: Path) -> Tuple[List[Dict], Dict[str, Dict[str, int]]]:
+    """Every model of ``settings['models']``: rows and batch histograms by model."""
+    results: List[Dict] = []
+    hists: Dict[str, Dict[str, int]] = {}
+    for key in settings["models"]:
+        rows, hists[key] = run_model(key, settings, cache)
+        results += rows
+    return results, hists
 
 
-def batch_histogram(text: str) -> Dict[str, int]:
-    """Batches per size bucket (non-cumulative) from the /metrics exposition text."""
-    cumulative: List[Tuple[float, int]] = []
-    for line in text.splitlines():
-        if line.startswith("irpe_batch_size_bucket") and f'model="{MODEL}"' in line:
-            le = line.split('le="')[1].split('"')[0]
-            cumulative.append((float(le), int(float(line.rsplit(" ", 1)[1]))))
-    cumulative.sort()
-    out, prev = {}, 0
-    for le, count in cumulative:
-        out["inf" if le == float("inf") else str(int(le))] = count - prev
-        prev = count
-    return {k: v for k, v in out.items() if v}
-
-
-def run(settings: Dict, cache: Path) -> Tuple[List[Dict], Dict[str, int]]:
-    """In-process rate, then the closed-loop sweep and the open-loop run against one server."""
-    import httpx
-    from serve.config import ServeSettings
-    from serve.testing import running_server
-    cfg = model_config(settings["backend"], cache, settings["max_batch_size"])
-    seconds = settings["duration_s"]
-    inproc = in_process(cfg, settings["threads"], seconds)
-    results = [{"mode": "in-process", "load": settings["max_batch_size"], "images_per_s": inproc}]
-    body = png()
-    server = ServeSettings(models=[cfg], threads=settings["threads"], log_level="warning")
-    with running_server(server) as base:
-        for clients in _progress(settings["concurrency"]):
-            results.append(asyncio.run(closed_loop(base, clients, seconds, body)))
-        results.append(asyncio.run(open_loop(base, settings["rate"], seconds, body)))
-        hist = batch_histogram(httpx.get(f"{base}/metrics").text)
-    best = max(r["images_per_s"] for r in results if r["mode"] == "closed")
-    for r in results:
-        if r["mode"] == "closed" and r["images_per_s"] == best:
-            r["ratio_to_inprocess"] = best / inproc
-    return results, hist
-
-
-def _progress(items):
+def _progress(items, name: str):
     from tqdm import tqdm
-    return tqdm(items, desc="bench serve", unit="level")
+    return tqdm(items, desc=f"bench serve {name}", unit="level")

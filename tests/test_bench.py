@@ -49,16 +49,30 @@ def test_ops_quick_and_report_regenerates(tmp_path):
     assert (tmp_path / "bench_ops_cost_vs_L.png").read_bytes()[:4] == PNG_MAGIC
 
 
-def test_serve_quick_real_server(tmp_path):
+def test_serve_quick_real_server_process(tmp_path):
     assert main(["bench", "serve", "--quick", "--backend", "torch", "--concurrency", "1,4",
                  "--out", str(tmp_path)]) == 0
     doc = _report(tmp_path, "serve")
-    modes = [r["mode"] for r in doc["results"]]
-    assert modes == ["in-process", "closed", "closed", "open"]
-    for r in doc["results"][1:]:
+    assert doc["settings"]["models"] == ["tiny"]
+    rows = doc["results"]
+    assert [r["mode"] for r in rows] == ["in-process", "backend", "closed", "closed", "open"]
+    assert all(r["model"] == "tiny" and r["images_per_s"] > 0 for r in rows)
+    for r in rows[2:]:
         assert r["requests"] > 0 and r["errors"] == {} and r["p50_ms"] <= r["p99_ms"]
-    assert sum("ratio_to_inprocess" in r for r in doc["results"]) == 1
-    assert sum(doc["batch_histogram"].values()) > 0
+    best = [r for r in rows if "ratio_to_inprocess" in r]
+    assert len(best) == 1 and best[0]["mode"] == "closed"
+    assert best[0]["ratio_to_inprocess"] == pytest.approx(
+        best[0]["images_per_s"] / rows[0]["images_per_s"])
+    assert sum(doc["batch_histogram"]["tiny"].values()) > 0
+
+
+def test_server_process_stops_and_reports_bad_repository(tmp_path):
+    from benchmarks.serve_load import server_process, write_repository
+    repo = write_repository(tmp_path, [{"name": "m", "path": tmp_path / "missing.onnx",
+                                        "backend": "onnxruntime"}])
+    with pytest.raises(RuntimeError, match="irpe serve exited"):
+        with server_process(repo, 1, timeout_s=60):
+            pass
 
 
 @pytest.mark.parametrize("argv, message", [

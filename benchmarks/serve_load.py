@@ -1,0 +1,161 @@
+"""HTTP side of `irpe bench serve`: an `irpe serve` child process and an asyncio + httpx load.
+
+The server runs as its own process (``python -m irpe serve REPO.yaml --port P``), so the load
+generator in the benchmark process does not share its GIL. Clients keep one HTTP/1.1
+keep-alive connection per concurrent request (pool sized to the load), so connection set-up is
+outside the timed steady state.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional
+
+from benchmarks.report import latency_ms
+
+__all__ = ["write_repository", "server_process", "closed_loop", "open_loop", "batch_histogram"]
+
+
+def write_repository(folder: Path, models: List[Dict]) -> Path:
+    """A model-repository YAML for ``models`` (ModelConfig dicts) in ``folder``."""
+    import yaml
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "bench_repository.yaml"
+    path.write_text(yaml.safe_dump({"models": [{k: str(v) if isinstance(v, Path) else v
+                                                for k, v in m.items()} for m in models]}))
+    return path
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def server_process(repository: Path, threads: int, timeout_s: float = 180.0) -> Iterator[str]:
+    """Run `irpe serve REPOSITORY` in a child process until ready; yields its base URL."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "irpe", "serve", str(repository), "--port", str(port),
+           "--threads", str(threads), "--log-level", "warning"]
+    log = repository.with_suffix(".log")
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err,
+                                cwd=Path(__file__).resolve().parents[1])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(proc, url, timeout_s, log)
+        yield url
+    finally:
+        _stop(proc)
+
+
+def _wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log: Path) -> None:
+    import httpx
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"irpe serve exited ({proc.returncode}): "
+                               f"{log.read_text(errors='replace')[-2000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"irpe serve not ready within {timeout_s:g} s (log: {log})")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _client(base: str, connections: int):
+    import httpx
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections,
+                          keepalive_expiry=120)
+    return httpx.AsyncClient(base_url=base, timeout=120, limits=limits)
+
+
+async def _post(client, url: str, body: bytes, lat: Optional[List[float]],
+                status: Counter) -> None:
+    start = time.perf_counter()
+    try:
+        r = await client.post(url, content=body, headers={"content-type": "image/png"})
+        status[str(r.status_code)] += 1
+        if r.status_code == 200 and lat is not None:
+            lat.append(time.perf_counter() - start)
+    except Exception as exc:  # connection errors count as errors, not crashes
+        status[type(exc).__name__] += 1
+
+
+async def _warm(client, url: str, body: bytes, n: int) -> None:
+    """Open ``n`` keep-alive connections (and warm the server) before timing."""
+    await asyncio.gather(*(_post(client, url, body, None, Counter()) for _ in range(n)))
+
+
+async def closed_loop(base: str, url: str, clients: int, seconds: float, body: bytes) -> Dict:
+    """``clients`` concurrent loops of request-after-response for ``seconds``."""
+    lat: List[float] = []
+    status: Counter = Counter()
+    async with _client(base, clients) as client:
+        await _warm(client, url, body, clients)
+        deadline = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            while time.perf_counter() < deadline:
+                await _post(client, url, body, lat, status)
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        elapsed = time.perf_counter() - start
+    return _row("closed", clients, lat, status, elapsed)
+
+
+async def open_loop(base: str, url: str, rate: float, seconds: float, body: bytes) -> Dict:
+    """Requests started every 1/rate s for ``seconds`` (no waiting on responses)."""
+    lat: List[float] = []
+    status: Counter = Counter()
+    async with _client(base, 64) as client:
+        await _warm(client, url, body, 4)
+        start, tasks = time.perf_counter(), []
+        for i in range(max(1, int(rate * seconds))):
+            await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
+            tasks.append(asyncio.create_task(_post(client, url, body, lat, status)))
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - start
+    return _row("open", rate, lat, status, elapsed)
+
+
+def _row(mode: str, load: float, lat: List[float], status: Counter, elapsed: float) -> Dict:
+    errors = {k: v for k, v in status.items() if k != "200"}
+    row = {"mode": mode, "load": load, "requests": sum(status.values()), "errors": errors,
+           "images_per_s": len(lat) / elapsed, "seconds": elapsed}
+    return row | (latency_ms(lat) if lat else {})
+
+
+def batch_histogram(text: str, model: str) -> Dict[str, int]:
+    """Batches per size bucket (non-cumulative) of ``model`` from /metrics exposition text."""
+    cumulative = []
+    for line in text.splitlines():
+        if line.startswith("irpe_batch_size_bucket") and f'model="{model}"' in line:
+            le = line.split('le="')[1].split('"')[0]
+            cumulative.append((float(le), int(float(line.rsplit(" ", 1)[1]))))
+    cumulative.sort()
+    out, prev = {}, 0
+    for le, count in cumulative:
+        out["inf" if le == float("inf") else str(int(le))] = count - prev
+        prev = count
+    return {k: v for k, v in out.items() if v}
