@@ -102,6 +102,7 @@ class Batcher:
         while True:
             while self._items and self._items[0].future.done():
                 self._items.popleft()  # timed out or cancelled while waiting
+                self.metrics.queue_depth.labels(self.name).set(len(self._items))
             if self._items:
                 break
             if self._closing:
