@@ -92,16 +92,9 @@ def _prepare(app) -> int:
 
 def _run(app, settings) -> int:
     import logging
-    import socket
     import uvicorn
-    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((settings.host, settings.port))
-    except OSError as exc:
-        sock.close()
-        raise OSError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") \
-            from None
+    from .net import listen_socket
+    sock = listen_socket(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
     logging.getLogger("irpe.serve").info(
         "serving", extra={"url": f"http://{host}:{port}", "models": settings.model_names()})

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from typing import Iterator
@@ -18,8 +17,8 @@ def running_server(settings: ServeSettings, ready: bool = True,
     """Serve ``settings`` on a free port; yields the base URL, stops (draining) on exit."""
     import uvicorn
     from .app import create_app
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    from .net import listen_socket
+    sock = listen_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(create_app(settings), log_config=None,
                                            access_log=False, lifespan="on"))
