@@ -24,6 +24,14 @@ from serve.testing import running_server
 from serve.v2codec import DATATYPES, decode_request
 from tests.test_serve import save_untrained
 
+# schemathesis is a pytest plugin, so pytest assertion-rewrites its modules on import; compiling
+# its largest module deep inside a running test trips CPython 3.11.7's "AST constructor recursion
+# depth mismatch" in a fresh environment (no cached .pyc). Import it here, at collection time.
+try:
+    import schemathesis.specs.openapi.schemas  # noqa: F401
+except ImportError:  # the test below skips
+    pass
+
 torch.set_num_threads(1)
 NAMES = sorted(DATATYPES)
 _FAST = settings(max_examples=150, deadline=None, database=None)
