@@ -149,10 +149,13 @@ async def _open_loop(url: str, rate: float, seconds: float, blob: bytes
 
 def overload(url: str, rate: float, seconds: float, blob: bytes) -> Dict:
     """Open-loop load at ``rate`` requests/s: status counts and accepted-latency percentiles."""
+    start = time.monotonic()
     results = asyncio.run(_open_loop(url, rate, seconds, blob))
+    wall = time.monotonic() - start  # > seconds when the generator cannot keep the rate
     codes = Counter(s for s, _ in results)
     ok = np.array([t for s, t in results if s == 200]) * 1000
     return {"rate_rps": round(rate, 1), "seconds": seconds, "sent": int(rate * seconds),
+            "wall_s": round(wall, 1), "offered_rps": round(len(results) / wall, 1),
             "answered": len(results) - codes.get(-1, 0), "lost": codes.get(-1, 0),
             "status": {str(k): v for k, v in sorted(codes.items())},
             "other_5xx": sum(v for k, v in codes.items() if k >= 500 and k != 503),
@@ -185,12 +188,18 @@ def run(overload_s: float, soak_s: float, factor: float = 4.0, max_batch: int = 
     with serve_process(max_batch) as (url, pid):
         capacity(url, max_batch, 1.0, blob)  # warm the connection pool and the model
         cap = capacity(url, max_batch, calibrate_s, blob)
+        _progress(f"capacity {cap:.1f} req/s; overload at {factor:g}x for {overload_s:g} s")
         over = overload(url, factor * cap, overload_s, blob)
+        _progress(f"overload done: {over['status']}; soak for {soak_s:g} s")
         time.sleep(2.0)
         soaked = soak(url, pid, max_batch, soak_s, blob)
     return {"machine": _machine(), "model": "deit_shapes_irpe (untrained), torch, 1 thread",
             "max_batch_size": max_batch, "capacity_rps": round(cap, 1), "factor": factor,
             "overload": over, "soak": soaked}
+
+
+def _progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def _machine() -> Dict:
@@ -211,6 +220,7 @@ def markdown(result: Dict) -> str:
         f"| capacity (closed loop) | {result['capacity_rps']} req/s |",
         f"| overload rate ({result['factor']:g}x for {o['seconds']:g} s) | {o['rate_rps']} "
         "req/s |",
+        f"| achieved: wall / offered rate | {o['wall_s']} s / {o['offered_rps']} req/s |",
         f"| sent / answered / lost | {o['sent']} / {o['answered']} / {o['lost']} |",
         f"| statuses | {o['status']} |", f"| other 5xx | {o['other_5xx']} |",
         f"| accepted p50 / p99 | {o['accepted_p50_ms']} / {o['accepted_p99_ms']} ms |",

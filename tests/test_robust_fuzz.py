@@ -49,6 +49,8 @@ def arrays(draw, min_side: int = 0) -> Tuple[str, np.ndarray]:
     shape = draw(hnp.array_shapes(min_dims=0, max_dims=4, min_side=min_side, max_side=4))
     elements = (st.floats(allow_nan=False, allow_infinity=False, width=dtype.itemsize * 8)
                 if dtype.kind == "f" else None)
+    if name == "UINT64":  # known limit: JSON mixing >= 2**63 with small values reads as float
+        elements = st.integers(0, 2 ** 63 - 1)
     return name, draw(hnp.arrays(dtype, shape, elements=elements))
 
 
