@@ -17,15 +17,10 @@ from irpe.data.shapes import SHAPE_CLASSES
 from irpe.models import create_model
 from serve.config import ServeSettings
 from serve.testing import running_server
-from tests.test_serve import save_untrained, shape_png
+from tests.test_serve import shape_png
 
 torch.set_num_threads(1)
 PNG = {"content-type": "image/png"}
-
-
-@pytest.fixture(scope="module")
-def cls_file(tmp_path_factory):
-    return save_untrained("deit_shapes_irpe", tmp_path_factory.mktemp("faults") / "c.safetensors")
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,6 @@ from irpe.artifact import read_spec
 from irpe.cli import main
 from serve.backends import create_backend
 from serve.config import ModelConfig, ServeSettings
-from tests.test_serve import save_untrained
-
-
-@pytest.fixture(scope="module")
-def cls_file(tmp_path_factory):
-    return save_untrained("deit_shapes_irpe", tmp_path_factory.mktemp("cfg") / "c.safetensors")
 
 
 def test_yaml_repository_relative_paths_and_defaults(tmp_path, monkeypatch):

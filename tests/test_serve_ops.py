@@ -16,15 +16,10 @@ import pytest
 
 from serve.config import ServeSettings
 from serve.testing import running_server, wait_ready
-from tests.test_serve import client, save_untrained, shape_png  # noqa: F401 (fixture)
+from tests.test_serve import client, shape_png  # noqa: F401 (fixture)
 
 TOKEN = "s3cret-token"
 PNG = {"content-type": "image/png"}
-
-
-@pytest.fixture(scope="module")
-def cls_file(tmp_path_factory):
-    return save_untrained("deit_shapes_irpe", tmp_path_factory.mktemp("ops") / "c.safetensors")
 
 
 @pytest.fixture(scope="module")
