@@ -125,7 +125,10 @@ async def _closed_loop(url: str, clients: int, seconds: float, blob: bytes,
 
 
 def _client(url: str) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)  # reused
+    # idle connections expire on the client (1 s) well before uvicorn's 5 s keep-alive timeout:
+    # with both at 5 s a request sent on a connection the server is closing fails (ReadError)
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256,
+                          keepalive_expiry=1.0)
     return httpx.AsyncClient(base_url=url, timeout=120, limits=limits)
 
 
