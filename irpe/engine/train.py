@@ -108,6 +108,8 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: warmup_cosine(s, total, warmup, cfg.min_lr / cfg.lr))
         self.amp = cfg.amp and self.device.startswith("cuda")
+        self.amp_dtype = torch.bfloat16 if self.amp and torch.cuda.is_bf16_supported() \
+            else torch.float16
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
         self.epoch, self.step, self.best = 0, 0, -math.inf
         os.makedirs(cfg.output, exist_ok=True)
@@ -149,9 +151,7 @@ class Trainer:
         return {"train_loss": total / max(count, 1), "steps": count}
 
     def train_step(self, batch):
-        dtype = torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() \
-            else torch.float16
-        with torch.autocast(self.device.split(":")[0], dtype=dtype, enabled=self.amp):
+        with torch.autocast(self.device.split(":")[0], dtype=self.amp_dtype, enabled=self.amp):
             loss, parts = self.task.loss(self.model, batch, self.device)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"loss is {float(loss)} at step {self.step}; lower the lr")

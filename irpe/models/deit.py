@@ -18,9 +18,6 @@ from .registry import register_model
 
 __all__ = ["VisionTransformer", "DEIT_ARCHS", "IRPE_VARIANTS"]
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-
 
 class VisionTransformer(nn.Module):
     """ViT with cls (and optional distillation) token, absolute pos embed and iRPE blocks.
