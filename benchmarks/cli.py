@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import List, Sequence
+from typing import List, Sequence, Tuple
 
 __all__ = ["add_parser"]
 
@@ -17,6 +17,18 @@ def int_list(text: str) -> List[int]:
     if not values or min(values) < 1:
         raise ValueError(f"need positive integers, got {text!r}")
     return values
+
+
+def size_list(text: str) -> List[Tuple[int, int]]:
+    """'480x640,800x1216' -> [(480, 640), (800, 1216)] (positive H x W)."""
+    try:
+        sizes = [tuple(int(v) for v in part.lower().split("x")) for part in text.split(",")
+                 if part.strip()]
+    except ValueError:
+        raise ValueError(f"not a comma-separated list of HxW sizes: {text!r}") from None
+    if not sizes or any(len(s) != 2 or min(s) < 1 for s in sizes):
+        raise ValueError(f"not a comma-separated list of HxW sizes: {text!r}")
+    return sizes  # type: ignore[return-value]
 
 
 def choice_list(text: str, allowed: Sequence[str], what: str) -> List[str]:
@@ -48,21 +60,24 @@ def cmd_models(args: argparse.Namespace) -> int:
     backends = choice_list(args.backends, mb.BACKENDS, "backend")
     precisions = choice_list(args.precisions, mb.PRECISIONS, "precision")
     batches = int_list(args.batches)
+    detr_sizes = size_list(args.detr_sizes) if args.detr_sizes else list(mb.DETR_SIZES)
     if args.quick:
         args.repeats, args.warmup = 2, 1
     folder = out_dir(args.out)
     cfg = {"device": args.device, "threads": args.threads, "repeats": args.repeats,
            "warmup": args.warmup, "cache": _cache("onnx")}
-    jobs = mb.plan(families, batches, backends, precisions, args.quick)
+    jobs = mb.plan(families, batches, backends, precisions, args.quick, detr_sizes)
     results = mb.run_all(jobs, cfg)
     settings = {**{k: v for k, v in cfg.items() if k != "cache"}, "models": families,
                 "backends": backends, "precisions": precisions, "batches": batches,
-                "quick": args.quick}
+                "detr_sizes": [f"{h}x{w}" for h, w in detr_sizes], "quick": args.quick}
     notes = ["latency = one forward of the whole batch; img/s = batch / p50; x plain = p50 / "
              "p50 of the plain model timed round-robin in the same run",
-             "RSS+ = RSS growth over build + first forward; peak = process peak RSS so far",
-             *args.note]
-    _print_files(save(envelope("models", settings, results, notes), folder))
+             "RSS+ = RSS growth over build + first forward; peak = process peak RSS so far; "
+             "build s = build (+ ONNX export when not cached, + torch.compile) + first forward",
+             *mb.skipped(backends, precisions), *mb.compile_notes(results), *args.note]
+    doc = envelope("models", settings, results, notes)
+    _print_files(save(doc, folder, args.tag))
     return 0
 
 
@@ -71,8 +86,9 @@ def cmd_ops(args: argparse.Namespace) -> int:
     from benchmarks import ops_bench
     from benchmarks.report import envelope, out_dir, save
     settings, results = ops_bench.run(args.quick, args.threads, args.repeats)
-    doc = envelope("ops", settings, results, list(args.note))
-    _print_files(save(doc, out_dir(args.out)))
+    doc = envelope("ops", settings, results, [*ops_bench.notes(settings), *args.note])
+    doc["fits"] = ops_bench.fits(results)
+    _print_files(save(doc, out_dir(args.out), args.tag))
     return 0
 
 
@@ -98,7 +114,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
              "best closed-loop img/s / in-process img/s (HTTP / backend in the JSON)", *args.note]
     doc = envelope("serve", settings, results, notes)
     doc["batch_histogram"] = hist
-    _print_files(save(doc, out_dir(args.out)))
+    _print_files(save(doc, out_dir(args.out), args.tag))
     return 0
 
 
@@ -119,6 +135,7 @@ def _common(p: argparse.ArgumentParser, threads: int = 2) -> None:
     p.add_argument("--threads", type=int, default=threads, help="CPU threads")
     p.add_argument("--out", type=Path, help="results folder (default benchmarks/results/<device>)")
     p.add_argument("--note", action="append", default=[], help="a line for the report notes")
+    p.add_argument("--tag", help="write bench_<kind>_<TAG>.* (keeps the default report)")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -134,6 +151,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--repeats", type=int, default=7, help="timed rounds (median)")
     m.add_argument("--warmup", type=int, default=2, help="untimed rounds")
     m.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    m.add_argument("--detr-sizes", help="DETR input sizes HxW (default 480x640,800x1216; "
+                   "--quick: the first)")
     _common(m)
     m.set_defaults(func=cmd_models)
     o = bench.add_parser("ops", help="iRPE gather/scatter ops vs official, cost vs L")

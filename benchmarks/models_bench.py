@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import resource
+import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -19,31 +20,45 @@ from benchmarks.report import latency_ms
 DEIT = {"plain": "deit_{s}_patch16_224", "irpe_k": "deit_{s}_patch16_224_ctx_product_50_shared_k",
         "irpe_qk": "deit_{s}_patch16_224_ctx_product_50_shared_qk",
         "irpe_qkv": "deit_{s}_patch16_224_ctx_product_50_shared_qkv"}
-FAMILIES: Dict[str, Dict[str, str]] = {
+# variant -> registry name, or (registry name, create_model overrides) for unregistered twins
+Entry = Union[str, Tuple[str, Dict]]
+FAMILIES: Dict[str, Dict[str, Entry]] = {
     **{f"deit_{s}": {k: v.format(s=s) for k, v in DEIT.items()} for s in ("tiny", "small", "base")},
-    "detr_small": {"irpe_k": "detr_tiny_irpe"},
+    "detr_small": {"plain": ("detr_tiny_irpe", {"rpe_config": None}), "irpe_k": "detr_tiny_irpe"},
     "detr_r50": {"plain": "detr_resnet50", "irpe_k": "detr_resnet50_irpe"},
 }
-DETR_SIZES = ((320, 480), (480, 736))
+DETR_SIZES = ((480, 640), (800, 1216))
 BACKENDS = ("eager", "compile", "onnxruntime")
 PRECISIONS = ("fp32", "bf16")
 
 Runner = Callable[[], object]
 
 
-def variants(family: str) -> Dict[str, str]:
-    """Registered models of ``family`` by variant (missing registry entries are skipped)."""
+def entry(value: Entry) -> Tuple[str, Dict]:
+    """(registry name, create_model overrides) of a FAMILIES entry."""
+    return (value, {}) if isinstance(value, str) else value
+
+
+def label(value: Entry) -> str:
+    """Model column of a row: the registry name (+ overrides)."""
+    name, over = entry(value)
+    return name + "".join(f" ({k}={v})" for k, v in over.items())
+
+
+def variants(family: str) -> Dict[str, Entry]:
+    """Models of ``family`` by variant (missing registry entries are skipped)."""
     from irpe.models import list_models
     if family not in FAMILIES:
         raise ValueError(f"unknown model family {family!r}; choose from {', '.join(FAMILIES)}")
     known = set(list_models("*"))
-    return {k: v for k, v in FAMILIES[family].items() if v in known}
+    return {k: v for k, v in FAMILIES[family].items() if entry(v)[0] in known}
 
 
-def sizes(family: str, quick: bool) -> Sequence[Tuple[int, int]]:
-    """Input (H, W) per family: DeiT 224x224; DETR two resolutions (one when quick)."""
+def sizes(family: str, quick: bool, detr_sizes: Sequence[Tuple[int, int]] = DETR_SIZES
+          ) -> Sequence[Tuple[int, int]]:
+    """Input (H, W) per family: DeiT 224x224; DETR ``detr_sizes`` (the first when quick)."""
     if family.startswith("detr"):
-        return DETR_SIZES[:1] if quick else DETR_SIZES
+        return tuple(detr_sizes)[:1] if quick else tuple(detr_sizes)
     return ((224, 224),)
 
 
@@ -65,10 +80,11 @@ def _inputs(family: str, batch: int, size: Tuple[int, int], dev: str) -> Tuple[t
     return (x,)
 
 
-def _torch_module(name: str, dev: str) -> torch.nn.Module:
+def _torch_module(value: Entry, dev: str) -> torch.nn.Module:
     from export.onnx import output_module
     from irpe.models import create_model, model_info
-    model = create_model(name).eval()
+    name, overrides = entry(value)
+    model = create_model(name, **overrides).eval()
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if "lookup_table" in pname:
@@ -77,9 +93,9 @@ def _torch_module(name: str, dev: str) -> torch.nn.Module:
     return output_module(model, task).to(dev)
 
 
-def torch_runner(name: str, inputs, backend: str, precision: str, dev: str) -> Runner:
-    """A no-grad forward of ``name`` (eager or torch.compile; bf16 via autocast)."""
-    module = _torch_module(name, dev)
+def torch_runner(value: Entry, inputs, backend: str, precision: str, dev: str) -> Runner:
+    """A no-grad forward of a model (eager or torch.compile; bf16 via autocast)."""
+    module = _torch_module(value, dev)
     if backend == "compile":
         module = torch.compile(module)
     dtype = torch.bfloat16 if precision == "bf16" else None
@@ -91,17 +107,29 @@ def torch_runner(name: str, inputs, backend: str, precision: str, dev: str) -> R
     return run
 
 
-def ort_runner(name: str, inputs, cache: Path, threads: int) -> Runner:
-    """An onnxruntime CPU session of ``name`` exported by export.onnx (cached per name)."""
+def _export(value: Entry, path: Path) -> None:
+    """export.onnx of a registry name, or of the module built with overrides."""
     import warnings
-    import onnxruntime as ort
-    from export.onnx import export_onnx, io_spec
-    path = cache / f"{name}.onnx"
-    if not path.is_file():
-        cache.mkdir(parents=True, exist_ok=True)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "RANDOM weights": intended for timing
+    from export.onnx import export_onnx
+    from irpe.artifact import default_spec
+    from irpe.models import create_model
+    name, overrides = entry(value)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "RANDOM weights": intended for timing
+        if overrides:
+            export_onnx(create_model(name, **overrides), path, spec=default_spec(name))
+        else:
             export_onnx(name, path)
+
+
+def ort_runner(value: Entry, inputs, cache: Path, threads: int) -> Runner:
+    """An onnxruntime CPU session of a model exported by export.onnx (cached per model)."""
+    import onnxruntime as ort
+    from export.onnx import io_spec
+    path = cache / (label(value).replace(" ", "_").replace("=", "-").strip("()") + ".onnx")
+    if not path.is_file():
+        _export(value, path)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
@@ -126,20 +154,21 @@ def _nvml_used_mb() -> Optional[float]:
         return None
 
 
-def build(name: str, family: str, cfg: Dict, batch: int, size, backend: str,
+def build(name: Entry, family: str, cfg: Dict, batch: int, size, backend: str,
           precision: str) -> Tuple[Runner, Dict]:
-    """Runner of one variant and its memory: RSS growth over build + first forward."""
+    """Runner of one variant; RSS growth and seconds over build (+ export/compile) + 1st forward."""
     dev = cfg["device"]
     if dev.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    before = rss_mb()
+    before, start = rss_mb(), time.perf_counter()
     inputs = _inputs(family, batch, size, dev)
     if backend == "onnxruntime":
         run = ort_runner(name, inputs, cfg["cache"], cfg["threads"])
     else:
         run = torch_runner(name, inputs, backend, precision, dev)
     run()
-    mem = {"rss_delta_mb": rss_mb() - before, "peak_mb": peak_rss_mb()}
+    mem = {"rss_delta_mb": rss_mb() - before, "peak_mb": peak_rss_mb(),
+           "build_s": time.perf_counter() - start}
     if dev.startswith("cuda"):
         mem.update(peak_mb=_gpu_peak_mb(dev), nvml_used_mb=_nvml_used_mb())
     return run, mem
@@ -157,12 +186,12 @@ def measure_group(family: str, cfg: Dict, batch: int, size, backend: str,
             "size": f"{size[0]}x{size[1]}", "batch": batch}
     runs, rows = {}, {}
     for variant, name in variants(family).items():
-        rows[variant] = {**base, "variant": variant, "model": name}
+        rows[variant] = {**base, "variant": variant, "model": label(name)}
         try:
             runs[variant], mem = build(name, family, cfg, batch, size, backend, precision)
             rows[variant].update(mem)
         except Exception as exc:  # e.g. torch.compile without a compiler: report, go on
-            rows[variant]["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+            rows[variant]["error"] = _error(exc)
     sync = torch.cuda.synchronize if cfg["device"].startswith("cuda") else (lambda: None)
     times = time_round_robin(runs, cfg["repeats"], cfg["warmup"], sync=sync)
     for variant, samples in times.items():
@@ -170,6 +199,25 @@ def measure_group(family: str, cfg: Dict, batch: int, size, backend: str,
         rows[variant]["images_per_s"] = batch / (rows[variant]["p50_ms"] / 1e3)
     _overheads(rows)
     return list(rows.values())
+
+
+def _error(exc: Exception) -> str:
+    """One line naming the exception (the first non-empty line of its message)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {(lines or [''])[0][:200]}"
+
+
+def compile_notes(results: List[Dict]) -> List[str]:
+    """Report notes on torch.compile: what it includes, or why it failed here."""
+    rows = [r for r in results if r["backend"] == "compile"]
+    errors = sorted({r["error"] for r in rows if "error" in r})
+    if not rows:
+        return []
+    if errors:
+        return [f"torch.compile failed on {sum('error' in r for r in rows)} of {len(rows)} "
+                f"models: {'; '.join(errors)}"]
+    return ["torch.compile: inductor, default mode, one compile per model and input shape "
+            "(build s includes it); timed calls reuse the compiled graph"]
 
 
 def _overheads(rows: Dict[str, Dict]) -> None:
@@ -181,10 +229,17 @@ def _overheads(rows: Dict[str, Dict]) -> None:
 
 
 def plan(families: Sequence[str], batches: Sequence[int], backends: Sequence[str],
-         precisions: Sequence[str], quick: bool) -> List[Tuple]:
+         precisions: Sequence[str], quick: bool,
+         detr_sizes: Sequence[Tuple[int, int]] = DETR_SIZES) -> List[Tuple]:
     """Every (family, size, batch, backend, precision) to run, in order."""
-    return [(f, s, b, be, p) for f in families for s in sizes(f, quick) for b in batches
-            for be in backends for p in precisions if supported(be, p)]
+    return [(f, s, b, be, p) for f in families for s in sizes(f, quick, detr_sizes)
+            for b in batches for be in backends for p in precisions if supported(be, p)]
+
+
+def skipped(backends: Sequence[str], precisions: Sequence[str]) -> List[str]:
+    """Report notes for the requested (backend, precision) pairs that are not run."""
+    return [f"{be} {p}: not run (the ONNX export is fp32; onnxruntime runs it as exported)"
+            for be in backends for p in precisions if not supported(be, p)]
 
 
 def run_all(jobs: List[Tuple], cfg: Dict) -> List[Dict]:

@@ -45,17 +45,20 @@ def _label(r: Dict) -> str:
     return f"{r['family']} {r['variant']} {r['backend']} {r['precision']} {r['size']}"
 
 
-def models_plots(doc: Dict, folder: Path) -> List[Path]:
+def _png(stem: Path, suffix: str) -> Path:
+    return stem.with_name(stem.name + suffix + ".png")
+
+
+def models_plots(doc: Dict, stem: Path) -> List[Path]:
     """Throughput vs batch per backend; latency percentiles and memory per config."""
     rows = _ok(doc["results"])
     fig, ax = plt.subplots(figsize=(8, 5))
     _lines(ax, _series(rows, _label, "batch", "images_per_s"), logx=True)
     ax.set(xlabel="batch", ylabel="images / s", title=f"throughput vs batch ({doc['device']})")
-    paths = [_save(fig, folder / "bench_models_throughput.png")]
+    paths = [_save(fig, _png(stem, "_throughput"))]
     paths.append(_bars(rows, ("p50_ms", "p90_ms", "p99_ms"), "latency per batch (ms)",
-                       folder / "bench_models_latency.png"))
-    paths.append(_bars(rows, ("rss_delta_mb", "peak_mb"), "memory (MB)",
-                       folder / "bench_models_memory.png"))
+                       _png(stem, "_latency")))
+    paths.append(_bars(rows, ("rss_delta_mb", "peak_mb"), "memory (MB)", _png(stem, "_memory")))
     return paths
 
 
@@ -73,17 +76,23 @@ def _bars(rows: List[Dict], keys, ylabel: str, path: Path) -> Path:
     return _save(fig, path)
 
 
-def ops_plots(doc: Dict, folder: Path) -> List[Path]:
-    """Op cost vs sequence length L, log-log."""
+def ops_plots(doc: Dict, stem: Path) -> List[Path]:
+    """Op cost vs sequence length L, log-log; the legend gives each op's fitted exponent."""
+    from benchmarks.ops_bench import fit_rows, fits, series_key
+    slopes = {f["op"]: f["slope"] for f in doc.get("fits") or fits(doc["results"])}
+
+    def key(r: Dict) -> str:
+        p = slopes.get(series_key(r))
+        return series_key(r) + ("" if p is None else f" (fitted p={p:.2f})")
     fig, ax = plt.subplots(figsize=(7, 5))
-    _lines(ax, _series(doc["results"], lambda r: r["op"], "L", "median_ms"))
+    _lines(ax, _series(fit_rows(doc["results"]), key, "L", "median_ms"))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set(xlabel="sequence length L", ylabel="ms per call", title="iRPE op cost vs L")
-    return [_save(fig, folder / "bench_ops_cost_vs_L.png")]
+    return [_save(fig, _png(stem, "_cost_vs_L"))]
 
 
-def serve_plots(doc: Dict, folder: Path) -> List[Path]:
+def serve_plots(doc: Dict, stem: Path) -> List[Path]:
     """Per model: closed-loop throughput and latency vs clients; the server's batch sizes."""
     models = list(dict.fromkeys(r.get("model", "-") for r in doc["results"]))
     hists = doc.get("batch_histogram", {})
@@ -102,7 +111,7 @@ def serve_plots(doc: Dict, folder: Path) -> List[Path]:
         hist = hists.get(model, hists if model == "-" else {})  # "-": older one-model reports
         c.bar([str(k) for k in hist], list(hist.values()))
         c.set(xlabel="batch size (upper bound)", ylabel="batches", title=f"{model}: batches")
-    return [_save(fig, folder / "bench_serve.png")]
+    return [_save(fig, _png(stem, ""))]
 
 
 PLOTS: Dict[str, Callable[[Dict, Path], List[Path]]] = {

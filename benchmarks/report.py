@@ -55,7 +55,7 @@ def device() -> str:
     from benchmarks.deit_forward import device_name
     if torch.cuda.is_available():
         from benchmarks.ops_gpu import device_slug
-        return device_slug(torch.cuda.get_device_name())
+        return device_slug("cuda")
     return device_name()
 
 
@@ -78,16 +78,16 @@ def out_dir(given: Optional[Path]) -> Path:
     return Path(given) if given else RESULTS / device()
 
 
-def save(doc: Dict, folder: Path) -> List[Path]:
-    """Write bench_<kind>.json, then the Markdown and plots; returns every file written."""
+def save(doc: Dict, folder: Path, tag: Optional[str] = None) -> List[Path]:
+    """Write bench_<kind>[_<tag>].json, then the Markdown and plots; returns every file written."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"bench_{doc['kind']}.json"
+    path = folder / f"bench_{doc['kind']}{'_' + tag if tag else ''}.json"
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return [path] + render(path)
 
 
 def render(path: Path) -> List[Path]:
-    """bench_<kind>.json -> bench_<kind>.md + PNG plots next to it."""
+    """bench_<kind>[_<tag>].json -> the .md of the same stem + PNG plots next to it."""
     from benchmarks import plots
     doc = json.loads(Path(path).read_text())
     kind = doc.get("kind")
@@ -95,8 +95,9 @@ def render(path: Path) -> List[Path]:
         raise ValueError(f"{path}: not an irpe bench report (kind {kind!r})")
     header, rows = TABLES[kind](doc["results"])
     md = path.with_suffix(".md")
-    md.write_text(markdown(doc, header, rows))
-    return [md] + plots.PLOTS[kind](doc, path.parent)
+    md.write_text(markdown(doc, header, rows) + "".join(
+        section(doc) for section in SECTIONS.get(kind, ())))
+    return [md] + plots.PLOTS[kind](doc, path.with_suffix(""))
 
 
 def markdown(doc: Dict, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -119,23 +120,49 @@ def _f(value, spec: str = ".1f") -> str:
 def models_table(results: List[Dict]):
     """One row per (model, backend, precision, batch, size)."""
     header = ["family", "variant", "backend", "prec", "size", "batch", "img/s", "p50 ms",
-              "p90 ms", "p99 ms", "x plain", "RSS+ MB", "peak MB"]
+              "p90 ms", "p99 ms", "x plain", "RSS+ MB", "peak MB", "build s"]
     rows = [[r["family"], r["variant"], r["backend"], r["precision"], r["size"], str(r["batch"]),
              _f(r.get("images_per_s")), _f(r.get("p50_ms")), _f(r.get("p90_ms")),
              _f(r.get("p99_ms")), _f(r.get("overhead_vs_plain"), ".3f"),
-             _f(r.get("rss_delta_mb"), ".0f"), _f(r.get("peak_mb"), ".0f")]
+             _f(r.get("rss_delta_mb"), ".0f"), _f(r.get("peak_mb"), ".0f"),
+             _f(r.get("build_s"), ".1f")]
             if "error" not in r else [r["family"], r["variant"], r["backend"], r["precision"],
                                       r["size"], str(r["batch"]), f"error: {r['error']}"]
-            + ["-"] * 6 for r in results]
+            + ["-"] * 7 for r in results]
     return header, rows
 
 
 def ops_table(results: List[Dict]):
-    """One row per (op variant, L)."""
+    """One row per (CPU op variant, L)."""
     header = ["op", "L", "median ms", "growth p", "official / irpe"]
     rows = [[r["op"], str(r["L"]), _f(r["median_ms"], ".3f"), _f(r.get("growth"), ".2f"),
-             _f(r.get("speedup"), ".2f")] for r in results]
+             _f(r.get("speedup"), ".2f")] for r in results if r.get("device") != "cuda"]
     return header, rows
+
+
+def _table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["", f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+
+
+def ops_fits(doc: Dict) -> str:
+    """Fitted growth exponent per op (stored fits, or fitted now for older reports)."""
+    from benchmarks.ops_bench import fits
+    rows = [[f["op"], _f(f["slope"], ".2f"), ", ".join(map(str, f["lengths"]))]
+            for f in doc.get("fits") or fits(doc["results"])]
+    return _table("Fitted growth: t ~ L^p (least squares, log-log)", ["op", "fitted p", "L"], rows)
+
+
+def ops_gpu(doc: Dict) -> str:
+    """Custom CUDA kernel rows, or the reason there are none."""
+    gpu = [r for r in doc["results"] if r.get("device") == "cuda"]
+    if not gpu:
+        return f"\nCustom CUDA kernels: {doc['settings'].get('gpu_ops', 'not run')}\n"
+    rows = [[r["case"], r["dtype"], r["op"], str(r["L"]), _f(r["median_ms"], ".4f"),
+             _f(r.get("gb_per_s"), ".0f"), _f((r.get("fraction_of_peak") or 0) * 100, ".1f"),
+             _f(r.get("speedup"), ".2f")] for r in gpu]
+    return _table("CUDA (benchmarks.ops_gpu)", ["case", "dtype", "op", "L", "median ms", "GB/s",
+                                                  "% peak", "x torch"], rows)
 
 
 def serve_table(results: List[Dict]):
@@ -150,3 +177,4 @@ def serve_table(results: List[Dict]):
 
 
 TABLES: Dict[str, Callable] = {"models": models_table, "ops": ops_table, "serve": serve_table}
+SECTIONS: Dict[str, Sequence[Callable[[Dict], str]]] = {"ops": (ops_fits, ops_gpu)}
