@@ -76,16 +76,21 @@ def _bars(rows: List[Dict], keys, ylabel: str, path: Path) -> Path:
     return _save(fig, path)
 
 
-def ops_plots(doc: Dict, stem: Path) -> List[Path]:
-    """Op cost vs sequence length L, log-log; the legend gives each op's fitted exponent."""
+def ops_series(doc: Dict) -> Dict[str, List[Tuple[float, float]]]:
+    """(L, ms) per op, labelled with the op's fitted exponent."""
     from benchmarks.ops_bench import fit_rows, fits, series_key
     slopes = {f["op"]: f["slope"] for f in doc.get("fits") or fits(doc["results"])}
 
     def key(r: Dict) -> str:
         p = slopes.get(series_key(r))
         return series_key(r) + ("" if p is None else f" (fitted p={p:.2f})")
+    return _series(fit_rows(doc["results"]), key, "L", "median_ms")
+
+
+def ops_plots(doc: Dict, stem: Path) -> List[Path]:
+    """Op cost vs sequence length L, log-log; the legend gives each op's fitted exponent."""
     fig, ax = plt.subplots(figsize=(7, 5))
-    _lines(ax, _series(fit_rows(doc["results"]), key, "L", "median_ms"))
+    _lines(ax, ops_series(doc))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set(xlabel="sequence length L", ylabel="ms per call", title="iRPE op cost vs L")

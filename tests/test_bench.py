@@ -12,11 +12,16 @@ PNG_MAGIC = b"\x89PNG"
 
 def _report(folder, kind: str) -> dict:
     """The JSON report of ``kind`` after checking its Markdown and plots exist."""
-    doc = json.loads((folder / f"bench_{kind}.json").read_text())
+    return _report_file(folder, f"bench_{kind}", kind)
+
+
+def _report_file(folder, stem: str, kind: str) -> dict:
+    """The JSON report ``stem``.json after checking its Markdown and plots exist."""
+    doc = json.loads((folder / f"{stem}.json").read_text())
     assert doc["kind"] == kind and doc["device"] and doc["git_sha"] and doc["versions"]["torch"]
-    md = (folder / f"bench_{kind}.md").read_text()
+    md = (folder / f"{stem}.md").read_text()
     assert md.startswith(f"# irpe bench {kind}") and md.count("\n|") >= 2 + len(doc["results"])
-    pngs = sorted(folder.glob(f"bench_{kind}*.png"))
+    pngs = sorted(folder.glob(f"{stem}*.png"))
     assert pngs and all(p.read_bytes()[:4] == PNG_MAGIC for p in pngs)
     return doc
 
@@ -41,6 +46,10 @@ def test_ops_quick_and_report_regenerates(tmp_path):
     assert {r["op"] for r in doc["results"]} == {"gather_irpe", "gather_official", "v_irpe",
                                                  "v_official"}
     assert sorted({r["L"] for r in doc["results"]}) == doc["settings"]["lengths"] == [10, 26]
+    assert {f["op"] for f in doc["fits"]} == {r["op"] for r in doc["results"]}
+    assert all(f["lengths"] == [10, 26] and f["slope"] is not None for f in doc["fits"])
+    text = (tmp_path / "bench_ops.md").read_text()
+    assert "## Fitted growth" in text and "Custom CUDA kernels:" in text
     md = tmp_path / "bench_ops.md"
     md.unlink()
     (tmp_path / "bench_ops_cost_vs_L.png").unlink()
@@ -75,12 +84,81 @@ def test_server_process_stops_and_reports_bad_repository(tmp_path):
             pass
 
 
+def test_models_quick_detr_plain_vs_irpe_tagged(tmp_path):
+    assert main(["bench", "models", "--quick", "--models", "detr_small", "--backends", "eager",
+                 "--batches", "1", "--detr-sizes", "64x96,96x128", "--tag", "detr",
+                 "--out", str(tmp_path)]) == 0
+    doc = _report_file(tmp_path, "bench_models_detr", "models")
+    assert [(r["variant"], r["size"]) for r in doc["results"]] == [("plain", "64x96"),
+                                                                   ("irpe_k", "64x96")]
+    assert doc["results"][0]["model"] == "detr_tiny_irpe (rpe_config=None)"
+    assert all(r["build_s"] > 0 and r["p50_ms"] > 0 for r in doc["results"])
+    assert not (tmp_path / "bench_models.json").exists()
+
+
+def test_fit_slope_recovers_power_law():
+    from benchmarks.ops_common import fit_slope
+    lengths = [50, 197, 401, 785, 1601]
+    assert fit_slope(lengths, [3e-4 * n ** 2.37 for n in lengths]) == pytest.approx(2.37)
+    assert fit_slope(lengths, [None, 2.0, 0.0, 8.0, None]) == pytest.approx(1.0, abs=0.03)
+    assert fit_slope([50], [1.0]) is None and fit_slope([50, 50], [1.0, 2.0]) is None
+
+
+def _ops_doc():
+    """A synthetic ops report: CPU t = L^2 exactly, CUDA rows t = L^1.5 on the DETR cases."""
+    cpu = [{"op": op, "L": n, "median_ms": 1e-4 * n ** 2} for op in ("gather_irpe", "v_irpe")
+           for n in (50, 197, 401)]
+    gpu = [{"op": "gather_ours", "device": "cuda", "case": case, "dtype": "float16", "L": n,
+            "median_ms": 1e-5 * n ** 1.5, "gb_per_s": 100.0, "fraction_of_peak": 0.5,
+            "speedup": 2.0} for case, n in (("detr_950", 950), ("detr_2150", 2150),
+                                            ("deit_s_bs64", 197))]
+    return {"kind": "ops", "device": "test", "date": "-", "git_sha": "-", "cpu_count": 2,
+            "torch_threads": 1, "versions": {"torch": "-"}, "notes": [],
+            "settings": {"gpu_ops": "measured"}, "results": cpu + gpu}
+
+
+def test_ops_fits_legend_and_cuda_table(tmp_path):
+    from benchmarks import ops_bench, plots
+    from benchmarks.report import save
+    doc = _ops_doc()
+    doc["fits"] = ops_bench.fits(doc["results"])
+    slopes = {f["op"]: f["slope"] for f in doc["fits"]}
+    assert slopes["gather_irpe"] == pytest.approx(2.0) and slopes["v_irpe"] == pytest.approx(2.0)
+    assert slopes["cuda gather_ours float16"] == pytest.approx(1.5)  # deit_s_bs64 not fitted
+    assert set(plots.ops_series(doc)) == {"gather_irpe (fitted p=2.00)", "v_irpe (fitted p=2.00)",
+                                          "cuda gather_ours float16 (fitted p=1.50)"}
+    save(doc, tmp_path, "synthetic")
+    md = (tmp_path / "bench_ops_synthetic.md").read_text()
+    assert "| cuda gather_ours float16 | 1.50 | 950, 2150 |" in md
+    assert "| deit_s_bs64 | float16 | gather_ours | 197 |" in md
+    assert (tmp_path / "bench_ops_synthetic_cost_vs_L.png").read_bytes()[:4] == PNG_MAGIC
+
+
+def test_ops_cuda_rows_skip_with_reason_on_cpu(monkeypatch):
+    from benchmarks import ops_bench
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    rows, why = ops_bench.gpu_rows(quick=True, repeats=1)
+    assert rows == [] and why.startswith("skipped: no CUDA device")
+
+
+def test_models_notes_say_why_not_run():
+    from benchmarks.models_bench import compile_notes, skipped
+    rows = [{"backend": "compile", "error": "BackendCompilerFailed: no C++ compiler"},
+            {"backend": "compile", "p50_ms": 1.0}, {"backend": "eager", "p50_ms": 1.0}]
+    assert compile_notes(rows) == ["torch.compile failed on 1 of 2 models: "
+                                   "BackendCompilerFailed: no C++ compiler"]
+    assert compile_notes(rows[1:])[0].startswith("torch.compile: inductor")
+    assert skipped(["eager", "onnxruntime"], ["fp32", "bf16"]) == [
+        "onnxruntime bf16: not run (the ONNX export is fp32; onnxruntime runs it as exported)"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["models", "--models", "vit_huge"], "unknown model family vit_huge"),
     (["models", "--batches", "1,x"], "not a comma-separated list of integers"),
     (["models", "--batches", "0"], "need positive integers"),
     (["models", "--backends", "tensorflow"], "unknown backend tensorflow"),
     (["serve", "--concurrency", "-1"], "need positive integers"),
+    (["models", "--detr-sizes", "480"], "not a comma-separated list of HxW sizes"),
 ])
 def test_bad_input_one_line_exit_2(argv, message, capsys, tmp_path):
     assert main(["bench", *argv, "--out", str(tmp_path)]) == 2
