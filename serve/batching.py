@@ -54,17 +54,21 @@ class Batcher:
         """Run ``fn(*args)`` in this model's inference thread (loading, warmup)."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
+    def check_room(self, count: int) -> None:
+        """400 if ``count`` items can never fit, 503 (Retry-After) if the queue is full now."""
+        if count > self.max_queue_size:
+            raise ServeError(400, f"{count} images in one request; model {self.name} "
+                             f"queues at most {self.max_queue_size}")
+        if len(self._items) + count > self.max_queue_size:
+            raise unavailable(f"queue of model {self.name} is full ({len(self._items)} of "
+                              f"{self.max_queue_size} images waiting); retry later")
+
     async def submit(self, payloads: Sequence[Any], keys: Sequence[Hashable],
                      timeout_s: float) -> List[Any]:
         """Queue one item per payload and wait for all results (503 full, 504 timeout)."""
         if self._closing:
             raise unavailable(f"model {self.name} is shutting down")
-        if len(payloads) > self.max_queue_size:
-            raise ServeError(400, f"{len(payloads)} images in one request; model {self.name} "
-                             f"queues at most {self.max_queue_size}")
-        if len(self._items) + len(payloads) > self.max_queue_size:
-            raise unavailable(f"queue of model {self.name} is full ({len(self._items)} of "
-                              f"{self.max_queue_size} images waiting); retry later")
+        self.check_room(len(payloads))
         loop = asyncio.get_running_loop()
         items = [_Item(p, k, loop.create_future(), loop.time()) for p, k in zip(payloads, keys)]
         self._items.extend(items)

@@ -84,6 +84,11 @@ class ServedModel:
         if not self.ready:
             raise unavailable(f"model {self.name} is {self.state}", 5)
 
+    def admit(self, count: int = 1) -> None:
+        """Cheap load shedding before any decoding: 503 unless ready with queue room."""
+        self.check_ready()
+        self.batcher.check_room(count)
+
     def prepare(self, blobs: Sequence[bytes]) -> List[Prepared]:
         """Decode and preprocess images (the artifact's Preprocess); runs in a worker thread."""
         out = []

@@ -157,6 +157,7 @@ async def _prepare(request: Request, model: ServedModel) -> List[Prepared]:
     limit = app_state(request).settings.max_images
     blobs = await read_images(request, limit)
     validate_count(len(blobs), limit)
+    model.admit(len(blobs))  # a full queue answers 503 before spending CPU on decoding
     try:
         return await asyncio.to_thread(model.prepare, blobs)
     except ImageError as exc:  # PIL names the in-memory file object; drop that noise

@@ -129,7 +129,9 @@ async def infer(request: Request, name: str, version: Optional[str] = None) -> R
         raise ServeError(415, f"unsupported media type {media_type(request)}: send "
                          "application/json or application/octet-stream")
     limit = app_state(request).settings.max_body_bytes
-    body = decompress(await request.body(), request.headers.get("content-encoding"), limit)
+    raw = await request.body()
+    model.admit()  # a full queue answers 503 before spending CPU on decoding
+    body = decompress(raw, request.headers.get("content-encoding"), limit)
     req, tensors = decode_request(body, request.headers.get("inference-header-content-length"))
     return await _respond(model, req, tensors, app_state(request).settings.max_images)
 
