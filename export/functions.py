@@ -3,9 +3,10 @@
 A node of domain ``irpe`` runs as a TensorRT plugin where one is loaded; everywhere else the
 runtime expands the FunctionProto of the same name, whose body uses standard ONNX ops only.
 
-Gather: the table is flattened to (Lq*K, B*H) rows and ONE ``Gather`` on axis 0 picks a row
-of B*H values per (query, key), so every copy is a contiguous run (no index expanded to
-(B, H, Lq, Lk), no per-element gather; both measured several times slower in ONNX Runtime).
+Gather: the table is flattened to (R*K, B*H) rows (R = Lq, or 1 for a table broadcast over the
+queries) and ONE ``Gather`` on axis 0 picks a row of B*H values per (query, key), so every copy
+is a contiguous run (no index expanded to (B, H, Lq, Lk), no per-element gather; both measured
+several times slower in ONNX Runtime).
 Scatter: a batched ``MatMul`` of the attention with the one-hot bucket map (Lq, Lk, K),
 because TensorRT's parser rejects ScatterND/ScatterElements with a reduction; the map is the
 same in every layer, so ONNX Runtime builds it once. See docs/export.md for the measurements.
@@ -36,31 +37,40 @@ def _const(name: str, values: List[int]) -> NodeProto:
     return helper.make_node("Constant", [], [name], value_ints=values)
 
 
-def _flat_index(index: str, rows: str, width: str) -> List[NodeProto]:
-    """Nodes for fi = index + row * width (int64, (Lq, Lk)): ids into the (Lq*width) rows."""
+def _flat_index(index: str, rows: str, table: str) -> List[NodeProto]:
+    """Nodes for rows = index + i * K * (R > 1) (int64, (Lq, Lk)) into the (R*K) table rows.
+
+    R, the table's query rows, is Lq or 1 (one row broadcast over every query: no offset).
+    """
     return [
         helper.make_node("Cast", [index], ["idx"], to=TensorProto.INT64),
         _const("zero", [0]), _const("one", [1]),
+        helper.make_node("Shape", [table], ["r"], start=2, end=3),
+        helper.make_node("Shape", [table], ["k"], start=3, end=4),
+        helper.make_node("Sub", ["r", "one"], ["r_1"]),
+        helper.make_node("Min", ["r_1", "one"], ["multi_row"]),  # 0 when R == 1, else 1
+        helper.make_node("Mul", ["k", "multi_row"], ["width"]),
         helper.make_node("Shape", ["idx"], ["lq"], start=0, end=1),
         helper.make_node("Squeeze", ["lq"], ["lq_s"]),
         helper.make_node("Squeeze", ["zero"], ["zero_s"]),
         helper.make_node("Squeeze", ["one"], ["one_s"]),
         helper.make_node("Range", ["zero_s", "lq_s", "one_s"], ["row"]),
-        helper.make_node("Mul", ["row", width], ["row_off"]),
+        helper.make_node("Mul", ["row", "width"], ["row_off"]),
         helper.make_node("Unsqueeze", ["row_off", "one"], ["row_col"]),
         helper.make_node("Add", ["idx", "row_col"], [rows]),
     ]
 
 
 def gather_function(opset: int) -> FunctionProto:
-    """RPEGather(table[B,H,Lq,K], index[Lq,Lk]) -> out[b,h,i,j] = table[b,h,i,index[i,j]]."""
+    """RPEGather(table[B,H,Lq|1,K], index[Lq,Lk]) -> out[b,h,i,j] = table[b,h,i|0,index[i,j]]."""
     nodes = [
         helper.make_node("Shape", ["table"], ["bh"], start=0, end=2),
-        helper.make_node("Shape", ["table"], ["k"], start=3, end=4),
-        *_flat_index("index", "flat_idx", "k"),
-        helper.make_node("Flatten", ["table"], ["table_2d"], axis=2),  # (B*H, Lq*K)
+        *_flat_index("index", "flat_idx", "table"),
+        helper.make_node("Flatten", ["table"], ["table_2d"], axis=2),  # (B*H, R*K)
         helper.make_node("Transpose", ["table_2d"], ["rows"], perm=[1, 0]),
         helper.make_node("Gather", ["rows", "flat_idx"], ["picked"], axis=0),  # (Lq, Lk, B*H)
+        # a 3-D single-axis move: ONNX Runtime's fast transpose path (a 4-D (Lq,Lk,B,H) ->
+        # (B,H,Lq,Lk) one measured 7x slower)
         helper.make_node("Transpose", ["picked"], ["picked_t"], perm=[2, 0, 1]),
         helper.make_node("Shape", ["flat_idx"], ["lq_lk"]),
         helper.make_node("Concat", ["bh", "lq_lk"], ["out_shape"], axis=0),

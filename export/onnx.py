@@ -26,7 +26,8 @@ from irpe.checkpoint import CheckpointError
 from irpe.rpe import iRPE, set_traceable
 
 from . import symbolic
-from .functions import attach_functions, count_rpe_nodes, inline_functions
+from .functions import (GATHER, attach_functions, count_rpe_nodes, inline_functions,
+                        rpe_nodes)
 from .source import Source, SourceLike, load_source
 
 __all__ = ["export_onnx", "export_source", "read_metadata", "read_metadata_props", "io_spec",
@@ -98,15 +99,15 @@ class _Progress:
 
 
 @contextmanager
-def _traceable(model: nn.Module) -> Iterator[None]:
-    """In-graph bucket ids while exporting; the modules' previous setting is restored."""
-    before = {m: m.traceable for m in model.modules() if isinstance(m, iRPE)}
-    set_traceable(model, True)
+def _traceable(model: nn.Module, fixed_grid: bool) -> Iterator[None]:
+    """In-graph bucket ids while exporting; the modules' previous settings are restored."""
+    before = {m: (m.traceable, m.fixed_grid) for m in model.modules() if isinstance(m, iRPE)}
+    set_traceable(model, True, fixed_grid=fixed_grid)
     try:
         yield
     finally:
-        for module, value in before.items():
-            module.traceable = value
+        for module, (traceable, fixed) in before.items():
+            module.traceable, module.fixed_grid = traceable, fixed
 
 
 def _custom_opsets(model: nn.Module) -> Dict[str, int]:
@@ -122,7 +123,8 @@ def _trace(src: Source, opset: int) -> onnx.ModelProto:
     inputs, outputs, dynamic = io_spec(src.spec.task)
     example = _example_inputs(src)
     buffer = io.BytesIO()
-    with _traceable(src.model), torch.no_grad(), warnings.catch_warnings():
+    fixed_grid = src.spec.task == "classification"  # static image size; detection: dynamic
+    with _traceable(src.model, fixed_grid), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings on constant shapes, deprecation
         torch.onnx.export(wrapper, example, buffer, dynamo=False,
                           opset_version=opset, input_names=inputs, output_names=outputs,
@@ -176,8 +178,26 @@ def _optimize(model: onnx.ModelProto) -> onnx.ModelProto:
     return onnxscript.optimizer.optimize(model, inline=False)
 
 
+def _fill_num_buckets(model: onnx.ModelProto) -> None:
+    """Give every RPEGather its ``num_buckets`` attribute: the table's last dim, which must be
+    static (shape inference with data propagation over the folded graph)."""
+    missing = [n for n in rpe_nodes(model)
+               if n.op_type == GATHER and all(a.name != "num_buckets" for a in n.attribute)]
+    if not missing:
+        return
+    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    dims = {v.name: v.type.tensor_type.shape.dim for v in inferred.graph.value_info}
+    for node in missing:
+        table = dims.get(node.input[0])
+        if not table or len(table) != 4 or not table[3].HasField("dim_value"):
+            raise ValueError(f"{node.name}: the RPEGather table's bucket dimension must be "
+                             "static to export")
+        node.attribute.append(onnx.helper.make_attribute("num_buckets", table[3].dim_value))
+
+
 def _finalize(model: onnx.ModelProto, src: Source, opset: int, inline: bool) -> onnx.ModelProto:
     """Attach functions (or inline them), cap the IR version, write metadata, full check."""
+    _fill_num_buckets(model)
     attach_functions(model)
     nodes = count_rpe_nodes(model)
     if inline:

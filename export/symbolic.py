@@ -29,13 +29,14 @@ def _sizes(value):
 
 
 def _gather(g, table, index):
+    """num_buckets = the table's last dim; where the exporter has not inferred it yet (the
+    1-row Q table of a Reshape), export.onnx fills it in once the graph is folded."""
     sizes, idx = _sizes(table), _sizes(index)
-    num_buckets = sizes[3]
-    if num_buckets is None:
-        raise ValueError("rpe_gather: the table's bucket dimension must be static to export")
+    known = {} if sizes[3] is None else {"num_buckets_i": sizes[3]}
     out = g.op(f"{DOMAIN}::{GATHER}", table, index, plugin_namespace_s=PLUGIN_NAMESPACE,
-               plugin_version_s=PLUGIN_VERSION, num_buckets_i=num_buckets)
-    return _with_shape(out, table, sizes[:3] + [idx[1] if len(idx) == 2 else None])
+               plugin_version_s=PLUGIN_VERSION, **known)
+    rows = list(idx) if len(idx) == 2 else [None, None]  # a 1-row table is broadcast over Lq
+    return _with_shape(out, table, sizes[:2] + rows)
 
 
 def _scatter(g, attn, index, num_buckets):

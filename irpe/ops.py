@@ -1,13 +1,15 @@
 """Custom ops ``irpe::rpe_gather`` and ``irpe::rpe_scatter`` (torch.library).
 
-rpe_gather(table[B,H,Lq,K], index[Lq,Lk]) -> out[B,H,Lq,Lk],  out[b,h,i,j] = table[b,h,i,index[i,j]]
+rpe_gather(table[B,H,Lq|1,K], index[Lq,Lk]) -> out[B,H,Lq,Lk],  out[b,h,i,j] = table[b,h,i,index[i,j]]
 rpe_scatter(attn[B,H,Lq,Lk], index[Lq,Lk], K) -> out[B,H,Lq,K], out[b,h,i,t] = sum_{j: index[i,j]=t} attn[b,h,i,j]
 
 They are each other's adjoint, so each one's backward is the other. The default implementation
 below is device-generic (torch.gather / scatter_add with fp32 accumulation); a device kernel
 plugs in with ``rpe_gather.register_kernel("cuda")`` (see :func:`register_kernels`) without
 touching the autograd or fake registrations. B and H of ``table``/``attn`` may be broadcast
-(size 1 or stride 0); index may be int32 or int64.
+(size 1 or stride 0); index may be int32 or int64. A gather table with ONE query row is
+broadcast over the index's Lq rows: with the table flattened to (B,H,1,L*K) and index j*K+id(j,i)
+this gives the transposed iRPE-Q term without materializing a transpose (see irpe.rpe).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
-def _check(x: torch.Tensor, index: torch.Tensor, name: str) -> None:
+def _check(x: torch.Tensor, index: torch.Tensor, name: str, broadcast_rows: bool = False) -> None:
     if x.dim() != 4:
         raise ValueError(f"{name}: expected a 4-D tensor [B,H,Lq,*], got shape {tuple(x.shape)}")
     if index.dim() != 2 or index.dtype not in _INDEX_DTYPES:
@@ -29,17 +31,18 @@ def _check(x: torch.Tensor, index: torch.Tensor, name: str) -> None:
                          f"{index.dtype}")
     if x.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"{name}: unsupported dtype {x.dtype}")
-    if x.shape[2] != index.shape[0]:
+    if x.shape[2] != index.shape[0] and not (broadcast_rows and x.shape[2] == 1):
         raise ValueError(f"{name}: Lq mismatch, tensor has {x.shape[2]}, index has {index.shape[0]}")
 
 
 @torch.library.custom_op("irpe::rpe_gather", mutates_args=())
 def rpe_gather(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Gather per-query bucket values into the Lq x Lk attention layout."""
-    _check(table, index, "rpe_gather")
-    b, h, lq, _ = table.shape
-    idx = index.to(device=table.device, dtype=torch.long).expand(b, h, lq, index.shape[1])
-    return torch.gather(table, 3, idx)
+    _check(table, index, "rpe_gather", broadcast_rows=True)
+    b, h, _, k = table.shape
+    lq, lk = index.shape
+    idx = index.to(device=table.device, dtype=torch.long).expand(b, h, lq, lk)
+    return torch.gather(table.expand(b, h, lq, k), 3, idx)
 
 
 @torch.library.custom_op("irpe::rpe_scatter", mutates_args=())
@@ -59,8 +62,7 @@ def rpe_scatter(attn: torch.Tensor, index: torch.Tensor, num_buckets: int) -> to
 
 @rpe_gather.register_fake
 def _gather_fake(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    b, h, lq, _ = table.shape
-    return table.new_empty((b, h, lq, index.shape[1]))
+    return table.new_empty((table.shape[0], table.shape[1], index.shape[0], index.shape[1]))
 
 
 @rpe_scatter.register_fake
@@ -73,10 +75,15 @@ def _gather_setup(ctx, inputs, output) -> None:
     table, index = inputs
     ctx.save_for_backward(index)
     ctx.num_buckets = table.shape[3]
+    ctx.broadcast = table.shape[2] == 1 and index.shape[0] != 1
 
 
 def _gather_backward(ctx, grad_out):
     (index,) = ctx.saved_tensors
+    if ctx.broadcast:  # one table row served every query: sum over all (i, j) at once
+        b, h = grad_out.shape[:2]
+        flat = grad_out.contiguous().reshape(b, h, 1, -1)
+        return rpe_scatter(flat, index.reshape(1, -1), ctx.num_buckets), None
     return rpe_scatter(grad_out.contiguous(), index, ctx.num_buckets), None
 
 

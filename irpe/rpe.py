@@ -112,6 +112,7 @@ class iRPE(nn.Module):
         self.transposed = transposed
         self.num_buckets = num_buckets(self.method, ratio, skip)
         self.traceable = False  # True: compute ids in-graph (dynamic-resolution export)
+        self.fixed_grid = False  # exporting one static grid size: see forward_transposed
         self._ids_cache: dict = {}
         if self.mode == "bias":
             if not transposed:
@@ -173,6 +174,24 @@ class iRPE(nn.Module):
         table = torch.matmul(x, self.lookup_table_weight.unsqueeze(0).to(x.dtype))
         return rpe_gather(table, ids)
 
+    def forward_transposed(self, x: torch.Tensor, height=None, width=None) -> torch.Tensor:
+        """``forward(x).transpose(2, 3)`` for Q/K (the iRPE-Q logits term), layout-free on export.
+
+        When exporting one static grid size (``set_traceable(m, fixed_grid=True)``), the table
+        is flattened to ONE row (B,H,1,L*K) and gathered with index [i,j] = j*K + id(j,i): the
+        output comes out transposed, so the graph holds no attention-sized Transpose for the Q
+        term. (L*K must be static for the exported node, hence not for dynamic sizes.)
+        """
+        if not (self.traceable and self.fixed_grid and self.mode == "contextual"
+                and self.transposed):
+            return self(x, height, width).transpose(2, 3)
+        heads, length = int(x.shape[1]), int(x.shape[2])  # static: constants in the graph
+        ids = self.bucket_ids(length, height, width, device=x.device)
+        table = torch.matmul(x, self.lookup_table_weight.unsqueeze(0).to(x.dtype))
+        rows = torch.arange(length, device=x.device).unsqueeze(1) * self.num_buckets
+        flat = (ids.to(torch.long) + rows).transpose(0, 1)
+        return rpe_gather(table.reshape(-1, heads, 1, length * self.num_buckets), flat)
+
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, num_heads={self.num_heads}, mode={self.mode}, "
                 f"method={self.method.value}, ratio={self.ratio}, transposed={self.transposed}, "
@@ -195,6 +214,11 @@ class iRPECross(nn.Module):
     def forward(self, x: torch.Tensor, height=None, width=None) -> torch.Tensor:
         return self.rp_rows(x, height, width) + self.rp_cols(x, height, width)
 
+    def forward_transposed(self, x: torch.Tensor, height=None, width=None) -> torch.Tensor:
+        """``forward(x).transpose(2, 3)``, see :meth:`iRPE.forward_transposed`."""
+        return (self.rp_rows.forward_transposed(x, height, width)
+                + self.rp_cols.forward_transposed(x, height, width))
+
 
 def build_rpe(config: Optional[RPEConfig], head_dim: int, num_heads: int,
               initializer: Optional[Callable[[torch.Tensor], None]] = None):
@@ -213,10 +237,14 @@ def build_rpe(config: Optional[RPEConfig], head_dim: int, num_heads: int,
     return one("q", True), one("k", True), one("v", False)
 
 
-def set_traceable(module: nn.Module, traceable: bool = True) -> nn.Module:
-    """Switch every iRPE submodule to in-graph id computation (for dynamic-size export)."""
+def set_traceable(module: nn.Module, traceable: bool = True, fixed_grid: bool = False
+                  ) -> nn.Module:
+    """Switch every iRPE submodule to in-graph id computation (for export).
+
+    ``fixed_grid``: the export has one static grid size (DeiT), which allows the transposed
+    iRPE-Q gather (:meth:`iRPE.forward_transposed`); detection exports keep it False.
+    """
     for m in module.modules():
         if isinstance(m, iRPE):
-            m.traceable = traceable
+            m.traceable, m.fixed_grid = traceable, traceable and fixed_grid
     return module
-

@@ -91,12 +91,39 @@ def test_rpe_nodes_carry_plugin_attributes(qkv_files):
     proto = onnx.load(path)
     nodes = [n for n in proto.graph.node if n.domain == DOMAIN]
     assert {n.op_type for n in nodes} == {GATHER, SCATTER}
+    buckets = []
     for node in nodes:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        assert attrs == {"plugin_namespace": b"irpe", "plugin_version": b"1", "num_buckets": 50}
+        assert attrs.keys() == {"plugin_namespace", "plugin_version", "num_buckets"}
+        assert attrs["plugin_namespace"] == b"irpe" and attrs["plugin_version"] == b"1"
+        buckets.append((node.op_type, attrs["num_buckets"]))
+    # per block: K gather and V scatter on the 50 buckets; the Q term gathers from ONE row of
+    # all 26 tokens' tables (26 * 50 values) with a transposed index
+    assert sorted(buckets) == sorted([(GATHER, 50), (GATHER, 26 * 50), (SCATTER, 50)] * 2)
     assert any(o.domain == DOMAIN and o.version == 1 for o in proto.opset_import)
     onnx.checker.check_model(proto, full_check=True)
     assert proto.ir_version <= 10 and proto.opset_import[0].version >= 17
+
+
+def test_no_attention_sized_transpose_after_a_gather(qkv_files):
+    """The Q term comes out of its gather already transposed (no Transpose of (B,H,L,L))."""
+    _, _, path, _ = qkv_files
+    proto = onnx.load(path)
+    gathered = {n.output[0] for n in proto.graph.node if n.op_type == GATHER}
+    consumers = [n.op_type for n in proto.graph.node if set(n.input) & gathered]
+    assert consumers and "Transpose" not in consumers, consumers
+
+
+def test_detection_export_keeps_the_transpose_form(tmp_path):
+    """Dynamic sizes (DETR) cannot use the 1-row table (L*K is not static): every gather
+    table keeps its query rows; parity at several sizes is in test_export_detr.py."""
+    cfg = RPEConfig(ratio=2.0, method="product", mode="ctx", shared_head=True, skip=0, on="qk")
+    model = create_model("detr_tiny_irpe", rpe_config=cfg).eval()
+    path = export_onnx(model, tmp_path / "d.onnx", spec=default_spec("detr_tiny_irpe"))
+    proto = onnx.load(path)
+    buckets = {onnx.helper.get_attribute_value(a) for n in proto.graph.node if n.op_type == GATHER
+               for a in n.attribute if a.name == "num_buckets"}
+    assert buckets == {81}
 
 
 def test_inline_output_has_no_rpe_nodes_and_same_results(qkv_files):

@@ -71,6 +71,24 @@ def test_broadcast_batch_and_expanded_table():
     assert torch.equal(rpe_gather(table, index), loop_gather(table.contiguous(), index))
 
 
+def test_one_row_table_is_broadcast_over_queries():
+    """A (B,H,1,K) table serves every query row of the index; backward sums over them."""
+    table = torch.randn(2, 3, 1, 12, dtype=torch.float64, requires_grad=True)
+    index = torch.randint(0, 12, (5, 7))
+    out = rpe_gather(table, index)
+    assert out.shape == (2, 3, 5, 7)
+    assert torch.equal(out, loop_gather(table.detach().expand(2, 3, 5, 12), index))
+    torch.autograd.gradcheck(lambda t: rpe_gather(t, index), (table,))
+    grad = torch.randn(2, 3, 5, 7, dtype=torch.float64)
+    out.backward(grad)
+    expected = loop_scatter(grad, index, 12).sum(2, keepdim=True)
+    torch.testing.assert_close(table.grad, expected)
+    with pytest.raises(ValueError, match="Lq mismatch"):
+        rpe_gather(torch.randn(2, 3, 2, 12), index)  # 2 rows for 5 queries
+    with pytest.raises(ValueError, match="Lq mismatch"):
+        rpe_scatter(torch.rand(2, 3, 1, 7), index, 12)  # no broadcast for the scatter
+
+
 def test_opcheck_registration():
     table, attn, index, k = make(torch.float32, torch.int64)
     torch.library.opcheck(torch.ops.irpe.rpe_gather.default, (table.requires_grad_(), index))

@@ -120,6 +120,30 @@ def test_traceable_mode_gives_same_outputs():
     torch.testing.assert_close(attn(x, torch.tensor(3), torch.tensor(5)), ref)
 
 
+@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("grid", [(3, 4, 1), (4, 3, 0)])
+def test_fixed_grid_transposed_term_equals_transpose(method, shared, grid):
+    """forward_transposed in fixed-grid export mode (1-row table, transposed index) equals the
+    plain term transposed, for Q with every method; with gradients through the table."""
+    height, width, skip = grid
+    cfg = get_rpe_config(ratio=METHODS[method], method=method, skip=skip, rpe_on="q",
+                         shared_head=shared)
+    rpe_q = _randomize(build_rpe(cfg, head_dim=8, num_heads=3)[0]).double()
+    x = torch.randn(2, 3, skip + height * width, 8, dtype=torch.float64)
+    ref = rpe_q(x, height, width).transpose(2, 3)
+    set_traceable(rpe_q, fixed_grid=True)
+    assert all(m.fixed_grid for m in rpe_q.modules() if hasattr(m, "fixed_grid"))
+    got = rpe_q.forward_transposed(x, height, width)
+    assert got.shape == ref.shape and got.is_contiguous()
+    torch.testing.assert_close(got, ref)
+    table = next(rpe_q.parameters())
+    (g_got,) = torch.autograd.grad(got.sum(), table)
+    set_traceable(rpe_q, False)
+    (g_ref,) = torch.autograd.grad(rpe_q(x, height, width).sum(), table)
+    torch.testing.assert_close(g_got, g_ref)
+
+
 def _official_attention(attn_mod, x, height, width):
     """The official DeiT RPEAttention forward, with naive iRPE terms."""
     b, n, c = x.shape

@@ -65,7 +65,8 @@ def load(verbose: bool = False):
 
 
 def _gather_cuda(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    _check(table, index, "rpe_gather")
+    _check(table, index, "rpe_gather", broadcast_rows=True)
+    table = table.expand(-1, -1, index.shape[0], -1)  # a 1-row table: row stride 0 (free)
     if table.dtype == torch.float64:  # not in the kernels: the plain torch formulation
         b, h, lq, _ = table.shape
         idx = index.to(device=table.device, dtype=torch.long).expand(b, h, lq, index.shape[1])

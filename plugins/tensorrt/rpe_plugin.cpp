@@ -99,6 +99,9 @@ int32_t RpePlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbInputs,
     for (int d = 0; d < 3; ++d) {
         outputs[0].d[d] = inputs[0].d[d];
     }
+    if (mConfig.op == Op::kGather && !mConfig.on_the_fly()) {
+        outputs[0].d[2] = inputs[1].d[0];  // Lq of the index (a 1-row table is broadcast)
+    }
     if (mConfig.op == Op::kScatter) {
         outputs[0].d[3] = exprBuilder.constant(mConfig.num_buckets);
     } else {  // self-attention: on the fly Lk = Lq; else Lk is the index width
@@ -142,8 +145,10 @@ std::string RpePlugin::check_dims(Dims const& a, Dims const& b, Dims const& out)
         }
         return {};
     }
-    if (b.nbDims != 2 || b.d[0] != a.d[2] || (mConfig.op == Op::kScatter && b.d[1] != a.d[3])) {
-        return "index must be [Lq, Lk] matching input 0";
+    bool const broadcast = mConfig.op == Op::kGather && a.d[2] == 1;  // one table row for all
+    if (b.nbDims != 2 || (b.d[0] != a.d[2] && !broadcast) ||
+        (mConfig.op == Op::kScatter && b.d[1] != a.d[3])) {
+        return "index must be [Lq, Lk] matching input 0 (a gather table may have 1 row)";
     }
     return {};
 }
@@ -177,7 +182,11 @@ int32_t RpePlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc c
     }
     bool const gather = mConfig.op == Op::kGather;
     int64_t const lk = gather ? outputDesc[0].dims.d[3] : a.d[3];
-    irpe_problem const p = make_problem(a, lk, gather ? a.d[3] : mConfig.num_buckets);
+    irpe_problem p = make_problem(a, lk, gather ? a.d[3] : mConfig.num_buckets);
+    if (gather && !mConfig.on_the_fly() && a.d[2] == 1) {  // one table row serves every query
+        p.lq = b.d[0];
+        p.stride[2] = 0;
+    }
     int status;
     if (mConfig.on_the_fly()) {
         irpe_bucket_params params;
