@@ -126,10 +126,10 @@ def _trace(src: Source, opset: int) -> onnx.ModelProto:
     fixed_grid = src.spec.task == "classification"  # static image size; detection: dynamic
     with _traceable(src.model, fixed_grid), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings on constant shapes, deprecation
+        traced = wrapper(*example)  # first: fixed-grid ids are cached, so traced as constants
         torch.onnx.export(wrapper, example, buffer, dynamo=False,
                           opset_version=opset, input_names=inputs, output_names=outputs,
                           dynamic_axes=dynamic, custom_opsets=_custom_opsets(src.model))
-        traced = wrapper(*example)
     model = onnx.load_from_string(buffer.getvalue())
     traced = traced if isinstance(traced, tuple) else (traced,)
     _static_output_dims(model, [tuple(t.shape) for t in traced], dynamic)

@@ -140,7 +140,10 @@ class iRPE(nn.Module):
     def bucket_ids(self, length: int, height=None, width=None,
                    device: Optional[torch.device] = None) -> torch.Tensor:
         """Bucket ids (L, L) for this module's method; cached unless tracing dynamic sizes."""
-        if self.traceable or isinstance(height, torch.Tensor):
+        if self.fixed_grid:  # exporting one static size: the ids become a graph constant
+            length = int(length)
+            height, width = (None, None) if height is None else (int(height), int(width))
+        elif self.traceable or isinstance(height, torch.Tensor):
             if height is None:
                 height, width, _ = self.grid(length)
             skip = self.skip if isinstance(height, torch.Tensor) else length - height * width
