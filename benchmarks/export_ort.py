@@ -49,7 +49,7 @@ def _graph(nodes, inputs, opset: int = 18, functions=()):
 
 
 def formulations() -> Dict[str, bytes]:
-    """Gather / scatter as ONNX graphs: ours (the local functions) and the alternatives."""
+    """Gather / Q term / scatter as ONNX graphs: ours (the local functions) and alternatives."""
     from onnx import helper
     from export.functions import gather_function, scatter_function
     n = helper.make_node
@@ -68,6 +68,15 @@ def formulations() -> Dict[str, bytes]:
              n("Gather", ["flat", "flat_index"], ["picked"], axis=2),
              n("Reshape", ["picked", "out_shape"], ["out"])],
             [tbl, ("flat_shape", False), ("flat_index", False), ("out_shape", False)]),
+        "q term: 1-row table + transposed index (ours)": _graph(
+            [n("Reshape", ["table", "row_shape"], ["row"]),
+             n("RPEGather", ["row", "index_t"], ["out"],
+               **dict(attrs, num_buckets=LAYER["L"] * LAYER["K"]))],
+            [tbl, ("row_shape", False), ("index_t", False)], functions=[gather_function(18)]),
+        "q term: gather + Transpose (as traced)": _graph(
+            [n("RPEGather", ["table", "index"], ["picked"], **attrs),
+             n("Transpose", ["picked"], ["out"], perm=[0, 1, 3, 2])],
+            [tbl, idx], functions=[gather_function(18)]),
         "scatter: one-hot MatMul (ours)": _graph(
             [n("RPEScatter", ["attn", "index"], ["out"], **attrs)], [att, idx],
             functions=[scatter_function(18)]),
@@ -88,6 +97,8 @@ def _layer_feeds() -> Dict[str, np.ndarray]:
             "attn": rng.random((b, h, length, length), dtype=np.float32), "index": ids,
             "flat_index": (ids + np.arange(length)[:, None] * k).reshape(-1),
             "flat_shape": np.array([0, 0, -1]), "out_shape": np.array([b, h, length, length]),
+            "row_shape": np.array([0, 0, 1, -1]),
+            "index_t": (ids + np.arange(length)[:, None] * k).T.copy(),
             "attn_shape": np.array([b, h, length, length]),
             "zeros": np.zeros((b, h, length, k), np.float32)}
 

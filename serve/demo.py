@@ -36,11 +36,15 @@ def demo_models(backend: str = "onnxruntime", cache_dir: Optional[Path] = None,
 
 
 def onnx_cache_path(weights: Path, cache_dir: Optional[Path] = None) -> Path:
-    """Where the ONNX export of ``weights`` lives (digest of weights, irpe and exporter)."""
-    from export import onnx as exporter
+    """Where the ONNX export of ``weights`` lives (digest of the weights and of every source
+    file of irpe/ and export/, so any change to the models or the exporter re-exports)."""
+    import export
     digest = hashlib.sha256(weights.read_bytes())
     digest.update(irpe.__version__.encode())
-    digest.update(Path(inspect.getsourcefile(exporter)).read_bytes())
+    for package in (irpe, export):
+        root = Path(inspect.getsourcefile(package)).parent
+        for source in sorted(root.rglob("*.py")):
+            digest.update(str(source.relative_to(root)).encode() + source.read_bytes())
     if cache_dir is None:
         from irpe.weights import cache_dir as default_cache
         cache_dir = default_cache()

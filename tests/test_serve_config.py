@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -152,3 +153,28 @@ def test_onnxruntime_providers_by_device():
         providers_for(None, "cuda", ["CPUExecutionProvider"])
     with pytest.raises(RuntimeError, match=r"\['CUDAExecutionProvider'\] are not in this build"):
         providers_for(["CUDAExecutionProvider"], "cpu", ["CPUExecutionProvider"])
+
+
+def test_demo_onnx_cache_key_covers_model_and_exporter_sources(tmp_path, monkeypatch):
+    """The cached demo export is re-made when any irpe/ or export/ source changes (not only
+    export/onnx.py: the function bodies, symbolics and the attention shape the file too)."""
+    import inspect
+    import shutil
+
+    import export
+    from serve import demo
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"weights")
+    first = demo.onnx_cache_path(weights, tmp_path)
+    assert first == demo.onnx_cache_path(weights, tmp_path)
+    assert first.parent == tmp_path / "onnx" and first.name.startswith("w-")
+    copy = tmp_path / "export_copy"
+    shutil.copytree(Path(inspect.getsourcefile(export)).parent, copy)
+    real = inspect.getsourcefile
+    monkeypatch.setattr(inspect, "getsourcefile",
+                        lambda obj: str(copy / "__init__.py") if obj is export else real(obj))
+    assert demo.onnx_cache_path(weights, tmp_path) == first  # same sources, same key
+    (copy / "functions.py").write_text((copy / "functions.py").read_text() + "\n# changed\n")
+    assert demo.onnx_cache_path(weights, tmp_path) != first
+    weights.write_bytes(b"other weights")
+    assert demo.onnx_cache_path(weights, tmp_path) not in (first,)
