@@ -106,11 +106,12 @@ def scatter_function(opset: int) -> FunctionProto:
         helper.make_node("Reshape", ["attn", "nql_shape"], ["attn_3d"]),  # (B*H, Lq, Lk)
         helper.make_node("Transpose", ["attn_3d"], ["attn_q"], perm=[1, 0, 2]),
         helper.make_node("MatMul", ["attn_q", "one_hot"], ["sums"]),  # (Lq, B*H, K)
-        helper.make_node("Transpose", ["sums"], ["sums_t"], perm=[1, 0, 2]),
         helper.make_node("Shape", ["attn"], ["lq"], start=2, end=3),
         helper.make_node("Unsqueeze", ["k_scalar", "zero"], ["k"]),
-        helper.make_node("Concat", ["bh", "lq", "k"], ["out_shape"], axis=0),
-        helper.make_node("Reshape", ["sums_t", "out_shape"], ["output"]),
+        helper.make_node("Concat", ["lq", "bh", "k"], ["split_shape"], axis=0),
+        helper.make_node("Reshape", ["sums", "split_shape"], ["sums_4d"]),  # (Lq, B, H, K)
+        # last: a batch-axis move that ONNX Runtime folds into the MatMul with the V table
+        helper.make_node("Transpose", ["sums_4d"], ["output"], perm=[1, 2, 0, 3]),
     ]
     return helper.make_function(DOMAIN, SCATTER, ["attn", "index"], ["output"], nodes,
                                 [helper.make_opsetid("", opset)], OP_ATTRIBUTES,
