@@ -1,8 +1,11 @@
 """Faults not covered by test_serve*: clients that disconnect mid-request, a backend that hangs
-past the request timeout, and model artifacts that are missing or corrupt at start."""
+past the request timeout, model artifacts that are missing or corrupt at start, and SIGTERM
+while a real `irpe serve` process is under concurrent load."""
 from __future__ import annotations
 
+import os
 import re
+import signal
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,8 +19,9 @@ from irpe.cli import main
 from irpe.data.shapes import SHAPE_CLASSES
 from irpe.models import create_model
 from serve.config import ServeSettings
-from serve.testing import running_server
+from serve.testing import running_server, wait_ready
 from tests.test_serve import shape_png
+from tests.test_serve_ops import _start_cli
 
 torch.set_num_threads(1)
 PNG = {"content-type": "image/png"}
@@ -156,3 +160,41 @@ def _poll(check, timeout_s: float = 30.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.05)
+
+
+def test_sigterm_under_load_drains_in_flight_and_refuses_new_connections(tmp_path, cls_file):
+    repo = tmp_path / "slow.yaml"  # 8 requests, batches of 4, 0.5 s each: ~1 s of work queued
+    repo.write_text(f"threads: 1\nmodels:\n  - {{name: slow, path: {cls_file}, backend: fault, "
+                    "max_batch_size: 4, fault: {delay_s: 0.5}}\n")
+    proc, url, _ = _start_cli(repo, {**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        wait_ready(url)
+        blob, path = shape_png(0), f"{url}/v1/models/slow/classify"
+        with ThreadPoolExecutor(8) as pool:
+            busy = [pool.submit(httpx.post, path, content=blob, headers=PNG, timeout=30)
+                    for _ in range(8)]
+            _poll(lambda: metric(url, "irpe_http_requests_in_flight") == 9)  # 8 + this scrape
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)  # uvicorn notices the signal within 0.1 s and closes the listener
+            late = _late_attempts(path, blob, proc, busy)
+            codes = [f.result().status_code for f in busy]
+        assert codes == [200] * 8
+        assert late and not all(done for _, done in late)  # probed while requests were running
+        assert {outcome for outcome, _ in late} <= {"refused", 503}, late
+        assert proc.wait(30) == -signal.SIGTERM
+    finally:
+        proc.kill()
+
+
+def _late_attempts(path: str, blob: bytes, proc, busy) -> list:
+    """New connections while draining: (outcome, all in-flight done) until the process exits."""
+    out, deadline = [], time.monotonic() + 20
+    while proc.poll() is None and time.monotonic() < deadline:
+        done = all(f.done() for f in busy)
+        try:
+            out.append((httpx.post(path, content=blob, headers=PNG, timeout=10).status_code,
+                        done))
+        except httpx.ConnectError:
+            out.append(("refused", done))
+        time.sleep(0.05)
+    return out
