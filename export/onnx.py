@@ -23,6 +23,7 @@ from torch import nn
 import irpe
 from irpe.artifact import ModelSpec, spec_from_metadata
 from irpe.checkpoint import CheckpointError
+from irpe.filecheck import check_file
 from irpe.rpe import iRPE, set_traceable
 
 from . import symbolic
@@ -261,8 +262,7 @@ def export_onnx(source: SourceLike, output: os.PathLike, checkpoint: Optional[st
 def read_metadata_props(path: os.PathLike) -> Dict[str, str]:
     """All metadata_props of an ONNX file; a clear error for missing or corrupt files."""
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"ONNX file not found: {path}")
+    check_file(path, "onnx")  # missing (FileNotFoundError), empty, not a ModelProto
     try:
         model = onnx.load(path, load_external_data=False)
     except Exception as exc:  # protobuf DecodeError and friends

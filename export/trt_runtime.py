@@ -13,6 +13,8 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from irpe.filecheck import check_file
+
 from .trt_common import import_tensorrt, load_plugins, make_logger
 
 __all__ = ["TRTRunner"]
@@ -36,6 +38,7 @@ class TRTRunner:
 
     def __init__(self, engine_path: os.PathLike, plugins: Sequence[str] = (),
                  device: Optional[torch.device] = None, module: Optional[str] = None) -> None:
+        check_file(engine_path, "engine")  # missing, empty, truncated or not an engine
         if not torch.cuda.is_available():
             raise RuntimeError("TRTRunner needs a CUDA GPU (torch.cuda.is_available() is False)")
         self.trt = trt = import_tensorrt(module)

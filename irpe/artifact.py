@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Tuple
 from torch import nn
 
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .filecheck import check_file
 from .models import create_model, model_info
 from .rpe import RPEConfig
 
@@ -93,11 +94,10 @@ def spec_from_metadata(meta: Dict[str, str]) -> ModelSpec:
 def read_spec(path: str) -> Tuple[ModelSpec, Dict[str, str]]:
     """Spec and raw metadata of a trained-model .safetensors file, without loading weights."""
     from safetensors import safe_open
+    check_file(path, "safetensors")
     try:
         with safe_open(path, framework="pt") as handle:
             meta = handle.metadata() or {}
-    except FileNotFoundError:
-        raise CheckpointError(f"model file not found: {path}") from None
     except Exception as exc:  # safetensors raises its own error types on corrupt headers
         raise CheckpointError(f"cannot read {path}: {exc}") from None
     return spec_from_metadata(meta), meta

@@ -115,8 +115,8 @@ def _repo(tmp_path, path) -> str:
 
 @pytest.mark.parametrize("content,message", [
     (None, "model file not found"),
-    (b"", "cannot read"),
-    (b"\xff" * 64, "cannot read"),
+    (b"", "is not a readable safetensors file: empty file"),
+    (b"\xff" * 64, "is not a readable safetensors file: header length"),
 ])
 def test_missing_or_corrupt_artifact_is_a_clear_startup_error(tmp_path, capsys, content,
                                                                message):
