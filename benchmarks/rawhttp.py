@@ -22,11 +22,12 @@ class Lost(ConnectionError):
 
 
 class LeanClient:
-    """POST ``body`` to ``path`` on ``url``; idle connections expire after ``keepalive_s``
+    """POST ``body`` to ``path`` on ``url`` over at most ``max_connections`` connections
+    (``async with client.slots`` around ``post``); idle ones expire after ``keepalive_s``
     (below the server's keep-alive timeout, so the client never reuses one being closed)."""
 
     def __init__(self, url: str, path: str, body: bytes, headers: Dict[str, str],
-                 keepalive_s: float = 1.0) -> None:
+                 keepalive_s: float = 1.0, max_connections: int = 256) -> None:
         parts = urlsplit(url)
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
         head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
@@ -34,6 +35,7 @@ class LeanClient:
                         f"Content-Length: {len(body)}\r\n\r\n").encode() + body
         self.keepalive_s = keepalive_s
         self.idle: List[Conn] = []
+        self.slots = asyncio.Semaphore(max_connections)  # callers wait for a free connection
 
     async def post(self) -> Tuple[int, bytes]:
         """One request -> (status, body); raises :class:`Lost` when no answer came back."""

@@ -130,15 +130,17 @@ def image() -> bytes:
 
 
 async def _one(client: LeanClient, out: List[Result], due: Optional[float] = None) -> None:
-    """One request -> (status or -1 when lost, seconds, start lag behind ``due``, start)."""
-    start = time.perf_counter()
-    lag = 0.0 if due is None else start - due
-    try:
-        status, _ = await client.post()
-        out.append((status, time.perf_counter() - start, lag, start))
-    except Lost as exc:  # a lost request: no HTTP answer at all
-        out.append((-1, time.perf_counter() - start, lag, start))
-        print(f"lost: {exc}", file=sys.stderr)
+    """One request -> (status or -1 when lost, seconds, start lag behind ``due``, start);
+    it starts when a connection is free (at most 256, like a browser or proxy pool)."""
+    async with client.slots:
+        start = time.perf_counter()
+        lag = 0.0 if due is None else start - due
+        try:
+            status, _ = await client.post()
+            out.append((status, time.perf_counter() - start, lag, start))
+        except Lost as exc:  # a lost request: no HTTP answer at all
+            out.append((-1, time.perf_counter() - start, lag, start))
+            print(f"lost: {exc}", file=sys.stderr)
 
 
 def _client(url: str, blob: bytes) -> LeanClient:
