@@ -21,14 +21,10 @@ def rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     """
     q = q * scale
     attn = q @ k.transpose(-2, -1)
-    rel = None  # the iRPE logits terms, summed first: one attention-sized add (and, exported,
-    if rpe_k is not None:  # both gathers share one layout transpose)
-        rel = rpe_k(q, height, width)
-    if rpe_q is not None:
-        term = rpe_q.forward_transposed(k * scale, height, width)
-        rel = term if rel is None else rel + term
-    if rel is not None:
-        attn = attn + rel
+    if rpe_k is not None:
+        attn = attn + rpe_k(q, height, width)
+    if rpe_q is not None:  # rpe_q(k * scale)^T, gathered already transposed when exported
+        attn = attn + rpe_q.forward_transposed(k * scale, height, width)
     if key_padding_mask is not None:
         attn = attn.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
     attn = attn.softmax(dim=-1)
@@ -43,7 +39,7 @@ def rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
 class RPEAttention(nn.Module):
     """ViT attention (qkv / proj linears, timm keys) plus optional iRPE on Q, K and V.
 
-    logits = (q*scale) @ k^T + (rpe_k(q*scale) + rpe_q(k*scale)^T); out = softmax @ v + rpe_v(attn).
+    logits = (q*scale) @ k^T + rpe_k(q*scale) + rpe_q(k*scale)^T; out = softmax @ v + rpe_v(attn).
     """
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False,

@@ -174,8 +174,11 @@ class iRPE(nn.Module):
         if self.mode == "bias":
             lq, lk = ids.shape
             return self.lookup_table_bias[:, ids.reshape(-1)].view(1, -1, lq, lk).to(x.dtype)
-        table = torch.matmul(x, self.lookup_table_weight.unsqueeze(0).to(x.dtype))
-        return rpe_gather(table, ids)
+        return rpe_gather(self._table(x), ids)
+
+    def _table(self, x: torch.Tensor) -> torch.Tensor:
+        """Contextual lookup table x @ W: (B,H,L,D) -> (B,H,L,K) per-token bucket values."""
+        return torch.matmul(x, self.lookup_table_weight.unsqueeze(0).to(x.dtype))
 
     def forward_transposed(self, x: torch.Tensor, height=None, width=None) -> torch.Tensor:
         """``forward(x).transpose(2, 3)`` for Q/K (the iRPE-Q logits term), layout-free on export.
@@ -185,12 +188,11 @@ class iRPE(nn.Module):
         output comes out transposed, so the graph holds no attention-sized Transpose for the Q
         term. (L*K must be static for the exported node, hence not for dynamic sizes.)
         """
-        if not (self.traceable and self.fixed_grid and self.mode == "contextual"
-                and self.transposed):
+        if not (self.fixed_grid and self.mode == "contextual" and self.transposed):
             return self(x, height, width).transpose(2, 3)
         heads, length = int(x.shape[1]), int(x.shape[2])  # static: constants in the graph
         ids = self.bucket_ids(length, height, width, device=x.device)
-        table = torch.matmul(x, self.lookup_table_weight.unsqueeze(0).to(x.dtype))
+        table = self._table(x)
         rows = torch.arange(length, device=x.device).unsqueeze(1) * self.num_buckets
         flat = (ids.to(torch.long) + rows).transpose(0, 1)
         return rpe_gather(table.reshape(-1, heads, 1, length * self.num_buckets), flat)
