@@ -14,8 +14,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .trt_common import TensorRTUnavailable, import_tensorrt, is_rtx, load_plugins, make_logger
-from .trt_runtime import TRTRunner
+from irpe.deploy.trt_common import (TensorRTUnavailable, import_tensorrt, is_rtx, load_plugins,
+                                    make_logger)
+from irpe.deploy.trt_runtime import TRTRunner
 
 __all__ = ["build_engine", "TRTRunner", "TensorRTUnavailable", "parse_compute_capability",
            "sidecar_path", "default_ranges", "PRECISIONS"]

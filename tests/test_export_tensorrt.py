@@ -13,7 +13,7 @@ import torch
 
 from export.onnx import export_onnx
 from export.tensorrt import build_engine, sidecar_path
-from export.trt_common import TensorRTUnavailable, import_tensorrt, is_rtx
+from irpe.deploy.trt_common import TensorRTUnavailable, import_tensorrt, is_rtx
 from irpe import RPEConfig, create_model
 from irpe.artifact import default_spec, save_trained
 from tests.test_export_onnx import tiny_deit
@@ -77,7 +77,7 @@ def test_engine_from_inlined_file(onnx_files, tmp_path):
 
 _CREATOR_SCRIPT = textwrap.dedent("""
     import sys, numpy as np
-    from export.trt_common import import_tensorrt
+    from irpe.deploy.trt_common import import_tensorrt
     trt = import_tensorrt()
     calls = []
     class Creator(trt.IPluginCreatorV3One):
@@ -143,7 +143,7 @@ def test_clear_error_without_any_tensorrt_module(onnx_files):
 @needs_trt
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="TRTRunner needs a CUDA GPU")
 def test_runner_matches_pytorch_on_gpu(onnx_files, tmp_path):
-    from export.tensorrt import TRTRunner
+    from irpe.deploy.trt_runtime import TRTRunner
     from export.validate import validate
     engine = tmp_path / "deit.engine"
     build_engine(onnx_files["deit"], engine, batch=(1, 2, 4))

@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from export.onnx import read_metadata
-from export.trt_runtime import TRTRunner
+from irpe.deploy.trt_runtime import TRTRunner
 from irpe.artifact import read_spec
 from irpe.cli import main
 from irpe.filecheck import ArtifactError, ArtifactMissing, check_file

@@ -1,5 +1,5 @@
 """TensorRT backend: a serialized engine (+ iRPE plugin libraries) run by
-``export.tensorrt.TRTRunner``; needs a CUDA GPU and a TensorRT Python module."""
+``irpe.deploy.trt_runtime.TRTRunner``; needs a CUDA GPU and a TensorRT Python module."""
 from __future__ import annotations
 
 import json
@@ -38,10 +38,10 @@ class TensorRTBackend(Backend):
             raise RuntimeError(f"model {self.cfg.name}: the tensorrt backend needs device cuda")
         import torch
         try:
-            from export.tensorrt import TRTRunner
+            from irpe.deploy.trt_runtime import TRTRunner
             self.runner = TRTRunner(str(self.cfg.path), plugins=[str(p) for p in self.cfg.plugins],
                                     device=torch.device(self.cfg.device))
-        except ImportError as exc:  # export.tensorrt absent, or no TensorRT module
+        except ImportError as exc:  # no TensorRT module
             raise RuntimeError(f"model {self.cfg.name}: the tensorrt backend needs TensorRT: "
                                f"{exc}") from None
         self.torch = torch
