@@ -10,13 +10,14 @@ checkpoints depend on them. Two implementations of the ids exist:
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from enum import Enum
 from typing import Union
 
 import torch
+
+from .idcache import BUCKET_IDS
 
 __all__ = [
     "Method", "Coefficients", "parse_method", "coefficients", "num_buckets", "piecewise_index",
@@ -142,9 +143,8 @@ def _ids_from_offsets(method: Method, dr: torch.Tensor, dc: torch.Tensor, ratio:
     return piecewise(dist) + beta_int
 
 
-@functools.lru_cache(maxsize=64)
 @torch.inference_mode(False)  # a normal tensor even if first built under inference_mode
-def _cached_ids(method: Method, ratio: float, height: int, width: int, skip: int) -> torch.Tensor:
+def _build_ids(method: Method, ratio: float, height: int, width: int, skip: int) -> torch.Tensor:
     diff = relative_offsets(height, width)
     ids = _ids_from_offsets(method, diff[..., 0], diff[..., 1], ratio,
                             lambda x: piecewise_index(x, ratio))
@@ -167,7 +167,8 @@ def bucket_ids(method: Union[str, Method], ratio: float, height: int, width: int
     """
     method = parse_method(method)
     _check_grid(height, width, skip)
-    return _cached_ids(method, float(ratio), int(height), int(width), int(skip))
+    key = (method, float(ratio), int(height), int(width), int(skip))
+    return BUCKET_IDS.get_or_build(key, lambda: _build_ids(*key))  # LRU bounded by bytes
 
 
 def _check_grid(height: int, width: int, skip: int) -> None:

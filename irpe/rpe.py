@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .bucket import Method, bucket_ids, bucket_ids_traceable, num_buckets, parse_method
+from .idcache import BUCKET_IDS
 from .ops import rpe_gather, rpe_scatter
 
 __all__ = ["RPEConfig", "get_rpe_config", "build_rpe", "iRPE", "iRPECross", "set_traceable"]
@@ -113,7 +114,6 @@ class iRPE(nn.Module):
         self.num_buckets = num_buckets(self.method, ratio, skip)
         self.traceable = False  # True: compute ids in-graph (dynamic-resolution export)
         self.fixed_grid = False  # exporting one static grid size: see forward_transposed
-        self._ids_cache: dict = {}
         if self.mode == "bias":
             if not transposed:
                 raise ValueError("iRPE bias mode is not defined on values")
@@ -150,14 +150,11 @@ class iRPE(nn.Module):
             return bucket_ids_traceable(self.method, self.ratio, height, width, self._skip(skip),
                                         device=device)
         height, width, skip = self.grid(length, height, width)
-        key = (height, width, skip, device)
-        ids = self._ids_cache.get(key)
-        if ids is None:
-            with torch.inference_mode(False):  # cached ids must stay usable by autograd
-                ids = bucket_ids(self.method, self.ratio, height, width, self._skip(skip))
-                ids = ids.to(device)
-            self._ids_cache[key] = ids
-        return ids
+        ids = bucket_ids(self.method, self.ratio, height, width, self._skip(skip))  # CPU, cached
+        if device is None or torch.device(device) == ids.device:
+            return ids
+        key = (self.method, float(self.ratio), height, width, skip, torch.device(device))
+        return BUCKET_IDS.get_or_build(key, lambda: _to_device(ids, device))  # one LRU by bytes
 
     def _skip(self, skip):
         if isinstance(skip, int) and (skip > 0) != (self.skip > 0):
@@ -223,6 +220,11 @@ class iRPECross(nn.Module):
         """``forward(x).transpose(2, 3)``, see :meth:`iRPE.forward_transposed`."""
         return (self.rp_rows.forward_transposed(x, height, width)
                 + self.rp_cols.forward_transposed(x, height, width))
+
+
+@torch.inference_mode(False)  # cached ids must stay usable by autograd
+def _to_device(ids: torch.Tensor, device) -> torch.Tensor:
+    return ids.to(device)
 
 
 def build_rpe(config: Optional[RPEConfig], head_dim: int, num_heads: int,

@@ -103,18 +103,21 @@ class Batcher:
             await self._run(batch)
 
     async def _next_batch(self) -> Optional[List[_Item]]:
+        """The next non-empty batch, or None once closing with nothing queued."""
         while True:
             while self._items and self._items[0].future.done():
                 self._items.popleft()  # timed out or cancelled while waiting
                 self.metrics.queue_depth.labels(self.name).set(len(self._items))
-            if self._items:
-                break
-            if self._closing:
-                return None
-            self._wake.clear()
-            await self._wake.wait()
-        await self._fill(self._items[0].enqueued + self.max_delay_s, self._items[0].key)
-        return self._take()
+            if not self._items:
+                if self._closing:
+                    return None
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            await self._fill(self._items[0].enqueued + self.max_delay_s, self._items[0].key)
+            batch = self._take()
+            if batch:  # empty when every item timed out while the batch filled: run nothing
+                return batch
 
     async def _fill(self, deadline: float, key: Hashable) -> None:
         loop = asyncio.get_running_loop()

@@ -70,8 +70,7 @@ def _images(model: ServedModel, tensors: Dict[str, np.ndarray], max_images: int)
     if model.task == "classification" and images.shape[2:] != (p.size, p.size):
         raise ServeError(400, f"images must be [batch, 3, {p.size}, {p.size}] for model "
                          f"{model.name}, got {list(images.shape)}")
-    if model.task == "detection" and not (0 < min(images.shape[2:]) and
-                                          max(images.shape[2:]) <= p.max_size):
+    if model.task == "detection" and not p.fits(*images.shape[2:]):
         raise ServeError(400, f"image height and width must be in 1..{p.max_size}, got "
                          f"{list(images.shape[2:])}")
     if not np.isfinite(images).all():

@@ -72,20 +72,22 @@ def test_resize_shorter_matches_detr(min_size, max_size):
         for h in [2, 5, 64, 127, 480, 800, 1080, 3000]:
             ours, detr = resize_shorter((w, h), min_size, max_size), \
                 detr_resize(w, h, min_size, max_size)
+            assert max(ours) <= max_size and min(ours) >= 1, (w, h)
             if min(detr) == 0:  # DETR fails there (0-pixel side); we keep one pixel
                 assert min(ours) == 1, (w, h)
-            else:
+            elif max(detr) <= max_size:
                 assert ours == detr, (w, h)
-    # DETR itself may exceed max_size by rounding the shorter side up: kept as is
-    assert resize_shorter((2, 591), 800, 1333) == (5, 1477)
+    # DETR itself may exceed max_size by rounding the shorter side up: we round down there
+    assert detr_resize(2, 591, 800, 1333) == (5, 1477)
+    assert resize_shorter((2, 591), 800, 1333) == (4, 1182)
 
 
 def test_resize_shorter_never_zero():
     # DETR's rule gives 0 pixels here (PIL then raises); we keep one pixel
     assert detr_resize(4000, 1, 800, 1333)[1] == 0
-    assert resize_shorter((4000, 1), 800, 1333) == (4000, 1)
+    assert resize_shorter((4000, 1), 800, 1333) == (1333, 1)  # longer side capped too
     out = Preprocess(task="detection")(Image.new("RGB", (4000, 1)))
-    assert out.shape == (3, 1, 4000)
+    assert out.shape == (3, 1, 1333)
 
 
 @pytest.mark.parametrize("w,h,left,top", [

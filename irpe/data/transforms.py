@@ -47,7 +47,7 @@ def load_image(source: Union[bytes, str], max_pixels: int = MAX_IMAGE_PIXELS):
                 raise ImageTooLargeError(f"image of {width}x{height} pixels is over the limit "
                                          f"of {max_pixels} pixels")
             image.load()
-            return image.convert("RGB")
+            return to_rgb8(_upright(image))
     except (ImageError, FileNotFoundError):
         raise
     except Image.DecompressionBombError as exc:  # over PIL's own limit, found in the header
@@ -57,17 +57,51 @@ def load_image(source: Union[bytes, str], max_pixels: int = MAX_IMAGE_PIXELS):
         raise ImageError(f"cannot decode image: {exc}") from None
 
 
+def _upright(image):
+    """Apply the EXIF orientation tag, so pixels (and boxes) are those a viewer displays."""
+    from PIL import ImageOps
+    orientation = image.getexif().get(0x0112, 1)  # 274 = Orientation; 1 = already upright
+    return image if orientation in (1, None) else ImageOps.exif_transpose(image)
+
+
+def to_rgb8(image):
+    """Any PIL image -> 8-bit RGB; 16/32-bit and float images are scaled, not clamped at 255.
+
+    PIL's convert("RGB") clips values above 255, so a 16-bit image becomes solid white. 16-bit
+    modes are divided by 257 (full range, as image viewers show them); 32-bit integer images
+    by the full range of the smallest of 8/16/32 bits that holds their maximum; float images
+    are taken as 0..1 when their maximum is at most 1, else scaled like 32-bit integers.
+    """
+    from PIL import Image
+    if image.mode not in ("I", "F") and not image.mode.startswith("I;16"):
+        return image.convert("RGB")
+    values = np.nan_to_num(np.asarray(image, dtype=np.float32), nan=0.0, posinf=0.0,
+                           neginf=0.0)
+    peak = float(values.max(initial=0.0))
+    if image.mode.startswith("I;16"):
+        full = 65535.0
+    elif image.mode == "F" and peak <= 1.0:
+        full = 1.0
+    else:
+        full = next((f for f in (255.0, 65535.0, 2.0 ** 32 - 1) if peak <= f), peak)
+    values *= 255.0 / full
+    np.clip(np.rint(values, out=values), 0, 255, out=values)
+    return Image.fromarray(values.astype(np.uint8), "L").convert("RGB")
+
+
 def resize_shorter(size: Tuple[int, int], shorter: int, max_size: int = 0) -> Tuple[int, int]:
-    """(width, height) after resizing the shorter side to ``shorter`` (longer capped if set)."""
+    """(width, height) after resizing the shorter side to ``shorter``; with ``max_size`` the
+    longer side never exceeds it (DETR's rule, minus its rounding overshoot past the cap)."""
     w, h = size
     short, long = min(w, h), max(w, h)
     if max_size and long / short * shorter > max_size:
         shorter = max(1, int(round(max_size * short / long)))  # DETR's rule; never 0 pixels
-    if short == shorter:
-        return w, h
-    if w < h:
-        return shorter, int(shorter * h / w)
-    return int(shorter * w / h), shorter
+        if int(shorter * long / short) > max_size:  # rounding up overshot: round down
+            shorter = max(1, int(max_size * short / long))
+    new_long = long if short == shorter else int(shorter * long / short)
+    if max_size:
+        new_long = min(new_long, max_size)  # extreme aspect ratios (1-pixel shorter side)
+    return (shorter, new_long) if w < h else (new_long, shorter)
 
 
 def center_crop_box(size: Tuple[int, int], crop: int) -> Tuple[int, int, int, int]:
@@ -117,13 +151,20 @@ class Preprocess:
     def __call__(self, image) -> torch.Tensor:
         """PIL image -> normalised (3, H, W) tensor for this model."""
         from PIL import Image
-        image = image.convert("RGB")
+        image = to_rgb8(image)
         if self.task == "classification":
             image = _resize_crop(image, int(self.size / self.crop_pct), self.size)
         else:
             scaled = resize_shorter(image.size, self.min_size, self.max_size)
             image = image.resize(scaled, Image.BILINEAR)
         return to_tensor(image, self.mean, self.std)
+
+    def fits(self, height: int, width: int) -> bool:
+        """Whether a (height, width) input is one this preprocessing can produce (the served
+        models' tensor check: detection sides in 1..max_size, classification size x size)."""
+        if self.task == "classification":
+            return height == width == self.size
+        return 1 <= min(height, width) and max(height, width) <= self.max_size
 
     def to_dict(self) -> Dict:
         """JSON-friendly form (checkpoint / ONNX metadata)."""
