@@ -1,0 +1,76 @@
+// CPU rows of RPEGather / RPEScatter: the same contract as the CUDA kernels (irpe_kernels.h):
+//   gather : out[j] = row[id[j]]                        (0 where id is outside [0, K))
+//   scatter: out[t] = sum over j with id[j] = t of a[j]  (fp32 accumulation, j order; ids
+//            outside [0, K) dropped)
+// One call handles ONE output row, so rows can go to different threads without any shared
+// writes: the result does not depend on the thread count (no atomics, fixed summation order).
+// On-the-fly ids come from irpe_bucket.h, the header the CUDA kernels use too.
+#ifndef IRPE_ORT_RPE_CPU_H
+#define IRPE_ORT_RPE_CPU_H
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "irpe_bucket.h"
+
+namespace irpe_ort {
+
+// Element conversion for the scatter's fp32 accumulation (identity for float).
+template <typename T>
+struct Acc {
+    static float load(T v) { return static_cast<float>(v); }
+    static T store(float v) { return T(v); }
+};
+
+template <>
+struct Acc<float> {
+    static float load(float v) { return v; }
+    static float store(float v) { return v; }
+};
+
+// Gather copies bits: T is a same-sized unsigned integer (uint32_t for fp32, uint16_t for
+// fp16/bf16), so no value is ever converted and the result is bit-identical to any copy.
+template <typename T, typename I>
+inline void gather_row(const T* __restrict table_row, const I* __restrict ids, int64_t lk,
+                       int64_t k, T* __restrict out)
+{
+    for (int64_t j = 0; j < lk; ++j) {
+        const int64_t t = static_cast<int64_t>(ids[j]);
+        out[j] = static_cast<uint64_t>(t) < static_cast<uint64_t>(k) ? table_row[t] : T{};
+    }
+}
+
+// acc has k floats of scratch space.
+template <typename T, typename I>
+inline void scatter_row(const T* __restrict attn_row, const I* __restrict ids, int64_t lk,
+                        int64_t k, float* __restrict acc, T* __restrict out)
+{
+    std::memset(acc, 0, sizeof(float) * static_cast<size_t>(k));
+    for (int64_t j = 0; j < lk; ++j) {
+        const int64_t t = static_cast<int64_t>(ids[j]);
+        if (static_cast<uint64_t>(t) < static_cast<uint64_t>(k)) {
+            acc[t] += Acc<T>::load(attn_row[j]);
+        }
+    }
+    for (int64_t t = 0; t < k; ++t) {
+        out[t] = Acc<T>::store(acc[t]);
+    }
+}
+
+// The (skip + H*W)^2 id table of an on-the-fly node, computed with the kernels' header.
+inline std::vector<int32_t> grid_ids(const irpe_bucket_params& p)
+{
+    const int64_t n = static_cast<int64_t>(p.skip) + static_cast<int64_t>(p.height) * p.width;
+    std::vector<int32_t> ids(static_cast<size_t>(n * n));
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+            ids[static_cast<size_t>(i * n + j)] = irpe_bucket_id(&p, i, j);
+        }
+    }
+    return ids;
+}
+
+}  // namespace irpe_ort
+
+#endif  // IRPE_ORT_RPE_CPU_H

@@ -1,0 +1,67 @@
+// ONNX Runtime custom ops RPEGather / RPEScatter (domain "irpe"): shared declarations.
+#ifndef IRPE_ORT_RPE_ORT_H
+#define IRPE_ORT_RPE_ORT_H
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#define ORT_API_MANUAL_INIT
+#include "onnxruntime_cxx_api.h"
+#undef ORT_API_MANUAL_INIT
+
+#include "irpe_bucket.h"
+
+namespace irpe_ort {
+
+enum class Op { kGather, kScatter };
+
+// The node's attributes: exactly the TensorRT plugin fields (plugins/tensorrt/README.md).
+struct RpeConfig {
+    Op op = Op::kGather;
+    int64_t num_buckets = 0;  // 0 = not set (RPEGather: the table's last dim)
+    std::string method;       // "" = ids from input 1; else computed (on the fly)
+    float ratio = 0.0f;
+    int64_t skip = 0;
+    bool on_the_fly() const { return !method.empty(); }
+    int method_id() const;
+};
+
+char const* op_name(Op op);
+
+// Reads and checks the node's attributes; returns "" or what is wrong with them.
+std::string read_config(const OrtApi& api, const OrtKernelInfo* info, RpeConfig& config);
+
+// Bucket parameters of an on-the-fly node for an H x W grid.
+std::string grid_params(const RpeConfig& c, int64_t height, int64_t width, irpe_bucket_params& p);
+
+// Per-kernel cache of on-the-fly id tables (one per grid size seen).
+class GridIdCache {
+ public:
+    std::shared_ptr<const std::vector<int32_t>> get(const irpe_bucket_params& p);
+
+ private:
+    std::mutex mutex_;
+    std::vector<std::pair<std::pair<int32_t, int32_t>, std::shared_ptr<const std::vector<int32_t>>>>
+        entries_;
+};
+
+// Sizes of one call, taken from the input shapes; error is set when the shapes are wrong.
+struct Problem {
+    int64_t batch = 0, heads = 0, rows = 0, lq = 0, lk = 0, k = 0;
+    std::string error;
+};
+
+Problem make_problem(const RpeConfig& c, const std::vector<int64_t>& in,
+                     const std::vector<int64_t>& index);
+
+#ifdef IRPE_ORT_WITH_CUDA
+// CUDA EP compute (rpe_ort_cuda.cpp): runs the plugins/kernels kernels on ORT's stream.
+OrtStatusPtr cuda_compute(const OrtApi& api, const RpeConfig& c, Ort::KernelContext& ctx);
+#endif
+
+}  // namespace irpe_ort
+
+#endif  // IRPE_ORT_RPE_ORT_H

@@ -1,0 +1,333 @@
+// ONNX Runtime custom-op library: RPEGather / RPEScatter in domain "irpe" (CPU EP; the CUDA EP
+// too when built with IRPE_ORT_WITH_CUDA). Built with ORT_API_MANUAL_INIT and never linked to
+// libonnxruntime: RegisterCustomOps receives the API table from the runtime that loads it.
+//
+// CPU kernels split the output rows (b, h, i) into chunks run on ORT's intra-op thread pool
+// (KernelContext_ParallelFor); each row is written by one task only (see rpe_cpu.h).
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+
+#include "rpe_cpu.h"
+#include "rpe_ort.h"
+
+#define IRPE_ORT_STR2(x) #x
+#define IRPE_ORT_STR(x) IRPE_ORT_STR2(x)
+
+#ifndef IRPE_ORT_API_VERSION
+#define IRPE_ORT_API_VERSION ORT_API_VERSION  // tests build a mismatching library with this
+#endif
+
+namespace irpe_ort {
+
+namespace {
+
+constexpr const char* kDomain = "irpe";
+constexpr int64_t kMinElementsPerTask = 16384;
+constexpr int64_t kMaxTasks = 64;
+
+OrtStatusPtr fail(const std::string& message)
+{
+    return Ort::GetApi().CreateStatus(ORT_INVALID_ARGUMENT, message.c_str());
+}
+
+std::string node_name(const OrtApi& api, const OrtKernelInfo* info)
+{
+    size_t size = 0;
+    OrtStatus* s = api.KernelInfo_GetNodeName(info, nullptr, &size);
+    if (s != nullptr || size == 0) {
+        if (s != nullptr) {
+            api.ReleaseStatus(s);
+        }
+        return "?";
+    }
+    std::string name(size, '\0');
+    s = api.KernelInfo_GetNodeName(info, &name[0], &size);
+    if (s != nullptr) {
+        api.ReleaseStatus(s);
+        return "?";
+    }
+    name.resize(std::char_traits<char>::length(name.c_str()));
+    return name;
+}
+
+// One ParallelFor job: rows [chunk * chunk_rows, ...) of the flattened (B*H*Lq) output.
+struct Job {
+    Problem p;
+    const void* in = nullptr;
+    const void* ids = nullptr;
+    void* out = nullptr;
+    int64_t total_rows = 0, chunk_rows = 1;
+};
+
+template <typename T, typename I, bool kGather>
+void run_chunk(void* data, size_t chunk)
+{
+    const Job& job = *static_cast<const Job*>(data);
+    const Problem& p = job.p;
+    const int64_t begin = static_cast<int64_t>(chunk) * job.chunk_rows;
+    const int64_t end = std::min(begin + job.chunk_rows, job.total_rows);
+    std::vector<float> acc(kGather ? 0 : static_cast<size_t>(p.k));
+    const T* in = static_cast<const T*>(job.in);
+    const I* ids = static_cast<const I*>(job.ids);
+    T* out = static_cast<T*>(job.out);
+    for (int64_t r = begin; r < end; ++r) {
+        const int64_t i = r % p.lq;
+        if constexpr (kGather) {
+            const int64_t table_row = (r / p.lq) * p.rows + (p.rows == 1 ? 0 : i);
+            gather_row(in + table_row * p.k, ids + i * p.lk, p.lk, p.k, out + r * p.lk);
+        } else {
+            scatter_row(in + r * p.lk, ids + i * p.lk, p.lk, p.k, acc.data(), out + r * p.k);
+        }
+    }
+}
+
+template <typename T, typename I, bool kGather>
+void run_rows(Ort::KernelContext& ctx, Job& job)
+{
+    const int64_t width = kGather ? job.p.lk : std::max(job.p.lk, job.p.k);
+    const int64_t by_work = std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(1, width));
+    const int64_t by_count = (job.total_rows + kMaxTasks - 1) / kMaxTasks;
+    job.chunk_rows = std::max(by_work, by_count);
+    const int64_t tasks = (job.total_rows + job.chunk_rows - 1) / job.chunk_rows;
+    if (tasks <= 1) {
+        run_chunk<T, I, kGather>(&job, 0);
+        return;
+    }
+    ctx.ParallelFor(&run_chunk<T, I, kGather>, static_cast<size_t>(tasks), 0, &job);
+}
+
+template <typename T, bool kGather>
+void dispatch_index(Ort::KernelContext& ctx, Job& job, ONNXTensorElementDataType index_type)
+{
+    if (index_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64) {
+        run_rows<T, int64_t, kGather>(ctx, job);
+    } else {
+        run_rows<T, int32_t, kGather>(ctx, job);
+    }
+}
+
+// Gather moves bits (same-sized unsigned ints); scatter converts to fp32 and back.
+void dispatch(Ort::KernelContext& ctx, Op op, Job& job, ONNXTensorElementDataType value_type,
+              ONNXTensorElementDataType index_type)
+{
+    const bool wide = value_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    if (op == Op::kGather) {
+        if (wide) {
+            dispatch_index<uint32_t, true>(ctx, job, index_type);
+        } else {
+            dispatch_index<uint16_t, true>(ctx, job, index_type);
+        }
+    } else if (wide) {
+        dispatch_index<float, false>(ctx, job, index_type);
+    } else if (value_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) {
+        dispatch_index<Ort::Float16_t, false>(ctx, job, index_type);
+    } else {
+        dispatch_index<Ort::BFloat16_t, false>(ctx, job, index_type);
+    }
+}
+
+struct RpeKernel {
+    RpeConfig config;
+    bool cuda = false;
+    GridIdCache grid_cache;
+
+    OrtStatusPtr ComputeV2(OrtKernelContext* context)
+    {
+        try {
+            Ort::KernelContext ctx(context);
+#ifdef IRPE_ORT_WITH_CUDA
+            if (cuda) {
+                return cuda_compute(Ort::GetApi(), config, ctx);
+            }
+#endif
+            return compute_cpu(ctx);
+        } catch (const std::exception& e) {
+            return fail(std::string(op_name(config.op)) + ": " + e.what());
+        }
+    }
+
+    OrtStatusPtr compute_cpu(Ort::KernelContext& ctx)
+    {
+        auto in = ctx.GetInput(0);
+        auto index = ctx.GetInput(1);
+        const auto in_info = in.GetTensorTypeAndShapeInfo();
+        const auto index_info = index.GetTensorTypeAndShapeInfo();
+        Job job;
+        job.p = make_problem(config, in_info.GetShape(), index_info.GetShape());
+        if (!job.p.error.empty()) {
+            return fail(job.p.error);
+        }
+        ONNXTensorElementDataType index_type = index_info.GetElementType();
+        std::shared_ptr<const std::vector<int32_t>> grid;
+        if (config.on_the_fly()) {
+            const auto dims = index_info.GetShape();
+            irpe_bucket_params bp;
+            const std::string error = grid_params(config, dims[dims.size() - 2], dims.back(), bp);
+            if (!error.empty()) {
+                return fail(std::string(op_name(config.op)) + ": " + error);
+            }
+            grid = grid_cache.get(bp);
+            job.ids = grid->data();
+            index_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+        } else if (index_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 &&
+                   index_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64) {
+            return fail(std::string(op_name(config.op)) + ": index must be int32 or int64");
+        } else {
+            job.ids = index.GetTensorRawData();
+        }
+        const Problem& p = job.p;
+        const std::vector<int64_t> out_dims{p.batch, p.heads, p.lq,
+                                            config.op == Op::kGather ? p.lk : p.k};
+        auto out = ctx.GetOutput(0, out_dims);
+        job.total_rows = p.batch * p.heads * p.lq;
+        if (job.total_rows == 0 || out_dims[3] == 0) {
+            return nullptr;
+        }
+        job.in = in.GetTensorRawData();
+        job.out = out.GetTensorMutableRawData();
+        dispatch(ctx, config.op, job, in_info.GetElementType(), index_type);
+        return nullptr;
+    }
+};
+
+// One registration per (op, EP, value type); input 1 accepts any type (checked when run:
+// an index must be int32/int64; on the fly only its shape is read).
+struct RpeOp : Ort::CustomOpBase<RpeOp, RpeKernel, true> {
+    RpeOp(Op op, bool cuda, ONNXTensorElementDataType type) : op_(op), cuda_(cuda), type_(type)
+    {
+        OrtCustomOp::InferOutputShapeFn = &RpeOp::infer_shape;
+    }
+
+    OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** out) const
+    {
+        auto kernel = std::make_unique<RpeKernel>();
+        kernel->config.op = op_;
+        kernel->cuda = cuda_;
+        const std::string error = read_config(api, info, kernel->config);
+        if (!error.empty()) {
+            return api.CreateStatus(ORT_INVALID_ARGUMENT, (std::string(op_name(op_)) + " node '" +
+                                                           node_name(api, info) + "': " + error)
+                                                              .c_str());
+        }
+        *out = kernel.release();
+        return nullptr;
+    }
+
+    const char* GetName() const { return op_name(op_); }
+    const char* GetExecutionProviderType() const
+    {
+        return cuda_ ? "CUDAExecutionProvider" : "CPUExecutionProvider";
+    }
+    size_t GetInputTypeCount() const { return 2; }
+    ONNXTensorElementDataType GetInputType(size_t i) const
+    {
+        return i == 0 ? type_ : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    }
+    size_t GetOutputTypeCount() const { return 1; }
+    ONNXTensorElementDataType GetOutputType(size_t) const { return type_; }
+
+ private:
+    // Output shape [B,H,Lq,Lk] (gather) or [B,H,Lq,K] (scatter) where the inputs tell it.
+    static OrtStatusPtr ORT_API_CALL infer_shape(const OrtCustomOp* self, OrtShapeInferContext* c);
+
+    Op op_;
+    bool cuda_;
+    ONNXTensorElementDataType type_;
+};
+
+OrtStatusPtr ORT_API_CALL RpeOp::infer_shape(const OrtCustomOp* self, OrtShapeInferContext* c)
+{
+    try {
+        const RpeOp& op = *static_cast<const RpeOp*>(self);
+        Ort::ShapeInferContext ctx(&Ort::GetApi(), c);
+        const auto in = ctx.GetInputShape(0);
+        const auto index = ctx.GetInputShape(1);
+        if (in.size() != 4 || index.size() != 2) {
+            return nullptr;  // on the fly or unknown rank: the kernel checks at run time
+        }
+        Ort::ShapeInferContext::Shape out{in[0], in[1], index[0], index[1]};
+        if (op.op_ == Op::kScatter) {
+            out[2] = in[2];
+            out[3] = Ort::ShapeInferContext::SymbolicInteger(ctx.GetAttrInt("num_buckets"));
+        }
+        return ctx.SetOutputShape(0, out, op.type_).release();
+    } catch (const std::exception&) {
+        return nullptr;  // leave the shape unknown; the kernel reports bad attributes
+    }
+}
+
+const ONNXTensorElementDataType kTypes[] = {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+                                            ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
+                                            ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16};
+
+// Ops and domains live as long as the process: sessions keep pointers to them.
+std::mutex g_mutex;
+std::vector<std::unique_ptr<RpeOp>> g_ops;
+std::vector<Ort::CustomOpDomain> g_domains;
+
+void make_ops()
+{
+    if (!g_ops.empty()) {
+        return;
+    }
+    for (bool cuda : {false, true}) {
+#ifndef IRPE_ORT_WITH_CUDA
+        if (cuda) {
+            continue;
+        }
+#endif
+        for (Op op : {Op::kGather, Op::kScatter}) {
+            for (auto type : kTypes) {
+                g_ops.push_back(std::make_unique<RpeOp>(op, cuda, type));
+            }
+        }
+    }
+}
+
+}  // namespace
+
+}  // namespace irpe_ort
+
+extern "C" {
+
+__attribute__((visibility("default"))) const char* irpe_ort_ops_info(void)
+{
+#ifdef IRPE_ORT_WITH_CUDA
+    return "irpe_ort_ops api=" IRPE_ORT_STR(IRPE_ORT_API_VERSION) " cuda=1";
+#else
+    return "irpe_ort_ops api=" IRPE_ORT_STR(IRPE_ORT_API_VERSION) " cuda=0";
+#endif
+}
+
+__attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
+RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base)
+{
+    const OrtApi* api = base->GetApi(IRPE_ORT_API_VERSION);
+    if (api == nullptr) {
+        const OrtApi* oldest = base->GetApi(1);
+        const std::string message =
+            std::string("libirpe_ort_ops was built for ONNX Runtime API ") +
+            IRPE_ORT_STR(IRPE_ORT_API_VERSION) + " and this onnxruntime (" +
+            base->GetVersionString() + ") does not provide it: rebuild the library against "
+            "this version's headers (ORT_ROOT=...)";
+        std::fprintf(stderr, "[irpe_ort_ops] %s\n", message.c_str());
+        return oldest ? oldest->CreateStatus(ORT_FAIL, message.c_str()) : nullptr;
+    }
+    Ort::InitApi(api);
+    try {
+        std::lock_guard<std::mutex> lock(irpe_ort::g_mutex);
+        irpe_ort::make_ops();
+        Ort::CustomOpDomain domain(irpe_ort::kDomain);
+        for (auto& op : irpe_ort::g_ops) {
+            domain.Add(op.get());
+        }
+        Ort::UnownedSessionOptions(options).Add(domain);
+        irpe_ort::g_domains.push_back(std::move(domain));
+        return nullptr;
+    } catch (const std::exception& e) {
+        return api->CreateStatus(ORT_FAIL, e.what());
+    }
+}
+
+}  // extern "C"
