@@ -4,11 +4,30 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from .fused.dispatch import fused_attention, fused_supported
 from .rpe import RPEConfig, build_rpe
 
-__all__ = ["RPEAttention", "rpe_attention"]
+__all__ = ["RPEAttention", "rpe_attention", "unfused_attention"]
+
+
+def _exporting() -> bool:
+    """True while torch.onnx / jit tracing / torch.export record a graph (keep the manual path)."""
+    return (torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
+            or torch.jit.is_scripting() or torch.compiler.is_exporting())
+
+
+def _plain_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                key_padding_mask: Optional[torch.Tensor], dropout: Optional[nn.Module]
+                ) -> torch.Tensor:
+    """Attention without iRPE through SDPA (FlashAttention / memory-efficient kernels)."""
+    mask = None
+    if key_padding_mask is not None:
+        mask = ~key_padding_mask[:, None, None, :].bool()
+    p = dropout.p if dropout is not None and dropout.training else 0.0
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=scale)
 
 
 def rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, rpe_q=None,
@@ -18,7 +37,24 @@ def rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     """Scaled dot-product attention with iRPE terms, official order; q, k, v (B, H, L, D).
 
     The key padding mask (B, Lk), True = padding, is applied after the iRPE terms are added.
+    Without iRPE terms it runs SDPA (except while exporting: the graph keeps the manual ops);
+    with them, the fused Triton kernel where :func:`irpe.fused.fused_supported` says so.
     """
+    if rpe_q is None and rpe_k is None and rpe_v is None and not _exporting():
+        return _plain_sdpa(q, k, v, scale, key_padding_mask, dropout)
+    if (rpe_q is not None or rpe_k is not None or rpe_v is not None) and fused_supported(
+            q, k, rpe_q, rpe_k, rpe_v, height, width, dropout):
+        return fused_attention(q, k, v, scale, rpe_q, rpe_k, rpe_v, height, width,
+                               key_padding_mask)
+    return unfused_attention(q, k, v, scale, rpe_q, rpe_k, rpe_v, height, width,
+                             key_padding_mask, dropout)
+
+
+def unfused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                      rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=None,
+                      key_padding_mask: Optional[torch.Tensor] = None,
+                      dropout: Optional[nn.Module] = None) -> torch.Tensor:
+    """The manual path (L x L logits), the official order of operations; the export graph."""
     q = q * scale
     attn = q @ k.transpose(-2, -1)
     if rpe_k is not None:

@@ -1,0 +1,10 @@
+"""Fused iRPE attention: a Triton FlashAttention-style kernel with the iRPE terms inside.
+
+Importing this package does not import Triton; the kernel module is loaded on first launch.
+"""
+from .dispatch import fused_attention, fused_mode, fused_supported, set_fused_attention
+from .op import fused_rpe_attention, interpreter_enabled, kernel_available
+from .reference import reference_forward
+
+__all__ = ["fused_attention", "fused_mode", "fused_supported", "set_fused_attention",
+           "fused_rpe_attention", "interpreter_enabled", "kernel_available", "reference_forward"]

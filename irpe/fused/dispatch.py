@@ -1,0 +1,139 @@
+"""Dispatch of rpe_attention to the fused kernel: mode switch, support check, op inputs.
+
+Mode: ``set_fused_attention("auto"|"fused"|"unfused")`` or the env var IRPE_FUSED_ATTENTION
+(auto, 1/fused, 0/unfused; the function wins). auto = fused on CUDA when supported; fused also
+runs CPU tensors when TRITON_INTERPRET=1 (tests). Unsupported cases return None (the caller
+takes the unfused path), never an error.
+"""
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from ..bucket import bucket_ids
+from ..rpe import iRPE, iRPECross
+from .op import MAX_BUCKETS_V, MAX_HEAD_DIM, fused_rpe_attention, kernel_available
+
+__all__ = ["set_fused_attention", "fused_mode", "fused_supported", "fused_attention"]
+
+_MODES = {"auto": "auto", "1": "fused", "fused": "fused", "0": "unfused", "unfused": "unfused"}
+_override: Optional[str] = None
+Tensor = torch.Tensor
+
+
+def set_fused_attention(mode: Optional[str]) -> None:
+    """Force the fused ("fused") or unfused ("unfused") path, or "auto"; None = env var again."""
+    global _override
+    if mode is not None and mode not in _MODES:
+        raise ValueError(f"unknown fused attention mode {mode!r}; expected auto, fused, unfused")
+    _override = None if mode is None else _MODES[mode]
+
+
+def fused_mode() -> str:
+    """The effective mode: the function's override, else IRPE_FUSED_ATTENTION, else auto."""
+    if _override is not None:
+        return _override
+    return _MODES.get(os.environ.get("IRPE_FUSED_ATTENTION", "auto").lower(), "auto")
+
+
+def _parts(module) -> List[iRPE]:
+    if module is None:
+        return []
+    return [module.rp_rows, module.rp_cols] if isinstance(module, iRPECross) else [module]
+
+
+def _exporting() -> bool:
+    return (torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
+            or torch.jit.is_scripting() or torch.compiler.is_exporting())
+
+
+def fused_supported(q: Tensor, k: Tensor, rpe_q, rpe_k, rpe_v, height, width,
+                    dropout: Optional[nn.Module]) -> bool:
+    """Whether this call may take the fused kernel (mode, device, shapes, no export/dropout)."""
+    mode = fused_mode()
+    if mode == "unfused" or _exporting() or q.shape != k.shape or q.dim() != 4:
+        return False
+    if q.device.type != "cuda" and mode != "fused":
+        return False
+    if not kernel_available(q.device) or q.dtype not in (torch.float16, torch.bfloat16,
+                                                         torch.float32):
+        return False
+    if q.shape[-1] > MAX_HEAD_DIM or isinstance(height, torch.Tensor):
+        return False
+    if dropout is not None and dropout.training and dropout.p > 0:
+        return False
+    parts = _parts(rpe_q) + _parts(rpe_k) + _parts(rpe_v)
+    if any(m.traceable or m.fixed_grid for m in parts):
+        return False
+    return sum(m.num_buckets for m in _parts(rpe_v)) <= MAX_BUCKETS_V
+
+
+_IDS: "OrderedDict[tuple, Tensor]" = OrderedDict()
+_IDS_MAX = 8
+
+
+def _ids_stack(parts: List[iRPE], length: int, height, width, device) -> Tensor:
+    """(NID, L, L) int32 ids on ``device``, planes offset by the previous parts' bucket counts.
+
+    Cached once per (methods, grid, skip, device) for all layers (int32, no int64 L x L copy on
+    the device); the least recently used of 8 entries is dropped.
+    """
+    hh, ww, skip = parts[0].grid(length, height, width)
+    parts[0]._skip(skip)
+    key = (tuple((m.method, m.ratio) for m in parts), hh, ww, skip, str(device))
+    ids = _IDS.get(key)
+    if ids is None:
+        planes, offset = [], 0
+        for m in parts:
+            planes.append(bucket_ids(m.method, m.ratio, hh, ww, skip).to(torch.int32) + offset)
+            offset += m.num_buckets
+        ids = torch.stack(planes).to(device)
+        _IDS[key] = ids
+        while len(_IDS) > _IDS_MAX:
+            _IDS.popitem(last=False)
+    else:
+        _IDS.move_to_end(key)
+    return ids
+
+
+def _term(module, x: Optional[Tensor], length: int, height, width, device
+          ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """(table (B|1,H|1,L,K_total), ids (NID,L,L) int32) of a K or Q term; cross is concatenated."""
+    parts = _parts(module)
+    if not parts:
+        return None, None
+    tables = []
+    for m in parts:
+        if m.mode == "bias":
+            bias = m.lookup_table_bias.to(x.dtype)
+            tables.append(bias.view(1, bias.shape[0], 1, -1).expand(1, -1, length, -1))
+        else:
+            tables.append(m._table(x))
+    if len(tables) > 1:
+        heads = max(t.shape[1] for t in tables)
+        tables = [t.expand(t.shape[0], heads, length, -1) for t in tables]
+    table = tables[0] if len(tables) == 1 else torch.cat(tables, dim=-1)
+    return table, _ids_stack(parts, length, height, width, device)
+
+
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q, rpe_k, rpe_v,
+                    height, width, key_padding_mask: Optional[Tensor]) -> Tensor:
+    """rpe_attention's result through the fused op (q, k, v (B, H, L, D))."""
+    length, device = q.shape[2], q.device
+    qs = q * scale
+    table_k, ids_k = _term(rpe_k, qs, length, height, width, device)
+    table_q, ids_q = _term(rpe_q, k * scale if rpe_q is not None else None, length, height,
+                           width, device)
+    parts_v = _parts(rpe_v)
+    ids_v = _ids_stack(parts_v, length, height, width, device) if parts_v else None
+    nbv = sum(m.num_buckets for m in parts_v)
+    out, s = fused_rpe_attention(qs, k, v, table_k, ids_k, table_q, ids_q, ids_v, nbv,
+                                 key_padding_mask)
+    if parts_v:
+        weight_v = torch.cat([m.lookup_table_weight for m in parts_v], dim=-2)
+        out = out + torch.matmul(s.to(q.dtype), weight_v.unsqueeze(0).to(q.dtype))
+    return out

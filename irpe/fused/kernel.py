@@ -1,0 +1,116 @@
+"""Triton forward kernel of fused iRPE attention (FlashAttention tiles, online softmax).
+
+One program owns BLOCK_M queries of one (batch, head) and walks the keys in BLOCK_N tiles; no
+L x L tensor is written. Per tile: logits = q_scaled @ k^T (fp32), + K-term table rows of the
+queries gathered at ids_k[i, j], + Q-term table rows of the keys gathered at ids_q[j, i], then
+the key padding mask (after the RPE terms, as DETR), online softmax, acc += p @ v and, for the
+V term, bucket sums s[i, t] += sum_j p[i, j] [ids_v[i, j] == t] with the same rescaling.
+Every id input is a stack of NID planes (cross: rows and cols, cols offset by their bucket count).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["get_kernel"]
+
+_LOG2E = 1.4426950408889634
+
+
+def _rpe_attention_fwd(
+        Q, K, V, TK, TQ, IDK, IDQ, IDV, MASK, OUT, S,
+        sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
+        stkb, stkh, stkl, stqb, stqh, stql, smb,
+        sob, soh, sol, ssb, ssh, ssl,
+        H, L, D, NBV,
+        HAS_TK: tl.constexpr, HAS_TQ: tl.constexpr, HAS_V: tl.constexpr,
+        HAS_MASK: tl.constexpr, NIDK: tl.constexpr, NIDQ: tl.constexpr, NIDV: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_T: tl.constexpr, IEEE: tl.constexpr, DOT_F32: tl.constexpr):
+    """Forward of one (query block, batch*head); the last dims of q/k/v/out/s are contiguous."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < L
+    d_ok = offs_d < D
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sql + offs_d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if DOT_F32:  # the CPU interpreter's tl.dot mishandles bf16: upcast (tests only)
+        q = q.to(tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    s_acc = tl.zeros([BLOCK_M, BLOCK_T], tl.float32)
+    offs_t = tl.arange(0, BLOCK_T)
+    plane = L * L
+    for start_n in range(0, L, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        col_ok = offs_n < L
+        tile_ok = row_ok[:, None] & col_ok[None, :]
+        kt = tl.load(K + b * skb + h * skh + offs_n[None, :] * skl + offs_d[:, None],
+                     mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+        if DOT_F32:
+            kt = kt.to(tl.float32)
+        if IEEE:
+            qk = tl.dot(q, kt, input_precision="ieee")
+        else:
+            qk = tl.dot(q, kt)
+        if HAS_TK:  # table rows of the queries, bucket ids_k[i, j]
+            for p in tl.static_range(NIDK):
+                ids = tl.load(IDK + p * plane + offs_m[:, None] * L + offs_n[None, :],
+                              mask=tile_ok, other=0)
+                qk += tl.load(TK + b * stkb + h * stkh + offs_m[:, None] * stkl + ids,
+                              mask=tile_ok, other=0.0).to(tl.float32)
+        if HAS_TQ:  # table rows of the keys, bucket ids_q[j, i] (the transposed term)
+            for p in tl.static_range(NIDQ):
+                ids = tl.load(IDQ + p * plane + offs_n[None, :] * L + offs_m[:, None],
+                              mask=tile_ok, other=0)
+                qk += tl.load(TQ + b * stqb + h * stqh + offs_n[None, :] * stql + ids,
+                              mask=tile_ok, other=0.0).to(tl.float32)
+        keep = col_ok
+        if HAS_MASK:  # DETR key padding, applied after the RPE terms
+            pad = tl.load(MASK + b * smb + offs_n, mask=col_ok, other=1)
+            keep = keep & (pad == 0)
+        qk = tl.where(keep[None, :], qk * 1.4426950408889634, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p_ij = tl.exp2(qk - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p_ij, 1)
+        v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svl + offs_d[None, :],
+                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        if DOT_F32:
+            v = v.to(tl.float32)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p_ij.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p_ij.to(v.dtype), v)
+        if HAS_V:  # bucket sums with the same online-softmax rescaling
+            s_acc = s_acc * alpha[:, None]
+            for p in tl.static_range(NIDV):
+                ids = tl.load(IDV + p * plane + offs_m[:, None] * L + offs_n[None, :],
+                              mask=tile_ok, other=-1)
+                hit = ids[:, :, None] == offs_t[None, None, :]
+                s_acc += tl.sum(tl.where(hit, p_ij[:, :, None], 0.0), 1)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(OUT + b * sob + h * soh + offs_m[:, None] * sol + offs_d[None, :],
+             out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    if HAS_V:
+        s_val = s_acc / l_i[:, None]
+        tl.store(S + b * ssb + h * ssh + offs_m[:, None] * ssl + offs_t[None, :], s_val,
+                 mask=row_ok[:, None] & (offs_t[None, :] < NBV))
+
+
+_CACHE: dict = {}
+
+
+def get_kernel():
+    """The jitted kernel; built lazily because triton.jit reads TRITON_INTERPRET when applied."""
+    interpret = bool(triton.knobs.runtime.interpret)
+    if interpret not in _CACHE:
+        _CACHE[interpret] = triton.jit(_rpe_attention_fwd)
+    return _CACHE[interpret]
