@@ -1,0 +1,389 @@
+"""Triton Inference Server model repository from an exported ONNX file or a TensorRT engine.
+
+``DIR/<name>/config.pbtxt`` + ``DIR/<name>/1/model.onnx`` (platform ``onnxruntime_onnx``) or
+``1/model.plan`` (``tensorrt_plan``). Tensor names, data types and dims are read from the ONNX
+file itself (for an engine: the ONNX file it was built from), so the config cannot drift from
+the graph. The config is written as text; tests parse it with Triton's own protobuf schema.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+__all__ = ["RepoOptions", "TensorInfo", "onnx_io", "write_repository", "config_text",
+           "DEFAULT_ORT_OPS", "ENGINE_SUFFIXES"]
+
+_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_ORT_OPS = _ROOT / "build" / "plugins" / "libirpe_ort_ops.so"
+ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# onnx.TensorProto element types -> Triton model-config data types
+_DTYPES = {1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16",
+           6: "TYPE_INT32", 7: "TYPE_INT64", 8: "TYPE_STRING", 9: "TYPE_BOOL", 10: "TYPE_FP16",
+           11: "TYPE_FP64", 12: "TYPE_UINT32", 13: "TYPE_UINT64", 16: "TYPE_BF16"}
+
+
+@dataclass
+class TensorInfo:
+    """One graph input or output: name, Triton data type, full dims (-1 = dynamic)."""
+
+    name: str
+    data_type: str
+    dims: List[int]
+    batch_dynamic: bool
+
+
+@dataclass
+class RepoOptions:
+    """What ``irpe triton-repo`` asks for beyond the artifacts."""
+
+    name: Optional[str] = None
+    max_batch_size: Optional[int] = None
+    max_queue_delay_us: int = 5000
+    instances: int = 1
+    kind: str = "gpu"
+    ort_ops: str = "auto"
+    trt_plugins: List[str] = field(default_factory=list)
+    mount: str = "/models"
+    force: bool = False
+
+
+@dataclass
+class _Model:
+    """Everything one model directory needs, resolved before anything is written."""
+
+    name: str
+    platform: str
+    artifact: Path
+    inputs: List[TensorInfo]
+    outputs: List[TensorInfo]
+    props: Dict[str, str]
+    max_batch_size: int
+    libraries: List[Path]
+    source: str
+
+
+def onnx_io(path: os.PathLike) -> Tuple[List[TensorInfo], List[TensorInfo]]:
+    """Inputs (initializers excluded) and outputs of an ONNX file, with Triton dtypes."""
+    import onnx
+    model = onnx.load(os.fspath(path), load_external_data=False)
+    inits = {t.name for t in model.graph.initializer}
+    ins = [_tensor(v) for v in model.graph.input if v.name not in inits]
+    return ins, [_tensor(v) for v in model.graph.output]
+
+
+def _tensor(value) -> TensorInfo:
+    ttype = value.type.tensor_type
+    if ttype.elem_type not in _DTYPES:
+        raise ValueError(f"tensor {value.name!r} has ONNX element type {ttype.elem_type}, "
+                         "which Triton cannot serve")
+    dims = [d.dim_value if d.HasField("dim_value") else -1 for d in ttype.shape.dim]
+    first = ttype.shape.dim[0] if dims else None
+    dynamic = first is not None and not first.HasField("dim_value")
+    return TensorInfo(value.name, _DTYPES[ttype.elem_type], dims, dynamic)
+
+
+def write_repository(repo: os.PathLike, artifacts: Sequence[str],
+                     options: RepoOptions) -> List[Path]:
+    """Write one model directory per artifact under ``repo``; returns the model directories.
+
+    Every artifact is resolved and checked before the first file is written."""
+    repo = Path(repo)
+    _check_target(repo, options.force)
+    if options.name and len(artifacts) != 1:
+        raise ValueError("--name needs exactly one artifact")
+    if options.kind not in ("gpu", "cpu", "auto"):
+        raise ValueError(f"instance kind must be gpu, cpu or auto, got {options.kind!r}")
+    repo.mkdir(parents=True, exist_ok=True)
+    staging = repo / f".irpe-staging-{os.getpid()}"
+    try:
+        models = [_resolve(Path(a), options, staging / str(i)) for i, a in enumerate(artifacts)]
+        _check_names(models)
+        out = [_install(m, repo, options) for m in models]
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    (repo / "README.md").write_text(readme_text(models, options), encoding="utf-8")
+    return out
+
+
+def _check_target(repo: Path, force: bool) -> None:
+    if repo.exists() and not repo.is_dir():
+        raise ValueError(f"{repo} exists and is not a directory")
+    if repo.is_dir() and any(repo.iterdir()) and not force:
+        raise ValueError(f"{repo} is not empty: pass --force to replace the models written "
+                         "there (other entries are kept)")
+
+
+def _check_names(models: List[_Model]) -> None:
+    seen = set()
+    for m in models:
+        if not _NAME.match(m.name):
+            raise ValueError(f"model name {m.name!r} is not a valid Triton model directory "
+                             "name (letters, digits, _ . -; at most 64)")
+        if m.name in seen:
+            raise ValueError(f"two artifacts give the model name {m.name!r}: use one call "
+                             "per model with --name")
+        seen.add(m.name)
+
+
+def _resolve(path: Path, options: RepoOptions, scratch: Path) -> _Model:
+    """Read one artifact: an .onnx file, an engine (+ sidecar), or an export source."""
+    if path.suffix.lower() == ".onnx":
+        return _from_onnx(path, options, str(path))
+    if path.suffix.lower() in ENGINE_SUFFIXES:
+        return _from_engine(path, options)
+    from .onnx import export_onnx  # a registered name or a trained-model .safetensors
+    scratch.mkdir(parents=True, exist_ok=True)
+    onnx_path = export_onnx(str(path), scratch / "model.onnx")
+    return _from_onnx(Path(onnx_path), options, f"irpe export {path}")
+
+
+def _from_onnx(path: Path, options: RepoOptions, source: str) -> _Model:
+    from .onnx import read_metadata_props
+    props = read_metadata_props(path)  # clear errors for missing / non-ONNX files
+    inputs, outputs = onnx_io(path)
+    libs = _ort_library(props, options.ort_ops)
+    batch = _batch_size(inputs, options.max_batch_size, None)
+    name = options.name or props.get("irpe.model_name") or path.stem
+    return _Model(name, "onnxruntime_onnx", path, inputs, outputs, props, batch, libs, source)
+
+
+def _ort_library(props: Dict[str, str], choice: str) -> List[Path]:
+    """The ONNX Runtime custom-op library to reference: auto (if built), none, or a path."""
+    has_nodes = props.get("irpe.inline") != "true" and props.get("irpe.rpe_nodes", "{}") != "{}"
+    if choice == "none":
+        return []
+    if choice == "auto":
+        return [DEFAULT_ORT_OPS] if has_nodes and DEFAULT_ORT_OPS.is_file() else []
+    lib = Path(choice)
+    if not lib.is_file():
+        raise ValueError(f"ONNX Runtime custom-op library not found: {lib}")
+    return [lib] if has_nodes else []
+
+
+def _from_engine(path: Path, options: RepoOptions) -> _Model:
+    from irpe.filecheck import check_file
+    check_file(path, "engine")
+    side = _sidecar(path)
+    module = side.get("tensorrt_module", "")
+    if module != "tensorrt":
+        raise ValueError(f"{path} was built with {module or 'an unknown module'} "
+                         f"{side.get('tensorrt_version', '')}: Triton's tensorrt_plan backend "
+                         "loads engines built by full TensorRT of the server's version only")
+    if options.kind == "cpu":
+        raise ValueError("a TensorRT plan needs GPU instances: drop --kind cpu")
+    onnx_path = _engine_onnx(path, side)
+    inputs, outputs = onnx_io(onnx_path)
+    batch = _batch_size(inputs, options.max_batch_size, _profile_max_batch(side, inputs))
+    libs = _plugin_libraries(path, side, options.trt_plugins)
+    props = side.get("onnx_metadata") or {}
+    name = options.name or props.get("irpe.model_name") or path.stem
+    return _Model(name, "tensorrt_plan", path, inputs, outputs, props, batch, libs, str(path))
+
+
+def _sidecar(path: Path) -> Dict:
+    side = Path(f"{path}.json")
+    if not side.is_file():
+        raise ValueError(f"no sidecar {side}: build the engine with `irpe build-engine`, which "
+                         "records the ONNX file, profiles and plugin use beside it")
+    try:
+        return json.loads(side.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{side} is not valid JSON: {exc}") from None
+
+
+def _engine_onnx(path: Path, side: Dict) -> Path:
+    """The ONNX file the engine was built from (named in the sidecar, else beside it)."""
+    for candidate in (side.get("onnx"), path.with_suffix(".onnx")):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    raise ValueError(f"the ONNX file of {path} ({side.get('onnx')}) is missing: its inputs and "
+                     "outputs are needed for config.pbtxt")
+
+
+def _profile_max_batch(side: Dict, inputs: List[TensorInfo]) -> Optional[int]:
+    profiles = side.get("profiles") or {}
+    for t in inputs:
+        if t.name in profiles:
+            return int(profiles[t.name][2][0])  # (min, opt, max) shapes; batch is axis 0
+    return None
+
+
+def _plugin_libraries(path: Path, side: Dict, given: Sequence[str]) -> List[Path]:
+    """The TensorRT plugin library the engine needs, or an error when it has none."""
+    for lib in given:
+        if not Path(lib).is_file():
+            raise ValueError(f"TensorRT plugin library not found: {lib}")
+    if given:
+        return [Path(p) for p in given]
+    layers = side.get("plugin_layers") or []
+    if not layers:
+        return []
+    found = [Path(p) for p in side.get("plugin_libraries") or [] if Path(p).is_file()]
+    if not found:
+        raise ValueError(f"{path} runs {len(layers)} iRPE plugin layers but its plugin library "
+                         f"({', '.join(side.get('plugin_libraries') or []) or 'none recorded'})"
+                         " is not here: pass --trt-plugin LIB (plugins/build.sh builds it)")
+    return found
+
+
+def _batch_size(inputs: List[TensorInfo], wanted: Optional[int], limit: Optional[int]) -> int:
+    """max_batch_size: 0 when the first axis is not a dynamic batch; else wanted or default."""
+    if not inputs or not all(t.batch_dynamic for t in inputs):
+        if wanted:
+            raise ValueError("--max-batch-size needs a model with a dynamic batch axis")
+        return 0
+    if wanted is not None and wanted < 1:
+        raise ValueError(f"--max-batch-size must be >= 1, got {wanted}")
+    if limit is not None and wanted is not None and wanted > limit:
+        raise ValueError(f"--max-batch-size {wanted} exceeds the engine's profile maximum "
+                         f"{limit}")
+    return wanted or limit or 8
+
+
+def _install(model: _Model, repo: Path, options: RepoOptions) -> Path:
+    """Copy artifact, libraries and labels into ``repo/<name>`` and write config.pbtxt."""
+    final = repo / model.name
+    work = repo / f".{model.name}.partial"
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "1").mkdir(parents=True)
+    filename = "model.onnx" if model.platform == "onnxruntime_onnx" else "model.plan"
+    shutil.copyfile(model.artifact, work / "1" / filename)
+    for lib in model.libraries:
+        shutil.copyfile(lib, work / lib.name)
+    labels = _labels(model)
+    if labels:
+        (work / "labels.txt").write_text("\n".join(labels) + "\n", encoding="utf-8")
+    (work / "config.pbtxt").write_text(config_text(model, options, bool(labels)),
+                                       encoding="utf-8")
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(work, final)
+    return final
+
+
+def _labels(model: _Model) -> List[str]:
+    """Class names for Triton's classification extension (classifiers only)."""
+    if model.props.get("irpe.task") != "classification":
+        return []
+    names = json.loads(model.props.get("irpe.class_names") or "null") or []
+    width = model.outputs[0].dims[-1] if model.outputs and model.outputs[0].dims else -1
+    return [str(n) for n in names] if len(names) == width else []
+
+
+def config_text(model: _Model, options: RepoOptions, labels: bool) -> str:
+    """config.pbtxt (protobuf text format of Triton's ModelConfig)."""
+    lines = [f"# written by `irpe triton-repo` from {model.source}",
+             f"# model {model.props.get('irpe.model_name', '?')}, task "
+             f"{model.props.get('irpe.task', '?')}, iRPE "
+             f"{json.loads(model.props.get('irpe.rpe_config') or '{}').get('config', 'none')}"]
+    if model.platform == "tensorrt_plan" and model.libraries:
+        lines.append("# start tritonserver with --backend-config=tensorrt,plugins=\""
+                     + ";".join(_mounted(model, lib, options) for lib in model.libraries) + "\"")
+    lines += [f'name: "{model.name}"', f'platform: "{model.platform}"',
+              f"max_batch_size: {model.max_batch_size}"]
+    strip = 1 if model.max_batch_size > 0 else 0
+    lines += _tensors("input", model.inputs, strip, None)
+    lines += _tensors("output", model.outputs, strip, "labels.txt" if labels else None)
+    if model.max_batch_size > 0:
+        lines += ["dynamic_batching {",
+                  f"  max_queue_delay_microseconds: {options.max_queue_delay_us}", "}"]
+    lines += ["instance_group [", "  {", f"    count: {options.instances}",
+              f"    kind: KIND_{options.kind.upper()}", "  }", "]"]
+    if model.platform == "onnxruntime_onnx" and model.libraries:
+        lines += ["model_operations {"] + [
+            f'  op_library_filename: "{_mounted(model, lib, options)}"'
+            for lib in model.libraries] + ["}"]
+    return "\n".join(lines) + "\n"
+
+
+def _tensors(section: str, tensors: List[TensorInfo], strip: int,
+             label_file: Optional[str]) -> List[str]:
+    out = [f"{section} ["]
+    for i, t in enumerate(tensors):
+        dims = t.dims[strip:] or [1]
+        out += ["  {", f'    name: "{t.name}"', f"    data_type: {t.data_type}",
+                f"    dims: [ {', '.join(str(d) for d in dims)} ]"]
+        if label_file and i == 0:
+            out.append(f'    label_filename: "{label_file}"')
+        out.append("  }" + ("," if i < len(tensors) - 1 else ""))
+    return out + ["]"]
+
+
+def _mounted(model: _Model, lib: Path, options: RepoOptions) -> str:
+    """Where the server sees a library copied into the model directory."""
+    return f"{options.mount.rstrip('/')}/{model.name}/{lib.name}"
+
+
+def readme_text(models: List[_Model], options: RepoOptions) -> str:
+    """How to start tritonserver on this repository (plugin flags included)."""
+    plugins = [_mounted(m, lib, options) for m in models if m.platform == "tensorrt_plan"
+               for lib in m.libraries]
+    cmd = f"tritonserver --model-repository={options.mount}"
+    if plugins:
+        cmd += f' --backend-config=tensorrt,plugins="{";".join(plugins)}"'
+    rows = [f"| {m.name} | {m.platform} | {m.max_batch_size} | "
+            f"{', '.join(lib.name for lib in m.libraries) or '-'} |" for m in models]
+    return "\n".join([
+        "# Triton model repository (written by `irpe triton-repo`)", "",
+        f"Mount this folder at `{options.mount}` and start the server with:", "",
+        "```", cmd, "```", "",
+        "| model | platform | max_batch_size | library |", "|---|---|---|---|", *rows, "",
+        "ONNX models without a custom-op library run the iRPE nodes through the model-local",
+        "functions inside the file (standard ONNX ops). TensorRT plans need the plugin library",
+        "of the same TensorRT version as the server (or LD_PRELOAD it instead of the flag).", ""])
+
+
+def cmd_triton_repo(args) -> int:
+    """``irpe triton-repo``: write the repository and print its tree."""
+    options = RepoOptions(name=args.name, max_batch_size=args.max_batch_size,
+                          max_queue_delay_us=args.max_queue_delay_us, instances=args.instances,
+                          kind=args.kind, ort_ops=args.ort_ops, trt_plugins=args.trt_plugin,
+                          mount=args.mount, force=args.force)
+    dirs = write_repository(args.output, args.artifacts, options)
+    for d in dirs:
+        files = sorted(p for p in d.rglob("*") if p.is_file())
+        print(f"wrote {d}: " + ", ".join(
+            f"{p.relative_to(d)} ({p.stat().st_size / 1e6:.1f} MB)" if p.stat().st_size > 1e5
+            else str(p.relative_to(d)) for p in files))
+    print(f"serve with: {_server_command(args.output)}")
+    return 0
+
+
+def _server_command(repo: os.PathLike) -> str:
+    text = (Path(repo) / "README.md").read_text(encoding="utf-8")
+    return text.split("```\n", 2)[1].strip()
+
+
+def add_parser(sub) -> None:
+    """Register ``irpe triton-repo`` (called by export.cli.add_parser)."""
+    p = sub.add_parser("triton-repo", help="write a Triton Inference Server model repository",
+                       description="One model directory per artifact: an .onnx file from "
+                       "`irpe export`, an engine from `irpe build-engine` (with its .json "
+                       "sidecar), or a model name / trained-model file (exported first).")
+    p.add_argument("artifacts", nargs="+", help=".onnx, .engine/.plan, model name or "
+                   ".safetensors")
+    p.add_argument("-o", "--output", required=True, help="repository directory")
+    p.add_argument("--name", help="model directory name (one artifact; default: model name)")
+    p.add_argument("--max-batch-size", type=int,
+                   help="default 8 for ONNX, the engine profile's maximum for plans")
+    p.add_argument("--max-queue-delay-us", type=int, default=5000,
+                   help="dynamic batching delay (default 5000)")
+    p.add_argument("--instances", type=int, default=1, help="instance_group count (default 1)")
+    p.add_argument("--kind", default="gpu", choices=("gpu", "cpu", "auto"),
+                   help="instance_group kind (default gpu)")
+    p.add_argument("--ort-ops", default="auto", help="ONNX Runtime custom-op library to "
+                   f"reference: auto ({DEFAULT_ORT_OPS.relative_to(_ROOT)} if built), none, "
+                   "or a path")
+    p.add_argument("--trt-plugin", action="append", default=[],
+                   help="TensorRT plugin library (default: the one the engine was built with)")
+    p.add_argument("--mount", default="/models",
+                   help="where the server mounts the repository (library paths; default /models)")
+    p.add_argument("--force", action="store_true",
+                   help="write into a non-empty directory, replacing same-named models")
+    p.set_defaults(func=cmd_triton_repo)
