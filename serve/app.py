@@ -36,7 +36,23 @@ def build_models(settings: ServeSettings, metrics: Metrics) -> Dict[str, ServedM
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ValueError(f"model names used twice: {', '.join(duplicates)}")
-    return {m.name: ServedModel(m, metrics, settings.threads) for m in settings.models}
+    models = {m.name: ServedModel(m, metrics, settings.threads) for m in settings.models}
+    _check_defaults(settings, models)
+    return models
+
+
+def _check_defaults(settings: ServeSettings, models: Dict[str, ServedModel]) -> None:
+    """default_classifier / default_detector must name a served model of that task."""
+    for key, task in (("default_classifier", "classification"),
+                      ("default_detector", "detection")):
+        name = getattr(settings, key)
+        if name is None:
+            continue
+        if name not in models:
+            raise ValueError(f"{key} {name!r} is not a configured model; configured: "
+                             f"{', '.join(models)}")
+        if models[name].task != task:
+            raise ValueError(f"{key} {name!r} is a {models[name].task} model, not {task}")
 
 
 def create_app(settings: ServeSettings) -> FastAPI:

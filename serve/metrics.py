@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from irpe.idcache import BUCKET_IDS
+
 __all__ = ["Metrics", "CONTENT_TYPE"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -11,7 +13,8 @@ _SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024)
 
 
 class Metrics:
-    """HTTP counters and latency, in-flight gauge, queue/compute time and batch sizes."""
+    """HTTP counters and latency, in-flight gauge, queue/compute time, batch sizes, and the
+    bucket-id cache size."""
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -31,6 +34,12 @@ class Metrics:
                                  registry=r)
         self.batches = Counter("irpe_batches_total", "backend calls by model and outcome",
                                ["model", "outcome"], registry=r)
+        self.bucket_cache = Gauge("irpe_bucket_cache_bytes", "bucket-id tensors cached by the "
+                                  "torch backend (process-wide LRU)", registry=r)
+        self.bucket_cache.set_function(lambda: BUCKET_IDS.nbytes)
+        self.bucket_cache_limit = Gauge("irpe_bucket_cache_limit_bytes", "limit of that cache "
+                                        "(IRPE_BUCKET_CACHE_MIB)", registry=r)
+        self.bucket_cache_limit.set_function(lambda: BUCKET_IDS.max_bytes)
 
     def render(self) -> bytes:
         """Text exposition format of every metric."""
