@@ -18,10 +18,8 @@ import asyncio
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -30,6 +28,7 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 import numpy as np
 
+from benchmarks._serving import start_serve, stop, wait_ready
 from benchmarks.rawhttp import LeanClient, Lost
 
 __all__ = ["serve_process", "pinned", "capacity", "overload", "soak", "run", "passed", "main"]
@@ -62,18 +61,13 @@ def serve_process(max_batch: int = 8, queue: int = 32,
         repo.write_text(f"threads: 1\nlog_level: warning\nmodels:\n  - {{name: cls, path: "
                         f"{_model_file(Path(tmp))}, max_batch_size: {max_batch}, "
                         f"max_queue_size: {queue}, max_queue_delay_ms: 5}}\n")
-        env = {**os.environ, "PYTHONPATH": os.getcwd(), "OMP_NUM_THREADS": "1"}
-        proc = subprocess.Popen([sys.executable, "-m", "irpe", "serve", str(repo), "--port",
-                                 "0", "--log-level", "info"], stderr=subprocess.PIPE,
-                                text=True, env=env, preexec_fn=_pin(cpus))
+        proc, url = start_serve([str(repo)], env={"OMP_NUM_THREADS": "1"},
+                                preexec_fn=_pin(cpus))
         try:
-            yield _serving_url(proc), proc.pid
+            wait_ready(url)
+            yield url, proc.pid
         finally:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc)
 
 
 def _pin(cpus: Optional[Set[int]]):
@@ -99,17 +93,6 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process ``pid`` (all threads), from /proc/<pid>/stat."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _serving_url(proc: subprocess.Popen) -> str:
-    from serve.testing import wait_ready
-    for line in proc.stderr:
-        entry = json.loads(line)
-        if entry.get("message") == "serving":
-            threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep draining
-            wait_ready(entry["url"])
-            return entry["url"]
-    raise RuntimeError(f"server exited with {proc.wait()}")
 
 
 def rss_mib(pid: int) -> float:

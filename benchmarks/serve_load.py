@@ -1,6 +1,6 @@
 """HTTP side of `irpe bench serve`: an `irpe serve` child process and an asyncio + httpx load.
 
-The server runs as its own process (``python -m irpe serve REPO.yaml --port P``), so the load
+The server runs as its own process (``python -m irpe serve REPO.yaml --port 0``), so the load
 generator in the benchmark process does not share its GIL. Clients keep one HTTP/1.1
 keep-alive connection per concurrent request (pool sized to the load), so connection set-up is
 outside the timed steady state.
@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
+from benchmarks._serving import start_serve, stop, wait_ready
 from benchmarks.report import latency_ms
 
 __all__ = ["write_repository", "server_process", "closed_loop", "open_loop", "batch_histogram"]
@@ -34,53 +30,16 @@ def write_repository(folder: Path, models: List[Dict]) -> Path:
     return path
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.contextmanager
 def server_process(repository: Path, threads: int, timeout_s: float = 180.0) -> Iterator[str]:
     """Run `irpe serve REPOSITORY` in a child process until ready; yields its base URL."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "irpe", "serve", str(repository), "--port", str(port),
-           "--threads", str(threads), "--log-level", "warning"]
     log = repository.with_suffix(".log")
-    with open(log, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err,
-                                cwd=Path(__file__).resolve().parents[1])
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_serve([str(repository), "--threads", str(threads)], log=log)
     try:
-        _wait_ready(proc, url, timeout_s, log)
+        wait_ready(url, timeout_s)
         yield url
     finally:
-        _stop(proc)
-
-
-def _wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log: Path) -> None:
-    import httpx
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"irpe serve exited ({proc.returncode}): "
-                               f"{log.read_text(errors='replace')[-2000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"irpe serve not ready within {timeout_s:g} s (log: {log})")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop(proc)
 
 
 def _client(base: str, connections: int):

@@ -91,14 +91,12 @@ def _prepare(app) -> int:
 
 
 def _run(app, settings) -> int:
-    import logging
+    """Serve on an explicit TCP socket; "serving" is logged once it accepts connections."""
     import uvicorn
     from .net import listen_socket
+    from .server import AnnouncingServer
     sock = listen_socket(settings.host, settings.port)
-    host, port = sock.getsockname()[:2]
-    logging.getLogger("irpe.serve").info(
-        "serving", extra={"url": f"http://{host}:{port}", "models": settings.model_names()})
     config = uvicorn.Config(app, log_config=None, access_log=False,
                             timeout_graceful_shutdown=settings.shutdown_timeout_s)
-    uvicorn.Server(config).run(sockets=[sock])
+    AnnouncingServer(config, settings.model_names()).run(sockets=[sock])
     return 0

@@ -15,21 +15,10 @@ from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-__all__ = ["FaultOptions", "ModelConfig", "ServeSettings", "read_repository", "BACKENDS"]
+__all__ = ["ModelConfig", "ServeSettings", "read_repository"]
 
-BACKENDS = ("torch", "onnxruntime", "tensorrt", "fault")
 _PATH_KEYS = ("path", "metadata")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
-
-
-class FaultOptions(BaseModel):
-    """Test aid for ``backend: fault``: a real inner backend with injected delays or errors."""
-
-    model_config = ConfigDict(extra="forbid")
-    inner: Literal["torch", "onnxruntime"] = "torch"
-    delay_s: float = Field(0.0, ge=0, description="sleep before every batch")
-    load_delay_s: float = Field(0.0, ge=0, description="sleep while loading (warmup)")
-    fail: bool = Field(False, description="every served batch raises an error")
 
 
 class ModelConfig(BaseModel):
@@ -39,7 +28,8 @@ class ModelConfig(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     path: Path = Field(description="trained-model .safetensors (torch), .onnx (onnxruntime) "
                        "or engine file (tensorrt)")
-    backend: Literal["torch", "onnxruntime", "tensorrt", "fault"] = "torch"
+    backend: str = Field("torch", description="torch, onnxruntime, tensorrt or a name given "
+                         "to serve.backends.register_backend")
     task: Optional[Literal["classification", "detection"]] = Field(
         None, description="checked against the artifact's task when given")
     labels: Optional[Union[List[str], Path]] = Field(
@@ -55,7 +45,14 @@ class ModelConfig(BaseModel):
     metadata: Optional[Path] = Field(
         None, description="tensorrt: .onnx or .safetensors holding the irpe metadata "
         "(default: the engine path with suffix .onnx)")
-    fault: FaultOptions = Field(default_factory=FaultOptions)
+
+    @field_validator("backend")
+    @classmethod
+    def _check_backend(cls, value: str) -> str:
+        from .backends import backend_names  # the registry imports this module
+        if value not in backend_names():
+            raise ValueError(f"backend must be one of {', '.join(backend_names())}, got {value!r}")
+        return value
 
     @field_validator("device")
     @classmethod

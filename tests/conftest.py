@@ -11,5 +11,40 @@ def _seed():
 @pytest.fixture(scope="module")
 def cls_file(tmp_path_factory):
     """An untrained demo classifier saved as a trained-model file (serving tests, per module)."""
-    from tests.test_serve import save_untrained
+    from tests.helpers import save_untrained
     return save_untrained("deit_shapes_irpe", tmp_path_factory.mktemp("cls") / "c.safetensors")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Untrained demo classifier and detector as trained-model files (serving tests)."""
+    from tests.helpers import save_untrained
+    d = tmp_path_factory.mktemp("serve")
+    return {"cls": save_untrained("deit_shapes_irpe", d / "cls.safetensors"),
+            "det": save_untrained("detr_shapes_irpe", d / "det.safetensors")}
+
+
+@pytest.fixture(scope="module")
+def url(files):
+    """A real server (thread, 127.0.0.1) with cls, det and fault models slow, broken, tiny;
+    modules that need another server define their own ``url``."""
+    from serve.config import ServeSettings
+    from tests.helpers import fault_backend, running_server
+    cls = {"path": files["cls"]}
+    settings = ServeSettings(threads=1, max_images=4, log_level="warning", models=[
+        {**cls, "name": "cls", "max_queue_delay_ms": 30},
+        {"name": "det", "path": files["det"]},
+        {**cls, "name": "slow", "timeout_s": 0.2, "backend": fault_backend(delay_s=0.6)},
+        {**cls, "name": "broken", "backend": fault_backend(fail=True)},
+        {**cls, "name": "tiny", "max_batch_size": 1, "max_queue_size": 2,
+         "backend": fault_backend(delay_s=0.2)}])
+    with running_server(settings) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    """An httpx client on the module's ``url`` server."""
+    import httpx
+    with httpx.Client(base_url=url, timeout=30) as c:
+        yield c

@@ -7,7 +7,7 @@ import pytest
 from irpe import RPEConfig
 from irpe.artifact import save_trained
 from irpe.cli import main
-from tests.test_export_onnx import tiny_deit
+from tests.helpers import tiny_deit
 
 
 @pytest.fixture(scope="module")

@@ -14,26 +14,7 @@ from export.functions import DOMAIN, GATHER, SCATTER
 from export.onnx import export_onnx, read_metadata, read_metadata_props
 from irpe import RPEConfig, create_model
 from irpe.artifact import default_spec, save_trained
-
-TINY = dict(img_size=40, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10)
-
-
-def tiny_deit(cfg, **extra):
-    """A 2-block DeiT on a 5x5 patch grid with non-zero iRPE tables, and its spec."""
-    kw = dict(TINY, rpe_config=cfg, **extra)
-    model = create_model("deit_tiny_patch16_224", **kw).eval()
-    randomize_tables(model)
-    spec = default_spec("deit_tiny_patch16_224", **kw)
-    spec.preprocess["size"] = kw["img_size"]
-    return model, spec
-
-
-def randomize_tables(model, std=0.5):
-    """iRPE tables start at zero in DeiT; make them matter for the comparison."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lookup_table" in name:
-                p.normal_(0, std)
+from tests.helpers import randomize_tables, tiny_deit
 
 
 def run_ort(path, **feeds):

@@ -16,7 +16,7 @@ from export.tensorrt import build_engine, sidecar_path
 from irpe.deploy.trt_common import TensorRTUnavailable, import_tensorrt, is_rtx
 from irpe import RPEConfig, create_model
 from irpe.artifact import default_spec, save_trained
-from tests.test_export_onnx import tiny_deit
+from tests.helpers import tiny_deit
 
 try:
     TRT = import_tensorrt()

@@ -16,7 +16,7 @@ from export.validate import compare, validate
 from irpe import RPEConfig
 from irpe.artifact import save_trained
 from irpe.cli import main
-from tests.test_export_onnx import tiny_deit
+from tests.helpers import tiny_deit
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ while a real `irpe serve` process is under concurrent load."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import time
@@ -19,9 +18,7 @@ from irpe.cli import main
 from irpe.data.shapes import SHAPE_CLASSES
 from irpe.models import create_model
 from serve.config import ServeSettings
-from serve.testing import running_server, wait_ready
-from tests.test_serve import shape_png
-from tests.test_serve_ops import _start_cli
+from tests.helpers import fault_backend, metric, running_server, shape_png, start_cli, wait_ready
 
 torch.set_num_threads(1)
 PNG = {"content-type": "image/png"}
@@ -29,22 +26,13 @@ PNG = {"content-type": "image/png"}
 
 @pytest.fixture(scope="module")
 def url(cls_file):
-    fault = {"path": cls_file, "backend": "fault", "max_batch_size": 1}
+    fault = {"path": cls_file, "max_batch_size": 1}
     settings = ServeSettings(threads=1, log_level="error", models=[
         {"name": "cls", "path": cls_file},
-        {**fault, "name": "slow", "fault": {"delay_s": 0.4}},
-        {**fault, "name": "hang", "timeout_s": 0.3, "fault": {"delay_s": 1.0}}])
+        {**fault, "name": "slow", "backend": fault_backend(delay_s=0.4)},
+        {**fault, "name": "hang", "timeout_s": 0.3, "backend": fault_backend(delay_s=1.0)}])
     with running_server(settings) as base:
         yield base
-
-
-def metric(url: str, name: str, **labels: str) -> float:
-    """One sample of the server's /metrics (0 when absent)."""
-    text = httpx.get(f"{url}/metrics").text
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    pattern = rf"^{name}{{{want}}} (\S+)$" if labels else rf"^{name} (\S+)$"
-    found = re.search(pattern, text, re.M)
-    return float(found.group(1)) if found else 0.0
 
 
 def settle(url: str, model: str, timeout_s: float = 10.0) -> None:
@@ -164,9 +152,10 @@ def _poll(check, timeout_s: float = 30.0) -> None:
 
 def test_sigterm_under_load_drains_in_flight_and_refuses_new_connections(tmp_path, cls_file):
     repo = tmp_path / "slow.yaml"  # 8 requests, batches of 4, 0.5 s each: ~1 s of work queued
-    repo.write_text(f"threads: 1\nmodels:\n  - {{name: slow, path: {cls_file}, backend: fault, "
-                    "max_batch_size: 4, fault: {delay_s: 0.5}}\n")
-    proc, url, _ = _start_cli(repo, {**os.environ, "PYTHONPATH": os.getcwd()})
+    repo.write_text(f"threads: 1\nmodels:\n  - {{name: slow, path: {cls_file}, backend: slow, "
+                    "max_batch_size: 4}\n")
+    proc, url, _ = start_cli(repo, {**os.environ, "PYTHONPATH": os.getcwd()},
+                             faults={"slow": {"delay_s": 0.5}})
     try:
         wait_ready(url)
         blob, path = shape_png(0), f"{url}/v1/models/slow/classify"

@@ -20,9 +20,8 @@ from hypothesis.extra import numpy as hnp
 
 from serve.config import ServeSettings
 from serve.errors import ServeError
-from serve.testing import running_server
 from serve.v2codec import DATATYPES, decode_request
-from tests.test_serve import save_untrained
+from tests.helpers import running_server, save_untrained
 
 # schemathesis is a pytest plugin, so pytest assertion-rewrites its modules on import; compiling
 # its largest module deep inside a running test trips CPython 3.11.7's "AST constructor recursion

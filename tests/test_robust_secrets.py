@@ -7,9 +7,7 @@ import signal
 
 import httpx
 
-from serve.testing import wait_ready
-from tests.test_serve import shape_png
-from tests.test_serve_ops import _start_cli
+from tests.helpers import shape_png, start_cli, wait_ready
 
 TOKEN, WRONG = "tok-9f8e7d6c5b4a", "guess-0a1b2c3d4e"
 
@@ -18,7 +16,7 @@ def test_token_and_authorization_header_never_logged(tmp_path, cls_file):
     repo = tmp_path / "auth.yaml"
     repo.write_text(f"log_level: debug\nmodels:\n  - {{name: cls, path: {cls_file}}}\n")
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "IRPE_SERVE_AUTH_TOKEN": TOKEN}
-    proc, url, lines = _start_cli(repo, env)
+    proc, url, lines = start_cli(repo, env)
     try:
         wait_ready(url)
         codes = _requests(url)

@@ -6,7 +6,6 @@ against the same artifact run directly in PyTorch with the shared Preprocess / P
 from __future__ import annotations
 
 import base64
-import io
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -14,54 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from irpe.artifact import default_spec, load_trained, save_trained
+from irpe.artifact import load_trained
 from irpe.data.shapes import SHAPE_CLASSES, render_classification, render_detection
 from irpe.data.transforms import load_image
-from irpe.models import PostProcess, create_model
-from serve.config import ServeSettings
-from serve.testing import running_server
+from irpe.models import PostProcess
+from tests.helpers import encode, shape_png
 
 torch.set_num_threads(1)
-
-
-def save_untrained(name: str, path) -> str:
-    """An untrained registered model written in trained-model format (shape class names)."""
-    torch.manual_seed(0)
-    save_trained(create_model(name).eval(), str(path), default_spec(name, list(SHAPE_CLASSES)))
-    return str(path)
-
-
-def encode(image, fmt: str = "PNG") -> bytes:
-    buf = io.BytesIO()
-    image.save(buf, fmt)
-    return buf.getvalue()
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("serve")
-    return {"cls": save_untrained("deit_shapes_irpe", d / "cls.safetensors"),
-            "det": save_untrained("detr_shapes_irpe", d / "det.safetensors")}
-
-
-@pytest.fixture(scope="module")
-def url(files):
-    fault = {"backend": "fault", "path": files["cls"]}
-    settings = ServeSettings(threads=1, max_images=4, log_level="warning", models=[
-        {"name": "cls", "path": files["cls"], "max_queue_delay_ms": 30},
-        {"name": "det", "path": files["det"]},
-        {**fault, "name": "slow", "timeout_s": 0.2, "fault": {"delay_s": 0.6}},
-        {**fault, "name": "broken", "fault": {"fail": True}},
-        {**fault, "name": "tiny", "max_batch_size": 1, "max_queue_size": 2,
-         "fault": {"delay_s": 0.2}}])
-    with running_server(settings) as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def client(url):
-    with httpx.Client(base_url=url, timeout=30) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +33,6 @@ def classify_direct(reference, blob: bytes, k: int = 5):
     with torch.no_grad():
         logits = model(spec.transform()(load_image(blob))[None])
     return logits, logits.softmax(-1).topk(k)
-
-
-def shape_png(index: int, size: int = 64) -> bytes:
-    return encode(render_classification(7, index, size)[0])
 
 
 # ---------------------------------------------------------------- REST classify / detect

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.test_serve import client, files, shape_png, url  # noqa: F401 (fixtures)
+from tests.helpers import shape_png
 
 
 def bomb_png(width: int = 20000, height: int = 20000) -> bytes:

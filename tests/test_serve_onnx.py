@@ -12,8 +12,7 @@ import torch
 from irpe.cli import main
 from irpe.models.registry import model_info
 from serve.config import ServeSettings
-from serve.testing import running_server
-from tests.test_serve import encode, save_untrained, shape_png
+from tests.helpers import encode, running_server, save_untrained, shape_png
 
 export_onnx = pytest.importorskip("export.onnx").export_onnx
 from irpe.data.shapes import render_detection  # noqa: E402

@@ -6,17 +6,14 @@ import gzip
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
-import time
 
 import httpx
 import pytest
 
 from serve.config import ServeSettings
-from serve.testing import running_server, wait_ready
-from tests.test_serve import client, shape_png  # noqa: F401 (fixture)
+from tests.helpers import (fault_backend, metric, running_server, shape_png, start_cli,
+                           wait_ready, wait_until)
 
 TOKEN = "s3cret-token"
 PNG = {"content-type": "image/png"}
@@ -36,7 +33,7 @@ def _auth(token: str = TOKEN) -> dict:
 
 def test_readiness_only_after_warmup_and_cors_when_configured(cls_file):
     settings = ServeSettings(threads=1, cors_origins=["http://example.com"], models=[
-        {"name": "late", "path": cls_file, "backend": "fault", "fault": {"load_delay_s": 1.5}}])
+        {"name": "late", "path": cls_file, "backend": fault_backend(load_delay_s=1.5)}])
     with running_server(settings, ready=False) as base, httpx.Client(base_url=base) as c:
         assert c.get("/v2/health/live").status_code == 200
         r = c.get("/v2/health/ready")
@@ -135,24 +132,11 @@ def test_openapi_documents_bodies_errors_and_auth(client):
     assert client.get("/docs").status_code == 200
 
 
-def _start_cli(repo, env) -> tuple:
-    proc = subprocess.Popen([sys.executable, "-m", "irpe", "serve", str(repo), "--port", "0"],
-                            stderr=subprocess.PIPE, text=True, env=env)
-    lines = []
-    for line in proc.stderr:
-        lines.append(line)
-        entry = json.loads(line)
-        if entry["message"] == "serving":
-            return proc, entry["url"], lines
-    raise AssertionError("server did not start: " + "".join(lines))
-
-
 def test_sigterm_drains_in_flight_requests(tmp_path, cls_file):
     repo = tmp_path / "slow.yaml"
-    repo.write_text(f"threads: 1\nmodels:\n  - {{name: slow, path: {cls_file}, backend: fault,"
-                    " fault: {delay_s: 1.5}}\n")
+    repo.write_text(f"threads: 1\nmodels:\n  - {{name: slow, path: {cls_file}, backend: slow}}\n")
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    proc, url, lines = _start_cli(repo, env)
+    proc, url, lines = start_cli(repo, env, faults={"slow": {"delay_s": 1.5}})
     try:
         wait_ready(url)
         result = {}
@@ -162,7 +146,8 @@ def test_sigterm_drains_in_flight_requests(tmp_path, cls_file):
                                      headers={**PNG, "x-request-id": "drain-me"}, timeout=30)
         worker = threading.Thread(target=request)
         worker.start()
-        time.sleep(0.7)  # the request is in its batch now
+        wait_until(lambda: metric(url, "irpe_queue_seconds_count", model="slow") == 1, 30,
+                   "the request's batch is computing")
         proc.send_signal(signal.SIGTERM)
         worker.join(30)
         assert result["r"].status_code == 200 and result["r"].json()["model"] == "slow"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -17,12 +17,15 @@ from irpe.artifact import ModelSpec
 
 from ..config import ModelConfig
 
-__all__ = ["Backend", "create_backend", "input_names", "output_names"]
+__all__ = ["Backend", "backend_names", "create_backend", "input_names", "output_names",
+           "register_backend"]
 
 _CLASSES = {"torch": "serve.backends.torch_backend:TorchBackend",
             "onnxruntime": "serve.backends.ort_backend:OrtBackend",
-            "tensorrt": "serve.backends.trt_backend:TensorRTBackend",
-            "fault": "serve.backends.fault:FaultBackend"}
+            "tensorrt": "serve.backends.trt_backend:TensorRTBackend"}
+_BUILTIN = frozenset(_CLASSES)
+Factory = Callable[[ModelConfig, int], "Backend"]
+_FACTORIES: Dict[str, Factory] = {}
 
 
 def input_names(task: str) -> Tuple[str, ...]:
@@ -65,7 +68,22 @@ class Backend(ABC):
         """Release the runtime's resources."""
 
 
+def register_backend(name: str, factory: Factory) -> None:
+    """Make ``backend: NAME`` usable in model configs (plug-ins, test doubles); the built-in
+    names cannot be replaced. ``factory(cfg, threads)`` returns a Backend."""
+    if name in _BUILTIN:
+        raise ValueError(f"backend {name!r} is built in and cannot be replaced")
+    _FACTORIES[name] = factory
+
+
+def backend_names() -> Tuple[str, ...]:
+    """Built-in and registered backend names."""
+    return tuple(_CLASSES) + tuple(sorted(_FACTORIES))
+
+
 def create_backend(cfg: ModelConfig, threads: int = 0) -> Backend:
-    """The backend class ``cfg.backend`` names, constructed (spec read, nothing loaded)."""
+    """The backend ``cfg.backend`` names, constructed (spec read, nothing loaded)."""
+    if cfg.backend in _FACTORIES:
+        return _FACTORIES[cfg.backend](cfg, threads)
     module, _, name = _CLASSES[cfg.backend].partition(":")
     return getattr(importlib.import_module(module), name)(cfg, threads)

@@ -1,0 +1,200 @@
+"""Shared test aids: model files, images, a real server in a thread or a process, readiness
+polling, and the fault-injection backend (registered through serve.backends.register_backend)."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from irpe.artifact import ModelSpec, default_spec, save_trained
+from irpe.data.shapes import SHAPE_CLASSES, render_classification
+from irpe.models import create_model
+from serve.backends import Backend, create_backend, register_backend
+from serve.config import ServeSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = dict(img_size=40, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10)
+
+
+# ------------------------------------------------------------------------ artifacts and images
+
+def save_untrained(name: str, path) -> str:
+    """An untrained registered model written in trained-model format (shape class names)."""
+    torch.manual_seed(0)
+    save_trained(create_model(name).eval(), str(path), default_spec(name, list(SHAPE_CLASSES)))
+    return str(path)
+
+
+def encode(image, fmt: str = "PNG") -> bytes:
+    """A PIL image as file bytes."""
+    buf = io.BytesIO()
+    image.save(buf, fmt)
+    return buf.getvalue()
+
+
+def shape_png(index: int, size: int = 64) -> bytes:
+    """Shape ``index`` of the synthetic classification set as PNG bytes."""
+    return encode(render_classification(7, index, size)[0])
+
+
+def randomize_tables(model, std: float = 0.5) -> None:
+    """iRPE tables start at zero in DeiT; make them matter for comparisons."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lookup_table" in name:
+                p.normal_(0, std)
+
+
+def tiny_deit(cfg, **extra):
+    """A 2-block DeiT on a 5x5 patch grid with non-zero iRPE tables, and its spec."""
+    kw = dict(TINY, rpe_config=cfg, **extra)
+    model = create_model("deit_tiny_patch16_224", **kw).eval()
+    randomize_tables(model)
+    spec = default_spec("deit_tiny_patch16_224", **kw)
+    spec.preprocess["size"] = kw["img_size"]
+    return model, spec
+
+
+# ------------------------------------------------------------------------ fault injection
+
+class InjectedFault(RuntimeError):
+    """The error a ``fail=True`` fault backend raises on every served batch."""
+
+
+class FaultBackend(Backend):
+    """A real inner backend plus a sleep per batch, a slow load, or an error on every batch."""
+
+    platform = "fault_injection"
+
+    def __init__(self, cfg, threads: int = 0, inner: str = "torch", delay_s: float = 0.0,
+                 load_delay_s: float = 0.0, fail: bool = False) -> None:
+        self.inner_name, self.delay_s, self.load_delay_s, self.fail = (
+            inner, delay_s, load_delay_s, fail)
+        super().__init__(cfg, threads)
+
+    def read_spec(self) -> ModelSpec:
+        self.inner = create_backend(self.cfg.model_copy(update={"backend": self.inner_name}),
+                                    self.threads)
+        return self.inner.spec
+
+    def load(self) -> None:
+        time.sleep(self.load_delay_s)  # the fault itself: a slow load, not synchronisation
+        self.inner.load()
+
+    def warmup(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
+        return self.inner.warmup(images, sizes)  # faults apply to served batches only
+
+    def infer(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
+        time.sleep(self.delay_s)  # the fault: a slow batch
+        if self.fail:
+            raise InjectedFault(f"injected failure (model {self.cfg.name})")
+        return self.inner.infer(images, sizes)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def fault_backend(delay_s: float = 0.0, load_delay_s: float = 0.0, fail: bool = False,
+                  inner: str = "torch") -> str:
+    """Register a FaultBackend with these options; returns its backend name for configs."""
+    name = f"fault-{inner}-d{delay_s:g}-l{load_delay_s:g}" + ("-fail" if fail else "")
+    register_backend(name, lambda cfg, threads: FaultBackend(
+        cfg, threads, inner, delay_s, load_delay_s, fail))
+    return name
+
+
+# ------------------------------------------------------------------------ servers
+
+def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll ``check`` every 50 ms until true; TimeoutError naming ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not reached within {timeout_s:g} s")
+        time.sleep(0.05)
+
+
+def _ready(url: str) -> bool:
+    import httpx
+    try:
+        return httpx.get(f"{url}/v2/health/ready", timeout=10).status_code == 200
+    except httpx.TransportError:  # refused / reset: not listening yet is "not yet"
+        return False
+
+
+def wait_ready(url: str, timeout_s: float = 60.0) -> None:
+    """Poll GET /v2/health/ready until 200, retrying connection errors until the deadline."""
+    wait_until(lambda: _ready(url), timeout_s, f"GET {url}/v2/health/ready == 200")
+
+
+@contextlib.contextmanager
+def running_server(settings: ServeSettings, ready: bool = True,
+                   timeout_s: float = 60.0) -> Iterator[str]:
+    """Serve ``settings`` in a thread on a free port; yields the base URL (listening; ready
+    when ``ready``), stops (draining) on exit."""
+    import uvicorn
+    from serve.app import create_app
+    from serve.net import listen_socket
+    from serve.server import socket_url
+    sock = listen_socket("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), log_config=None,
+                                           access_log=False, lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = socket_url(sock)
+    try:
+        wait_until(lambda: server.started or not thread.is_alive(), timeout_s,
+                   "uvicorn server started (listening)")
+        if not thread.is_alive():
+            raise RuntimeError("server thread exited during startup")
+        if ready:
+            wait_ready(url, timeout_s)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout_s)
+        sock.close()
+
+
+def serve_command(repo, faults: Optional[Dict[str, Dict]] = None) -> List[str]:
+    """argv of `irpe serve REPO --port 0`; with ``faults`` ({backend name: FaultBackend
+    options}), through tests/fault_serve.py, which registers them first."""
+    if faults:
+        return [sys.executable, str(ROOT / "tests" / "fault_serve.py"), json.dumps(faults),
+                "serve", str(repo), "--port", "0"]
+    return [sys.executable, "-m", "irpe", "serve", str(repo), "--port", "0"]
+
+
+def start_cli(repo, env, faults: Optional[Dict[str, Dict]] = None
+              ) -> Tuple[subprocess.Popen, str, List[str]]:
+    """Start `irpe serve` (JSON logs on stderr); returns (process, URL, lines so far) once the
+    "serving" line says it accepts connections."""
+    proc = subprocess.Popen(serve_command(repo, faults), stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=ROOT)
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        entry = json.loads(line)
+        if entry["message"] == "serving":
+            return proc, entry["url"], lines
+    raise AssertionError(f"server exited ({proc.wait()}) before serving: " + "".join(lines))
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """One sample of the server's /metrics (0 when absent)."""
+    import re
+    import httpx
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    pattern = rf"^{name}{{{want}}} (\S+)$" if labels else rf"^{name} (\S+)$"
+    found = re.search(pattern, text, re.M)
+    return float(found.group(1)) if found else 0.0
