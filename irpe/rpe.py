@@ -143,7 +143,8 @@ class iRPE(nn.Module):
         if self.fixed_grid:  # exporting one static size: the ids become a graph constant
             length = int(length)
             height, width = (None, None) if height is None else (int(height), int(width))
-        elif self.traceable or isinstance(height, torch.Tensor):
+        elif self.traceable or isinstance(height, torch.Tensor) or torch.compiler.is_compiling():
+            # torch.compile: ids in-graph (the locked id cache would break the graph)
             if height is None:
                 height, width, _ = self.grid(length)
             skip = self.skip if isinstance(height, torch.Tensor) else length - height * width

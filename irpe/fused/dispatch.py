@@ -8,13 +8,12 @@ takes the unfused path), never an error.
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
-from ..bucket import bucket_ids
+from ..bucket import bucket_ids, bucket_ids_traceable
 from ..rpe import iRPE, iRPECross
 from .op import MAX_BUCKETS_V, MAX_HEAD_DIM, fused_rpe_attention, kernel_available
 
@@ -72,7 +71,7 @@ def fused_supported(q: Tensor, k: Tensor, rpe_q, rpe_k, rpe_v, height, width,
     return sum(m.num_buckets for m in _parts(rpe_v)) <= MAX_BUCKETS_V
 
 
-_IDS: "OrderedDict[tuple, Tensor]" = OrderedDict()
+_IDS: Dict[tuple, Tensor] = {}
 _IDS_MAX = 8
 
 
@@ -85,7 +84,9 @@ def _ids_stack(parts: List[iRPE], length: int, height, width, device) -> Tensor:
     hh, ww, skip = parts[0].grid(length, height, width)
     parts[0]._skip(skip)
     key = (tuple((m.method, m.ratio) for m in parts), hh, ww, skip, str(device))
-    ids = _IDS.get(key)
+    ids = _IDS.get(key)  # a warm hit is plain dict code: torch.compile traces it, no break
+    if ids is None and torch.compiler.is_compiling():  # cold under compile: ids in-graph
+        return _ids_in_graph(parts, hh, ww, skip, device)
     if ids is None:
         planes, offset = [], 0
         for m in parts:
@@ -94,10 +95,17 @@ def _ids_stack(parts: List[iRPE], length: int, height, width, device) -> Tensor:
         ids = torch.stack(planes).to(device)
         _IDS[key] = ids
         while len(_IDS) > _IDS_MAX:
-            _IDS.popitem(last=False)
-    else:
-        _IDS.move_to_end(key)
+            del _IDS[next(iter(_IDS))]
     return ids
+
+
+def _ids_in_graph(parts: List[iRPE], height: int, width: int, skip: int, device) -> Tensor:
+    planes, offset = [], 0
+    for m in parts:
+        ids = bucket_ids_traceable(m.method, m.ratio, height, width, skip, device=device)
+        planes.append(ids.to(torch.int32) + offset)
+        offset += m.num_buckets
+    return torch.stack(planes)
 
 
 def _term(module, x: Optional[Tensor], length: int, height, width, device
