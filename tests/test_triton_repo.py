@@ -31,7 +31,7 @@ def repo(tmp_path_factory):
     detr = export_onnx(str(DEMO / "detr_shapes_irpe.safetensors"), base / "detr.onnx")
     out = base / "repo"
     assert main(["triton-repo", str(DEMO / "deit_shapes_irpe.safetensors"), str(detr),
-                 "-o", str(out), "--instances", "2"]) == 0
+                 "-o", str(out), "--instances", "2", "--ort-ops", "none"]) == 0
     return out, Path(detr)
 
 
@@ -73,8 +73,7 @@ def test_tree_and_configs_match_onnx(repo):
         assert cfg.max_batch_size == 8 and cfg.dynamic_batching.max_queue_delay_microseconds == 5000
         assert [(g.count, g.kind) for g in cfg.instance_group] == \
             [(2, model_config_pb2.ModelInstanceGroup.KIND_GPU)]
-        assert not cfg.model_operations.op_library_filename or \
-            cfg.model_operations.op_library_filename[0].endswith("libirpe_ort_ops.so")
+        assert not cfg.HasField("model_operations")
         check_against_onnx(cfg, out / name / "1" / "model.onnx")
     detr_cfg = parse(out / "detr_shapes_irpe" / "config.pbtxt")
     assert list(detr_cfg.input[0].dims) == [3, -1, -1]  # dynamic H, W
@@ -154,6 +153,16 @@ def test_ort_custom_op_library_is_copied_and_referenced(repo, tmp_path):
     assert list(cfg.model_operations.op_library_filename) == ["/mnt/models/d/libirpe_ort_ops.so"]
     assert cfg.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
     assert (tmp_path / "r" / "d" / lib.name).is_file()
+
+
+def test_ort_ops_auto_uses_the_built_library_when_present(repo, tmp_path):
+    """auto: reference build/plugins/libirpe_ort_ops.so exactly when it has been built."""
+    from export.triton import DEFAULT_ORT_OPS, RepoOptions, write_repository
+    out, detr = repo
+    (model,) = write_repository(tmp_path / "r", [str(detr)], RepoOptions(name="d"))
+    libs = list(parse(model / "config.pbtxt").model_operations.op_library_filename)
+    assert libs == (["/models/d/libirpe_ort_ops.so"] if DEFAULT_ORT_OPS.is_file() else [])
+    assert (model / "libirpe_ort_ops.so").is_file() == DEFAULT_ORT_OPS.is_file()
 
 
 def _error(capsys, argv) -> str:
