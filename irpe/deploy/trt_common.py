@@ -5,6 +5,7 @@ from PyPI tensorrt-rtx-cu13-bindings, or ``tensorrt_rtx``), whose Python API is 
 """
 from __future__ import annotations
 
+import ctypes
 import importlib
 import os
 import sys
@@ -76,7 +77,28 @@ def load_plugins(trt: ModuleType, paths: Sequence[str]) -> List[str]:
     for path in paths:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"plugin library not found: {path}")
-        if registry.load_library(os.path.abspath(path)) is None:
-            raise OSError(f"TensorRT could not load plugin library {path}")
+        loaded = registry.load_library(os.path.abspath(path)) is not None
+        known = {(c.name, c.plugin_namespace) for c in registry.all_creators}
+        # nothing new is fine when the library was already loaded in this process
+        refused = abi_mismatch(trt, path) if not loaded or known <= before else None
+        if refused or not loaded:
+            raise OSError(refused or f"TensorRT could not load plugin library {path}")
     after = {(c.name, c.plugin_namespace) for c in registry.all_creators}
     return sorted(f"{ns}::{name}" if ns else name for name, ns in after - before)
+
+
+def abi_mismatch(trt: ModuleType, path: str) -> Optional[str]:
+    """Why our plugin library refused this runtime (major version), or None."""
+    try:
+        info = ctypes.CDLL(os.path.abspath(path)).irpe_trt_plugin_abi
+    except (OSError, AttributeError):
+        return None  # not loadable here, or not our library
+    info.restype, major = ctypes.c_int32, ctypes.c_int32(0)
+    headers = info(ctypes.byref(major))
+    runtime = int(trt.__version__.split(".")[0])
+    if runtime == major.value:
+        return None
+    return (f"plugin library {path} was compiled with TensorRT {headers // 10000}."
+            f"{headers // 100 % 100} headers for runtime major {major.value}, but "
+            f"{trt.__name__} {trt.__version__} runs here: rebuild it for this TensorRT "
+            "(plugins/build.sh; one build per TensorRT major version)")

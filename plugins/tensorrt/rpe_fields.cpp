@@ -139,9 +139,16 @@ bool parse_fields(PluginFieldCollection const* fc, RpeConfig& config, std::strin
     return error.empty();
 }
 
-char const* plugin_name(Op op) { return op == Op::kGather ? "RPEGather" : "RPEScatter"; }
+char const* plugin_name(Op op, bool grid)
+{
+    if (op == Op::kGather) {
+        return grid ? "RPEGatherGrid" : "RPEGather";
+    }
+    return grid ? "RPEScatterGrid" : "RPEScatter";
+}
 
-void set_logger_finder(ILoggerFinder* finder) { gLoggerFinder = finder; }
+// A finder from a runtime of another major has another vtable layout: never call it.
+void set_logger_finder(ILoggerFinder* finder) { gLoggerFinder = runtime_compatible() ? finder : nullptr; }
 
 void log_error(std::string const& message)
 {
@@ -154,13 +161,16 @@ void log_error(std::string const& message)
     }
 }
 
-RpeCreator::RpeCreator(Op op)
+RpeCreator::RpeCreator(Op op, bool grid)
     : mOp(op)
+    , mGrid(grid)
 {
     mFieldNames.emplace_back("num_buckets", nullptr, PluginFieldType::kINT32, 1);
-    mFieldNames.emplace_back("method", nullptr, PluginFieldType::kCHAR, 0);
-    mFieldNames.emplace_back("ratio", nullptr, PluginFieldType::kFLOAT32, 1);
-    mFieldNames.emplace_back("skip", nullptr, PluginFieldType::kINT32, 1);
+    if (grid) {
+        mFieldNames.emplace_back("method", nullptr, PluginFieldType::kCHAR, 0);
+        mFieldNames.emplace_back("ratio", nullptr, PluginFieldType::kFLOAT32, 1);
+        mFieldNames.emplace_back("skip", nullptr, PluginFieldType::kINT32, 1);
+    }
     mFieldCollection.nbFields = static_cast<int32_t>(mFieldNames.size());
     mFieldCollection.fields = mFieldNames.data();
 }
@@ -172,8 +182,15 @@ IPluginV3* RpeCreator::createPlugin(char const* name, PluginFieldCollection cons
         RpeConfig config;
         config.op = mOp;
         std::string error;
-        if (!parse_fields(fc, config, error)) {
-            log_error(std::string(plugin_name(mOp)) + " '" + (name ? name : "") + "': " + error);
+        bool ok = parse_fields(fc, config, error);
+        if (ok && config.on_the_fly() != mGrid) {
+            ok = false;
+            error = mGrid ? "needs a method (on-the-fly ids)"
+                          : "takes an index input; on-the-fly ids (method) are " +
+                                std::string(plugin_name(mOp, true)) + "'s";
+        }
+        if (!ok) {
+            log_error(std::string(plugin_name(mOp, mGrid)) + " '" + (name ? name : "") + "': " + error);
             return nullptr;
         }
         return new RpePlugin(config);
@@ -184,7 +201,7 @@ IPluginV3* RpeCreator::createPlugin(char const* name, PluginFieldCollection cons
 }
 
 PluginFieldCollection const* RpeCreator::getFieldNames() noexcept { return &mFieldCollection; }
-char const* RpeCreator::getPluginName() const noexcept { return plugin_name(mOp); }
+char const* RpeCreator::getPluginName() const noexcept { return plugin_name(mOp, mGrid); }
 char const* RpeCreator::getPluginVersion() const noexcept { return kVersion; }
 char const* RpeCreator::getPluginNamespace() const noexcept { return kNamespace; }
 

@@ -63,7 +63,7 @@ IPluginCapability* RpePlugin::getCapabilityInterface(PluginCapabilityType type) 
 
 IPluginV3* RpePlugin::clone() noexcept { return new (std::nothrow) RpePlugin(mConfig); }
 
-char const* RpePlugin::getPluginName() const noexcept { return plugin_name(mConfig.op); }
+char const* RpePlugin::getPluginName() const noexcept { return plugin_name(mConfig.op, mConfig.on_the_fly()); }
 char const* RpePlugin::getPluginVersion() const noexcept { return kVersion; }
 char const* RpePlugin::getPluginNamespace() const noexcept { return kNamespace; }
 int32_t RpePlugin::getNbOutputs() const noexcept { return 1; }
@@ -91,7 +91,7 @@ int32_t RpePlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbInputs,
 {
     if (nbInputs != 2 || nbOutputs != 1 || inputs[0].nbDims != 4 ||
         (mConfig.on_the_fly() ? inputs[1].nbDims < 2 : inputs[1].nbDims != 2)) {
-        log_error(std::string(plugin_name(mConfig.op)) +
+        log_error(std::string(plugin_name(mConfig.op, mConfig.on_the_fly())) +
                   ": expected inputs [B,H,Lq,*] and an index [Lq,Lk] (or a [..,H,W] grid tensor)");
         return -1;
     }
@@ -161,7 +161,7 @@ int32_t RpePlugin::onShapeChange(PluginTensorDesc const* in, int32_t nbInputs,
     }
     std::string const error = check_dims(in[0].dims, in[1].dims, out[0].dims);
     if (!error.empty()) {
-        log_error(std::string(plugin_name(mConfig.op)) + ": " + error);
+        log_error(std::string(plugin_name(mConfig.op, mConfig.on_the_fly())) + ": " + error);
         return -1;
     }
     return 0;
@@ -199,7 +199,7 @@ int32_t RpePlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc c
                         : irpe_scatter(&p, dtype, inputs[0], index_dtype, inputs[1], outputs[0], stream);
     }
     if (status != IRPE_OK) {
-        log_error(std::string(plugin_name(mConfig.op)) + " launch failed: " + irpe_last_error());
+        log_error(std::string(plugin_name(mConfig.op, mConfig.on_the_fly())) + " launch failed: " + irpe_last_error());
     }
     return status == IRPE_OK ? 0 : -1;
 }

@@ -1,19 +1,22 @@
-// TensorRT IPluginV3 plugins RPEGather and RPEScatter (namespace "irpe", version "1").
+// TensorRT IPluginV3 plugins RPEGather and RPEScatter (namespace "irpe", version "1"), and
+// RPEGatherGrid / RPEScatterGrid, the same ops with bucket ids computed on the fly.
 //
 // Thin glue: validate fields and shapes, map TensorRT types to the kernels' C ABI and call
 // irpe_gather / irpe_scatter (or their on-the-fly *_grid variants) on the enqueue stream.
-// Fields (ONNX node attributes of the same name; see plugins/tensorrt/README.md):
-//   num_buckets INT32   K: RPEScatter output [B,H,Lq,K] (required); RPEGather: checked
-//                       against the table's last dim when set (export/ always sets it)
-//   method      CHAR    "" or absent: ids come from input 1, an index [Lq,Lk] (int32/int64);
-//                       euc|quant|product|cross_rows|cross_cols: ids computed on the fly and
-//                       input 1 is any tensor whose last two dims are the grid (H, W)
-//   ratio       FLOAT32 on-the-fly only: alpha = ratio, beta = 2 ratio, gamma = 8 ratio
-//   skip        INT32   on-the-fly only: leading non-grid tokens (cls), default 0
+// Fields (ONNX node attributes of the same name; see plugins/tensorrt/README.md). Each creator
+// advertises exactly the fields of its mode, so the ONNX parser warns about none:
+//   num_buckets INT32   K: scatter output [B,H,Lq,K] (required); gather: checked against the
+//                       table's last dim when set (export/ always sets it)
+//   method      CHAR    *Grid only: euc|quant|product|cross_rows|cross_cols; input 1 is then any
+//                       tensor whose last two dims are the grid (H, W). Without it (RPEGather,
+//                       RPEScatter) input 1 is an index [Lq,Lk] (int32/int64)
+//   ratio       FLOAT32 *Grid only: alpha = ratio, beta = 2 ratio, gamma = 8 ratio
+//   skip        INT32   *Grid only: leading non-grid tokens (cls), default 0
 #ifndef IRPE_TRT_RPE_PLUGIN_H
 #define IRPE_TRT_RPE_PLUGIN_H
 
 #include <NvInferRuntime.h>
+#include <NvInferVersion.h>
 
 #include <string>
 #include <vector>
@@ -44,7 +47,18 @@ struct RpeConfig {
 // Parse a PluginFieldCollection (from the ONNX parser or a serialized engine).
 bool parse_fields(PluginFieldCollection const* fc, RpeConfig& config, std::string& error);
 
-char const* plugin_name(Op op);
+// Creator / plugin name: RPEGather, RPEScatter, or with on-the-fly ids RPEGatherGrid, ...
+char const* plugin_name(Op op, bool grid);
+
+// ABI guard. A plugin library is tied to the TensorRT major whose headers compiled it (11.x
+// moved ILogger / IVersionedInterface slots). IRPE_TRT_RUNTIME_MAJOR is the major that the
+// runtime's getInferLibVersion() must report (CMake: the headers' major for libnvinfer, 1 for
+// TensorRT-RTX built with 11.x headers).
+#ifndef IRPE_TRT_RUNTIME_MAJOR
+#define IRPE_TRT_RUNTIME_MAJOR NV_TENSORRT_MAJOR
+#endif
+// True when the loaded runtime has the expected major; otherwise says why on stderr, once.
+bool runtime_compatible();
 
 // Report an error through the logger TensorRT handed to setLoggerFinder (stderr otherwise).
 void log_error(std::string const& message);
@@ -98,7 +112,7 @@ private:
 
 class RpeCreator : public IPluginCreatorV3One {
 public:
-    explicit RpeCreator(Op op);
+    RpeCreator(Op op, bool grid);
 
     IPluginV3* createPlugin(char const* name, PluginFieldCollection const* fc,
                             TensorRTPhase phase) noexcept override;
@@ -109,6 +123,7 @@ public:
 
 private:
     Op mOp;
+    bool mGrid;
     std::vector<PluginField> mFieldNames;
     PluginFieldCollection mFieldCollection{};
 };

@@ -1,8 +1,13 @@
-// Exercises the TensorRT plugin glue (plugins/tensorrt) against the test-double API header:
-// creators, fields, validation, shapes, formats, serialization round trip, and what enqueue
-// hands to the kernels (the kernels' C ABI is faked here and records each call).
+// Exercises the TensorRT plugin glue (plugins/tensorrt), compiled against the real TensorRT
+// headers: creators, fields, validation, shapes, formats, serialization round trip, logging,
+// and what enqueue hands to the kernels. Only what a test must observe is faked here, through
+// the real interfaces: the kernels' C ABI (records each call), the runtime's getInferLibVersion
+// (IRPE_FAKE_TRT_VERSION), getPluginRegistry (records registrations), a logger finder and the
+// dimension-expression builder (apiv implementations behind the real wrapper classes).
+// `glue` runs every check; `glue abi` expects the refusal of a runtime of another major.
 // Prints one line per check and "N passed, M failed"; exit status 1 on any failure.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -44,7 +49,13 @@ int irpe_scatter_grid(irpe_problem const* p, irpe_dtype d, void const* a, irpe_b
 char const* irpe_last_error(void) { return "fake failure"; }
 }
 
-// ---- fake registry (static registration) and dimension expressions ---------------------
+// ---- fake runtime: version, registry (static registration), logger ---------------------
+extern "C" int32_t getInferLibVersion() noexcept
+{
+    char const* v = std::getenv("IRPE_FAKE_TRT_VERSION");
+    return v ? std::atoi(v) : IRPE_TRT_RUNTIME_MAJOR * 10000;
+}
+
 struct Registry : IPluginRegistry {
     std::vector<std::pair<std::string, std::string>> entries;  // (name, namespace)
     bool registerCreator(IPluginCreatorInterface& c, AsciiChar const* const ns) noexcept override
@@ -52,29 +63,86 @@ struct Registry : IPluginRegistry {
         entries.emplace_back(static_cast<IPluginCreatorV3One&>(c).getPluginName(), ns);
         return true;
     }
+    void setErrorRecorder(IErrorRecorder* const) noexcept override {}
+    IErrorRecorder* getErrorRecorder() const noexcept override { return nullptr; }
+    bool isParentSearchEnabled() const override { return false; }
+    void setParentSearchEnabled(bool const) override {}
+    PluginLibraryHandle loadLibrary(AsciiChar const*) noexcept override { return nullptr; }
+    void deregisterLibrary(PluginLibraryHandle) noexcept override {}
+    IPluginCreatorInterface* const* getAllCreators(int32_t* const n) const noexcept override
+    {
+        *n = 0;
+        return nullptr;
+    }
+    IPluginCreatorInterface* getCreator(AsciiChar const* const, AsciiChar const* const,
+                                        AsciiChar const* const) noexcept override { return nullptr; }
+    bool deregisterCreator(IPluginCreatorInterface const&) noexcept override { return false; }
+    IPluginResource* acquirePluginResource(AsciiChar const*, IPluginResource*) noexcept override
+    {
+        return nullptr;
+    }
+    int32_t releasePluginResource(AsciiChar const*) noexcept override { return 0; }
+    IPluginCreatorInterface* const* getAllCreatorsRecursive(int32_t* const n) noexcept override
+    {
+        *n = 0;
+        return nullptr;
+    }
 };
 static Registry& registry()
 {
     static Registry r;
     return r;
 }
-extern "C" IPluginRegistry* getPluginRegistry() { return &registry(); }
+extern "C" IPluginRegistry* getPluginRegistry() noexcept { return &registry(); }
 
-struct Expr : IDimensionExpr {
-    int64_t value;
-    explicit Expr(int64_t v) : value(v) {}
-    bool isConstant() const noexcept override { return true; }
-    int64_t getConstantValue() const noexcept override { return value; }
+struct Logger : ILogger {
+    std::vector<std::string> messages;
+    void log(Severity severity, AsciiChar const* msg) noexcept override
+    {
+        messages.push_back(std::string(severity == Severity::kERROR ? "ERROR " : "OTHER ") + msg);
+    }
 };
-struct Builder : IExprBuilder {
+struct Finder : ILoggerFinder {
+    Logger logger;
+    int calls = 0;
+    ILogger* findLogger() noexcept override
+    {
+        ++calls;
+        return &logger;
+    }
+};
+extern "C" void setLoggerFinder(ILoggerFinder* finder);
+
+// ---- dimension expressions: the real wrappers over fake implementations ----------------
+struct ExprImpl : apiv::VDimensionExpr {
+    int64_t value = 0;
+    bool isConstant() const override { return true; }
+    int64_t getConstantValue() const override { return value; }
+    bool isSizeTensor() const override { return false; }
+};
+struct Expr : IDimensionExpr {
+    ExprImpl impl;
+    explicit Expr(int64_t v)
+    {
+        impl.value = v;
+        mImpl = &impl;
+    }
+};
+struct BuilderImpl : apiv::VExprBuilder {
     std::vector<std::unique_ptr<Expr>> made;
-    IDimensionExpr const* constant(int64_t v) noexcept override
+    IDimensionExpr const* constant(int64_t v) override
     {
         made.emplace_back(new Expr(v));
         return made.back().get();
     }
     IDimensionExpr const* operation(DimensionOperation, IDimensionExpr const&,
-                                    IDimensionExpr const&) noexcept override { return nullptr; }
+                                    IDimensionExpr const&) override { return nullptr; }
+    IDimensionExpr const* declareSizeTensor(int32_t, IDimensionExpr const&,
+                                            IDimensionExpr const&) override { return nullptr; }
+};
+struct Builder : IExprBuilder {
+    BuilderImpl impl;
+    Builder() { mImpl = &impl; }
 };
 
 extern "C" IPluginCreatorInterface* const* getCreators(int32_t& nbCreators);
@@ -108,6 +176,7 @@ struct Fields {
     PluginFieldCollection fc() const { return {static_cast<int32_t>(list.size()), list.data()}; }
 };
 
+// `name` is the op (RPEGather / RPEScatter); with a method the *Grid creator is used.
 static std::unique_ptr<IPluginV3> make(char const* name, int32_t k, char const* method = nullptr,
                                        float ratio = 0.0f, int32_t skip = 0)
 {
@@ -121,7 +190,8 @@ static std::unique_ptr<IPluginV3> make(char const* name, int32_t k, char const* 
         f.list.emplace_back("skip", &f.skip, PluginFieldType::kINT32, 1);
     }
     PluginFieldCollection const fc = f.fc();
-    return std::unique_ptr<IPluginV3>(creator(name)->createPlugin("node", &fc, TensorRTPhase::kBUILD));
+    std::string const full = std::string(name) + (method ? "Grid" : "");
+    return std::unique_ptr<IPluginV3>(creator(full.c_str())->createPlugin("node", &fc, TensorRTPhase::kBUILD));
 }
 
 template <typename T> static T* cap(IPluginV3* p, PluginCapabilityType t)
@@ -150,9 +220,13 @@ static int enqueue(IPluginV3* p, std::vector<PluginTensorDesc> in, PluginTensorD
 
 #include "glue_checks.inc"
 
-int main()
+int main(int argc, char** argv)
 {
-    run_checks();
+    if (argc > 1 && std::strcmp(argv[1], "abi") == 0) {
+        check_abi_refusal();
+    } else {
+        run_checks();
+    }
     std::printf("%d passed, %d failed\n", gPassed, gFailed);
     return gFailed ? 1 : 0;
 }
