@@ -113,6 +113,29 @@ def detection_target(annotations: Sequence[Dict], width: int, height: int, image
             "orig_size": torch.tensor([height, width], dtype=torch.int64)}
 
 
+def check_same_classes(found: Sequence[str], expected: Sequence[str], what: str,
+                       expected_what: str) -> None:
+    """ValueError unless ``found`` equals ``expected`` (names and order): labels are indices."""
+    found, expected = list(found), list(expected)
+    if found == expected:
+        return
+    missing = [c for c in expected if c not in found]
+    extra = [c for c in found if c not in expected]
+    detail = (f"missing {missing}" if missing else "") + \
+        (", " if missing and extra else "") + (f"extra {extra}" if extra else "")
+    raise ValueError(f"{what} differ from the {expected_what} "
+                     f"({detail or 'same names, other order'}): {len(found)} vs "
+                     f"{len(expected)} classes")
+
+
+def _coco_defaults(ann: Dict) -> Dict:
+    """Fill the optional COCO fields pycocotools needs: iscrowd 0, area = box w * h."""
+    ann.setdefault("iscrowd", 0)
+    if "area" not in ann:
+        ann["area"] = float(ann["bbox"][2]) * float(ann["bbox"][3])
+    return ann
+
+
 def _read_coco(path: str) -> Dict:
     try:
         with open(path, encoding="utf-8") as f:
@@ -137,7 +160,7 @@ class CocoDetection(Dataset):
                              f"root/annotations/instances_{split}.json and root/{split}/)")
         if not os.path.isdir(self.image_dir):
             raise ValueError(f"no image directory {self.image_dir!r} for split {split!r}")
-        self.transform = transform
+        self.transform, self.ann_path = transform, ann_path
         self._coco = _read_coco(ann_path)
         cats = sorted(self._coco["categories"], key=lambda c: c["id"])
         self.categories = [c["name"] for c in cats]
@@ -152,7 +175,12 @@ class CocoDetection(Dataset):
             if ann.get("category_id") not in self._label_of:
                 raise ValueError(f"{ann_path}: annotation {ann.get('id')} has unknown "
                                  f"category {ann.get('category_id')!r}")
-            self._annotations[ann["image_id"]].append(ann)
+            bbox = ann.get("bbox")
+            if not (isinstance(bbox, list) and len(bbox) == 4
+                    and all(isinstance(v, (int, float)) for v in bbox)):
+                raise ValueError(f"{ann_path}: annotation {ann.get('id')} has no bbox "
+                                 f"[x, y, w, h] (got {bbox!r})")
+            self._annotations[ann["image_id"]].append(_coco_defaults(ann))
 
     def __len__(self) -> int:
         return len(self.images)

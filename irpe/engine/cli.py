@@ -29,6 +29,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.data != "shapes" and not os.path.isdir(args.data):
         raise CLIError(f"data directory not found: {args.data} (or use --data shapes)")
     record = train(TrainConfig(**values))
+    if os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 reports
+        return 0
     print(f"done: best {record['best']:.4g} after {record.get('epoch', 0)} epochs "
           f"({record['train_seconds']:.0f} s) -> {os.path.join(args.output, 'model.safetensors')}")
     return 0
@@ -58,18 +60,35 @@ def load_for_eval(model: str, checkpoint: str = None):
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    """Top-1/top-5 or COCO mAP of a model on a directory or the synthetic shapes set."""
+    """Top-1/top-5 or COCO mAP of a model on a directory or the synthetic shapes set.
+
+    Under torchrun every process scores its shard; rank 0 prints and writes the JSON.
+    """
     import torch
     from torch.utils.data import DataLoader
+    from .distributed import ShardSampler, setup, teardown
     from .evaluate import evaluate_classification, evaluate_detection
     torch.set_num_threads(args.threads)
-    model, spec = load_for_eval(args.model, args.checkpoint)
-    dataset = _eval_dataset(spec, args)
-    if spec.task == "classification":
-        loader = DataLoader(dataset, batch_size=args.batch_size)
-        metrics = evaluate_classification(model, loader)
-    else:
-        metrics = evaluate_detection(model, dataset, args.batch_size)
+    dist, device = setup(args.device)
+    try:
+        model, spec = load_for_eval(args.model, args.checkpoint)
+        model = model.to(device)
+        dataset, category_ids = _eval_dataset(spec, args)
+        if spec.task == "classification":
+            loader = DataLoader(dataset, batch_size=args.batch_size,
+                                sampler=ShardSampler(len(dataset), dist))
+            metrics = evaluate_classification(model, loader, device, dist)
+        else:
+            metrics = evaluate_detection(model, dataset, args.batch_size, device, category_ids,
+                                         dist)
+    finally:
+        teardown(dist)
+    if dist.main:
+        _report(spec, args, metrics)
+    return 0
+
+
+def _report(spec, args: argparse.Namespace, metrics: Dict) -> None:
     print(f"{spec.model_name} on {args.data} ({args.split}, {metrics['images']} images)")
     for key, value in metrics.items():
         if key != "images":
@@ -78,25 +97,43 @@ def cmd_eval(args: argparse.Namespace) -> int:
         with open(args.json, "w") as fh:
             json.dump({"model": spec.model_name, "data": args.data, "split": args.split,
                        "metrics": metrics}, fh, indent=2)
-    return 0
 
 
 def _eval_dataset(spec, args):
-    from ..data.datasets import CocoDetection, ImageFolder, ShapesClassification, ShapesDetection
+    """(dataset, dataset category id of each model label or None) for ``irpe eval``."""
+    from ..data.datasets import (CocoDetection, ImageFolder, ShapesClassification,
+                                 ShapesDetection, check_same_classes)
     tf = spec.transform()
     if args.data == "shapes":
         if spec.task == "classification":
-            return ShapesClassification(args.shapes_val, args.seed, tf.size, tf, split=args.split)
-        return ShapesDetection(args.shapes_val, args.seed, transform=tf, split=args.split)
+            return ShapesClassification(args.shapes_val, args.seed, tf.size, tf,
+                                        split=args.split), None
+        return ShapesDetection(args.shapes_val, args.seed, transform=tf, split=args.split), None
     if not os.path.isdir(args.data):
         raise CLIError(f"data directory not found: {args.data} (or use --data shapes)")
     if spec.task == "classification":
         dataset = ImageFolder(os.path.join(args.data, args.split), tf)
-        if list(dataset.classes) != list(spec.class_names):
-            raise CLIError(f"class folders {dataset.classes[:4]}... differ from the model's "
-                           f"classes {spec.class_names[:4]}...")
-        return dataset
-    return CocoDetection(args.data, args.split, tf)
+        try:
+            check_same_classes(dataset.classes, spec.class_names,
+                               f"class folders of {dataset.root}", "model's classes")
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
+        return dataset, None
+    dataset = CocoDetection(args.data, args.split, tf)
+    return dataset, _category_ids(dataset, spec.class_names)
+
+
+def _category_ids(dataset, class_names):
+    """Dataset category id of each model label, matched by name (any id order)."""
+    names = list(dataset.categories)
+    if sorted(names) != sorted(class_names) or len(set(names)) != len(names):
+        missing = [c for c in class_names if c not in names]
+        extra = [c for c in names if c not in class_names]
+        raise CLIError(f"categories of {dataset.ann_path} differ from the model's "
+                       f"classes (missing {missing}, extra {extra}): {len(names)} vs "
+                       f"{len(class_names)} classes")
+    id_of = dict(zip(names, dataset.category_ids))
+    return [id_of[name] for name in class_names]
 
 
 def _add_train(sub) -> None:
@@ -121,6 +158,10 @@ def _add_train(sub) -> None:
     p.add_argument("--shapes-train", type=_positive, help="synthetic training images")
     p.add_argument("--shapes-val", type=_positive, help="synthetic validation images")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--freeze-bn", action="store_true", default=None,
+                   help="keep BatchNorm statistics fixed (fine-tuning; exact multi-process runs)")
+    p.add_argument("--dist-timeout", type=number(float, 1),
+                   help="torchrun runs: seconds to wait for a peer before failing (600)")
     p.set_defaults(func=cmd_train)
 
 
@@ -135,6 +176,8 @@ def _add_eval(sub) -> None:
     p.add_argument("--shapes-val", type=_positive, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=_positive, default=2)
+    p.add_argument("--device", default="auto",
+                   help="cpu, cuda, cuda:1 (default: cuda if available; torchrun: cuda:LOCAL_RANK)")
     p.add_argument("--json", help="also write the metrics to this JSON file")
     p.set_defaults(func=cmd_eval)
 

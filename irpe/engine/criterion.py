@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..box_ops import box_cxcywh_to_xyxy, generalized_box_iou
+from .distributed import SINGLE, Dist
 from .matcher import HungarianMatcher, Match
 
 DEFAULT_WEIGHTS = {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}
@@ -17,13 +18,19 @@ class SetCriterion(nn.Module):
     """Hungarian-matched losses of the last decoder layer, plus the same for aux outputs."""
 
     def __init__(self, num_classes: int, matcher: HungarianMatcher,
-                 weights: Dict[str, float] = None, eos_coef: float = 0.1) -> None:
+                 weights: Dict[str, float] = None, eos_coef: float = 0.1,
+                 dist: Dist = SINGLE) -> None:
         super().__init__()
+        self.dist = dist
         self.num_classes, self.matcher = num_classes, matcher
         self.weights = dict(DEFAULT_WEIGHTS if weights is None else weights)
         class_weight = torch.ones(num_classes + 1)
         class_weight[-1] = eos_coef
         self.register_buffer("class_weight", class_weight)
+
+    def mean(self, value: float) -> float:
+        """Mean of a per-rank normaliser over ranks (DETR's num_boxes rule); itself on one."""
+        return self.dist.all_sum([value])[0] / self.dist.world
 
     def loss_labels(self, outputs: Dict, targets: List[Dict], matches: List[Match]) -> torch.Tensor:
         """CE over all queries; unmatched queries are trained towards "no object"."""
@@ -32,8 +39,11 @@ class SetCriterion(nn.Module):
                                     device=logits.device)
         for i, (src, tgt) in enumerate(matches):
             target_classes[i, src] = targets[i]["labels"][tgt].to(logits.device)
-        return F.cross_entropy(logits.transpose(1, 2).float(), target_classes,
-                               self.class_weight)
+        # weighted mean over all queries of all ranks: sum(w * ce) / sum(w), the weight sum
+        # averaged over ranks like num_boxes, so DDP's gradient mean equals one big batch
+        ce = F.cross_entropy(logits.transpose(1, 2).float(), target_classes, self.class_weight,
+                             reduction="none")
+        return ce.sum() / self.mean(float(self.class_weight[target_classes].sum()))
 
     def loss_boxes(self, outputs: Dict, targets: List[Dict], matches: List[Match],
                    num_boxes: float) -> Dict[str, torch.Tensor]:
@@ -52,7 +62,7 @@ class SetCriterion(nn.Module):
 
     def forward(self, outputs: Dict, targets: List[Dict]) -> Dict[str, torch.Tensor]:
         """Unweighted losses by name (aux ones suffixed _0, _1, ...) and the weighted ``loss``."""
-        num_boxes = max(float(sum(len(t["labels"]) for t in targets)), 1.0)
+        num_boxes = max(self.mean(float(sum(len(t["labels"]) for t in targets))), 1.0)
         losses = self.single(outputs, targets, num_boxes)
         for k, aux in enumerate(outputs.get("aux_outputs", [])):
             losses.update({f"{n}_{k}": v for n, v in self.single(aux, targets, num_boxes).items()})

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import contextlib
 import io
-from typing import Dict, Iterable, List, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence
 
 import torch
 from torch import nn
 
 from ..models.detr import PostProcess
+from .distributed import SINGLE, Dist, ShardSampler
 
 __all__ = ["topk_accuracy", "evaluate_classification", "coco_map", "detections_to_coco",
            "evaluate_detection"]
@@ -26,9 +27,12 @@ def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, ks: Sequence[int] 
 
 
 @torch.no_grad()
-def evaluate_classification(model: nn.Module, loader: Iterable, device: str = "cpu"
-                            ) -> Dict[str, float]:
-    """Top-1 / top-5 accuracy (percent) and mean cross-entropy over a loader of (x, y)."""
+def evaluate_classification(model: nn.Module, loader: Iterable, device: str = "cpu",
+                            dist: Dist = SINGLE) -> Dict[str, float]:
+    """Top-1 / top-5 accuracy (percent) and mean cross-entropy over a loader of (x, y).
+
+    Under torchrun each rank sees its shard; the counts are summed over ranks (exact).
+    """
     model.eval()
     hits, total, loss = {1: 0, 5: 0}, 0, 0.0
     for images, labels in loader:
@@ -37,10 +41,11 @@ def evaluate_classification(model: nn.Module, loader: Iterable, device: str = "c
         for k, n in topk_accuracy(logits, labels).items():
             hits[k] += n
         total += labels.numel()
+    top1, top5, total, loss = dist.all_sum([hits[1], hits[5], total, loss])
     if total == 0:
         raise ValueError("evaluation set is empty")
-    return {"top1": 100.0 * hits[1] / total, "top5": 100.0 * hits[5] / total,
-            "loss": loss / total, "images": total}
+    return {"top1": 100.0 * top1 / total, "top5": 100.0 * top5 / total,
+            "loss": loss / total, "images": int(total)}
 
 
 def detections_to_coco(results: List[Dict[str, torch.Tensor]], image_ids: Sequence[int],
@@ -48,6 +53,9 @@ def detections_to_coco(results: List[Dict[str, torch.Tensor]], image_ids: Sequen
     """PostProcess output (xyxy pixels, contiguous labels) -> COCO result dicts (xywh)."""
     out = []
     for res, image_id in zip(results, image_ids):
+        if len(res["labels"]) and int(res["labels"].max()) >= len(category_ids):
+            raise ValueError(f"model label {int(res['labels'].max())} has no dataset category "
+                             f"({len(category_ids)} categories)")
         boxes = res["boxes"].float().tolist()
         for (x0, y0, x1, y1), score, label in zip(boxes, res["scores"].tolist(),
                                                    res["labels"].tolist()):
@@ -76,21 +84,30 @@ def coco_map(ground_truth: Dict, results: List[Dict]) -> Dict[str, float]:
 
 
 @torch.no_grad()
-def evaluate_detection(model: nn.Module, dataset, batch_size: int = 16, device: str = "cpu"
+def evaluate_detection(model: nn.Module, dataset, batch_size: int = 16, device: str = "cpu",
+                       category_ids: Optional[Sequence[int]] = None, dist: Dist = SINGLE
                        ) -> Dict[str, float]:
-    """COCO mAP of a DETR model on a detection dataset with ``coco_json()``/``category_ids``."""
+    """COCO mAP of a DETR model on a detection dataset with ``coco_json()``/``category_ids``.
+
+    ``category_ids[label]`` is the dataset id of the model's label (default: the dataset's own
+    order). Under torchrun each rank detects on its shard; rank 0 scores the gathered results.
+    """
     from torch.utils.data import DataLoader
     from ..data.datasets import collate_detection
     model.eval()
     post = PostProcess()
-    loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate_detection)
+    ids = dataset.category_ids if category_ids is None else list(category_ids)
+    loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate_detection,
+                        sampler=ShardSampler(len(dataset), dist))
     results = []
     for images, sizes, targets in loader:
         outputs = model(images.to(device), sizes.to(device))
         outputs = {k: v.float().cpu() for k, v in outputs.items() if k != "aux_outputs"}
         orig = torch.stack([t["orig_size"] for t in targets])
-        results += detections_to_coco(post(outputs, orig), [t["image_id"] for t in targets],
-                                      dataset.category_ids)
-    metrics = coco_map(dataset.coco_json(), results)
-    metrics["images"] = len(dataset)
-    return metrics
+        results += detections_to_coco(post(outputs, orig), [t["image_id"] for t in targets], ids)
+    gathered = dist.gather(results)
+    metrics = None
+    if dist.main:
+        metrics = coco_map(dataset.coco_json(), [r for part in gathered for r in part])
+        metrics["images"] = len(dataset)
+    return dist.broadcast(metrics)

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 from ..artifact import default_spec
 from ..models import create_model, model_info
 from .criterion import SetCriterion
+from .distributed import SINGLE, Dist, ResumableSampler, ShardSampler
 from .evaluate import evaluate_classification, evaluate_detection
 from .matcher import HungarianMatcher
 from .optim import mixup_cutmix, soft_cross_entropy
@@ -19,9 +20,15 @@ SHAPES = "shapes"  # --data shapes: the synthetic set generated in memory
 
 
 def random_hflip(images: torch.Tensor, sizes: Optional[torch.Tensor], p: float,
-                 gen: torch.Generator) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Mirror each image's valid region with probability p; returns images and the flip mask."""
-    flip = torch.rand(images.shape[0], generator=gen) < p
+                 gen: torch.Generator, dist: Dist = SINGLE) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Mirror each image's valid region with probability p; returns images and the flip mask.
+
+    Every rank draws the whole global batch's coins from the same generator and keeps its
+    share (rank r holds samples r, r + world, ... of the global batch, as DistributedSampler
+    deals them), so N processes flip exactly the images one process would.
+    """
+    coins = torch.rand(images.shape[0] * dist.world, generator=gen)
+    flip = coins[dist.rank::dist.world] < p
     images = images.clone()
     for i in torch.nonzero(flip).flatten().tolist():
         h, w = (int(v) for v in sizes[i]) if sizes is not None else images.shape[-2:]
@@ -43,8 +50,8 @@ class ClassificationTask:
 
     main_metric = "top1"
 
-    def __init__(self, cfg) -> None:
-        from ..data.datasets import ImageFolder, ShapesClassification
+    def __init__(self, cfg, dist: Dist = SINGLE) -> None:
+        from ..data.datasets import ImageFolder, ShapesClassification, check_same_classes
         preprocess = _checked_spec(cfg.model, "classification").transform()
         if cfg.data == SHAPES:
             size = preprocess.size
@@ -54,21 +61,21 @@ class ClassificationTask:
         else:
             self.train_set = ImageFolder(os.path.join(cfg.data, "train"), preprocess)
             self.val_set = ImageFolder(os.path.join(cfg.data, "val"), preprocess)
+            check_same_classes(self.val_set.classes, self.train_set.classes,
+                               f"class folders of {self.val_set.root}", "training classes")
         classes = list(self.train_set.classes)
         overrides = {"num_classes": len(classes), "drop_path_rate": cfg.drop_path}
         self.model = create_model(cfg.model, **overrides)
         self.spec = default_spec(cfg.model, classes, num_classes=len(classes))
-        self.cfg, self.gen = cfg, torch.Generator().manual_seed(cfg.seed + 1)
+        self.cfg, self.dist, self.gen = cfg, dist, torch.Generator().manual_seed(cfg.seed + 1)
 
     def loaders(self) -> Tuple[DataLoader, DataLoader]:
-        gen = torch.Generator().manual_seed(self.cfg.seed)
-        kw = dict(batch_size=self.cfg.batch_size, num_workers=self.cfg.workers)
-        return (DataLoader(self.train_set, shuffle=True, drop_last=True, generator=gen, **kw),
-                DataLoader(self.val_set, **kw))
+        return _loaders(self, {})
 
     def loss(self, model: nn.Module, batch, device: str) -> Tuple[torch.Tensor, Dict]:
         images, labels = batch
-        images, _ = random_hflip(images, None, 0.5 if self.cfg.hflip else 0.0, self.gen)
+        images, _ = random_hflip(images, None, 0.5 if self.cfg.hflip else 0.0, self.gen,
+                                 self.dist)
         images, labels = images.to(device), labels.to(device)
         images, targets = mixup_cutmix(images, labels, len(self.spec.class_names),
                                        self.cfg.mixup, self.cfg.cutmix, self.cfg.label_smoothing)
@@ -80,7 +87,7 @@ class ClassificationTask:
         return loss, {}
 
     def evaluate(self, model: nn.Module, loader: DataLoader, device: str) -> Dict:
-        return evaluate_classification(model, loader, device)
+        return evaluate_classification(model, loader, device, self.dist)
 
 
 class DetectionTask:
@@ -88,8 +95,8 @@ class DetectionTask:
 
     main_metric = "AP50"
 
-    def __init__(self, cfg) -> None:
-        from ..data.datasets import CocoDetection, ShapesDetection
+    def __init__(self, cfg, dist: Dist = SINGLE) -> None:
+        from ..data.datasets import CocoDetection, ShapesDetection, check_same_classes
         preprocess = _checked_spec(cfg.model, "detection").transform()
         if cfg.data == SHAPES:
             self.train_set = ShapesDetection(cfg.shapes_train, cfg.seed, transform=preprocess)
@@ -98,25 +105,27 @@ class DetectionTask:
         else:
             self.train_set = CocoDetection(cfg.data, "train", preprocess)
             self.val_set = CocoDetection(cfg.data, "val", preprocess)
+            check_same_classes(self.val_set.categories, self.train_set.categories,
+                               "categories of instances_val.json", "training categories")
+            if self.val_set.category_ids != self.train_set.category_ids:
+                raise ValueError("category ids of instances_val.json differ from "
+                                 "instances_train.json for the same names")
         classes = list(self.train_set.categories)
         # from scratch the ResNet needs trainable BatchNorm; in eval it equals the frozen one
         norm = "frozen" if cfg.init else "batch"
         self.model = create_model(cfg.model, num_classes=len(classes), norm=norm)
         self.spec = default_spec(cfg.model, classes, num_classes=len(classes))
-        self.criterion = SetCriterion(len(classes), HungarianMatcher())
-        self.cfg, self.gen = cfg, torch.Generator().manual_seed(cfg.seed + 1)
+        self.criterion = SetCriterion(len(classes), HungarianMatcher(), dist=dist)
+        self.cfg, self.dist, self.gen = cfg, dist, torch.Generator().manual_seed(cfg.seed + 1)
 
     def loaders(self) -> Tuple[DataLoader, DataLoader]:
         from ..data.datasets import collate_detection
-        gen = torch.Generator().manual_seed(self.cfg.seed)
-        kw = dict(batch_size=self.cfg.batch_size, num_workers=self.cfg.workers,
-                  collate_fn=collate_detection)
-        return (DataLoader(self.train_set, shuffle=True, drop_last=True, generator=gen, **kw),
-                DataLoader(self.val_set, **kw))
+        return _loaders(self, {"collate_fn": collate_detection})
 
     def loss(self, model: nn.Module, batch, device: str) -> Tuple[torch.Tensor, Dict]:
         images, sizes, targets = batch
-        images, flip = random_hflip(images, sizes, 0.5 if self.cfg.hflip else 0.0, self.gen)
+        images, flip = random_hflip(images, sizes, 0.5 if self.cfg.hflip else 0.0, self.gen,
+                                    self.dist)
         targets = [_flip_target(t, bool(f), device) for t, f in zip(targets, flip)]
         outputs = model(images.to(device), sizes.to(device))
         self.criterion.to(device)
@@ -124,7 +133,24 @@ class DetectionTask:
         return losses["loss"], {k: float(losses[k].detach()) for k in ("loss_ce", "loss_bbox", "loss_giou")}
 
     def evaluate(self, model: nn.Module, loader: DataLoader, device: str) -> Dict:
-        return evaluate_detection(model, self.val_set, self.cfg.batch_size, device)
+        return evaluate_detection(model, self.val_set, self.cfg.batch_size, device,
+                                  dist=self.dist)
+
+
+def _loaders(task, kw: Dict) -> Tuple[DataLoader, DataLoader]:
+    """Train loader over this rank's share of a seed + epoch shuffle, val over its shard.
+
+    The loaders get private generators (worker seeds only), so iterating them never draws
+    from the global RNG that drop-path and mixup use: resuming replays the same stream.
+    """
+    cfg, dist = task.cfg, task.dist
+    kw = dict(kw, batch_size=cfg.batch_size, num_workers=cfg.workers)
+    train = DataLoader(task.train_set, drop_last=True,
+                       sampler=ResumableSampler(len(task.train_set), dist, cfg.seed),
+                       generator=torch.Generator().manual_seed(cfg.seed + 2), **kw)
+    val = DataLoader(task.val_set, sampler=ShardSampler(len(task.val_set), dist),
+                     generator=torch.Generator().manual_seed(cfg.seed + 3), **kw)
+    return train, val
 
 
 def _flip_target(target: Dict, flip: bool, device: str) -> Dict:

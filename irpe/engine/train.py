@@ -1,8 +1,9 @@
 """The training loop shared by classification and detection (DeiT / DETR recipes).
 
-Every epoch: train with AdamW + warmup-cosine (+ grad clipping, AMP on CUDA), evaluate on the
-validation split, append a JSON line to ``log.jsonl``, write ``last.pt`` (resume state) and,
-when the main metric improves, ``model.safetensors`` (weights + ModelSpec metadata).
+Every epoch: train with AdamW + warmup-cosine (+ grad clipping, AMP on CUDA), write ``last.pt``
+(resume state), evaluate on the validation split, append a JSON line to ``log.jsonl`` and,
+when the main metric improves, write ``model.safetensors`` (weights + ModelSpec metadata).
+Under torchrun every process trains its share of each global batch (DDP); rank 0 writes.
 """
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ import torch
 
 from ..artifact import save_trained
 from ..checkpoint import CheckpointError
+from .distributed import setup, teardown
 from .optim import param_groups, warmup_cosine
+from .state import check_fits, read_last, restore_rng, resume_step, rng_snapshot
 from .tasks import TASKS
 
 __all__ = ["TrainConfig", "train"]
@@ -55,6 +58,8 @@ class TrainConfig:
     shapes_train: int = 4000
     shapes_val: int = 1000
     progress: bool = True
+    freeze_bn: bool = False       # BatchNorm layers keep their running statistics (eval mode)
+    dist_timeout: float = 600.0   # seconds a collective may wait for a peer (torchrun runs)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -62,16 +67,10 @@ class TrainConfig:
         for name in ("epochs", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.dist_timeout <= 0:
+            raise ValueError("dist_timeout must be > 0")
         if self.lr <= 0 or self.min_lr < 0 or self.weight_decay < 0:
             raise ValueError("lr must be > 0, min_lr and weight_decay >= 0")
-
-
-def _device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda requested but CUDA is not available")
-    return name
 
 
 def _init_weights(model: torch.nn.Module, path: str) -> int:
@@ -86,21 +85,24 @@ def _init_weights(model: torch.nn.Module, path: str) -> int:
 
 
 class Trainer:
-    """Holds model, optimiser, schedule and loaders of one run."""
+    """Holds model, optimiser, schedule and loaders of one run (one process of a DDP job)."""
 
     def __init__(self, cfg: TrainConfig) -> None:
-        torch.manual_seed(cfg.seed)
+        self.dist, self.device = setup(cfg.device, cfg.dist_timeout)
+        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        self.cfg, self.device = cfg, _device(cfg.device)
-        self.task = TASKS[cfg.task](cfg)
-        self.model = self.task.model.to(self.device)
-        if cfg.init:
-            print(f"init: {_init_weights(self.model, cfg.init)} tensors from {cfg.init}")
+        self.cfg, self.main = cfg, self.dist.main
+        self.task = TASKS[cfg.task](cfg, self.dist)
+        self.model = self._prepare(self.task.model)
+        self.net = self._wrap(self.model)
+        torch.manual_seed(cfg.seed + self.dist.rank)  # per-rank streams: drop-path, mixup
         self.train_loader, self.val_loader = self.task.loaders()
         self.steps_per_epoch = len(self.train_loader)
+        self.global_batch = cfg.batch_size * self.dist.world
         if self.steps_per_epoch == 0:
-            raise ValueError(f"training set has fewer images than one batch ({cfg.batch_size})")
+            raise ValueError(f"training set has fewer images than one global batch "
+                             f"({self.global_batch})")
         total = cfg.epochs * self.steps_per_epoch
         warmup = int(cfg.warmup_epochs * self.steps_per_epoch)
         groups = param_groups(self.model, cfg.weight_decay, cfg.lr, cfg.lr_backbone or None)
@@ -111,48 +113,95 @@ class Trainer:
         self.amp_dtype = torch.bfloat16 if self.amp and torch.cuda.is_bf16_supported() \
             else torch.float16
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
-        self.epoch, self.step, self.best = 0, 0, -math.inf
-        os.makedirs(cfg.output, exist_ok=True)
+        self.epoch, self.step, self.epoch_step, self.best = 0, 0, 0, -math.inf
+        if self.main:
+            os.makedirs(cfg.output, exist_ok=True)
         if cfg.resume:
             self.load_state(cfg.resume)
+        self._say_setup()
 
-    def state(self) -> Dict:
+    def _prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Initial weights, and SyncBatchNorm for multi-GPU runs that train BatchNorm."""
+        if self.cfg.init:
+            n = _init_weights(model, self.cfg.init)
+            if self.main:
+                print(f"init: {n} tensors from {self.cfg.init}")
+        if self.dist.world > 1 and self.device.startswith("cuda") and not self.cfg.freeze_bn:
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        return model.to(self.device)
+
+    def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.dist.world == 1:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+        ids = [self.dist.local_rank] if self.device.startswith("cuda") else None
+        return DistributedDataParallel(model, device_ids=ids)
+
+    def _say_setup(self) -> None:
+        d = self.dist
+        if d.world == 1 or not self.main:
+            return
+        print(f"distributed: {d.world} processes ({d.backend}), global batch "
+              f"{self.global_batch} = {self.cfg.batch_size} per process x {d.world}; "
+              f"lr {self.cfg.lr:g} is the lr of the global batch (not rescaled)", flush=True)
+        if self.device == "cpu" and not self.cfg.freeze_bn and _has_batchnorm(self.model):
+            print("note: BatchNorm statistics are per process on CPU (SyncBatchNorm needs "
+                  "CUDA); --freeze-bn keeps them fixed", flush=True)
+
+    def state(self, rng) -> Dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
-                "epoch": self.epoch, "step": self.step, "best": self.best,
+                "epoch": self.epoch, "step": self.step, "epoch_step": self.epoch_step,
+                "global_batch": self.global_batch, "processes": self.dist.world,
+                "best": self.best, "rng": rng, "classes": list(self.task.spec.class_names),
                 "config": asdict(self.cfg)}
 
     def load_state(self, path: str) -> None:
-        """Continue an interrupted run from its ``last.pt``."""
-        if not os.path.isfile(path):
-            raise CheckpointError(f"resume file not found: {path}")
-        state = torch.load(path, map_location=self.device, weights_only=True)
-        if state.get("config", {}).get("model") != self.cfg.model:
-            raise CheckpointError(f"{path} was trained as {state.get('config', {}).get('model')}"
-                                  f", not {self.cfg.model}")
-        self.model.load_state_dict(state["model"])
+        """Continue an interrupted run from its ``last.pt`` (any number of processes)."""
+        state = read_last(path, self.cfg.model, list(self.task.spec.class_names))
+        check_fits(self.model, state, path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.epoch, self.step, self.best = state["epoch"], state["step"], state["best"]
+        self.epoch_step = resume_step(state, self.global_batch, path)
+        note = restore_rng(state.get("rng"), self.dist, self.task.gen, self.cfg.seed, self.epoch)
+        if state.get("global_batch", self.global_batch) != self.global_batch:
+            note += (f"{'; ' if note else ''}global batch was {state['global_batch']}, now "
+                     f"{self.global_batch}: the lr schedule goes on in steps of the new batch")
+        if note and self.main:
+            print(f"resume: {note}", flush=True)
 
     def train_epoch(self) -> Dict[str, float]:
+        """Train to the end of the epoch (or max_steps); advances epoch/epoch_step."""
         from tqdm import tqdm
-        self.model.train()
+        self.net.train()
+        if self.cfg.freeze_bn:
+            for m in self.model.modules():
+                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                    m.eval()
+        self.train_loader.sampler.set_epoch(self.epoch, self.epoch_step * self.cfg.batch_size)
         bar = tqdm(self.train_loader, desc=f"epoch {self.epoch + 1}/{self.cfg.epochs}",
-                   disable=not self.cfg.progress, leave=False, dynamic_ncols=True)
+                   disable=not (self.cfg.progress and self.main), leave=False,
+                   dynamic_ncols=True)
         total, count = 0.0, 0
         for batch in bar:
             loss, parts = self.train_step(batch)
-            total, count = total + loss, count + 1
+            total, count, self.epoch_step = total + loss, count + 1, self.epoch_step + 1
             bar.set_postfix(loss=f"{loss:.4f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}")
-            if self.cfg.max_steps and self.step >= self.cfg.max_steps:
+            if self._stop():
                 break
-        return {"train_loss": total / max(count, 1), "steps": count}
+        if self.epoch_step >= self.steps_per_epoch:
+            self.epoch, self.epoch_step = self.epoch + 1, 0
+        total, count = self.dist.all_sum([total, count])
+        return {"train_loss": total / max(count, 1), "steps": int(count / self.dist.world)}
+
+    def _stop(self) -> bool:
+        return bool(self.cfg.max_steps) and self.step >= self.cfg.max_steps
 
     def train_step(self, batch):
         with torch.autocast(self.device.split(":")[0], dtype=self.amp_dtype, enabled=self.amp):
-            loss, parts = self.task.loss(self.model, batch, self.device)
+            loss, parts = self.task.loss(self.net, batch, self.device)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"loss is {float(loss)} at step {self.step}; lower the lr")
         self.optimizer.zero_grad(set_to_none=True)
@@ -172,37 +221,60 @@ class Trainer:
         while self.epoch < self.cfg.epochs:
             t0 = time.perf_counter()
             record = self.train_epoch()
+            rng = rng_snapshot(self.dist, self.task.gen)  # before eval: nothing else drawn
+            self.write_last(rng)  # an evaluation error never loses the epoch's training
             metrics = self.task.evaluate(self.model, self.val_loader, self.device)
-            self.epoch += 1
             record.update({f"val_{k}": v for k, v in metrics.items()})
-            record.update(epoch=self.epoch, step=self.step, seconds=time.perf_counter() - t0)
-            self.save(record, metrics[self.task.main_metric])
-            if self.cfg.max_steps and self.step >= self.cfg.max_steps:
+            record.update(epoch=self.epoch + (1 if self.epoch_step else 0), step=self.step,
+                          global_batch=self.global_batch, processes=self.dist.world,
+                          seconds=time.perf_counter() - t0)
+            if self.epoch_step:
+                record["partial"] = True
+            self.save(record, metrics[self.task.main_metric], rng)
+            if self._stop():
                 break
         record["train_seconds"] = time.perf_counter() - start
         record["best"] = self.best
         return record
 
-    def save(self, record: Dict, metric: float) -> None:
+    def save(self, record: Dict, metric: float, rng) -> None:
+        """Rank 0: log line, model.safetensors when the metric improves, last.pt."""
+        improved = metric > self.best
+        self.best = max(self.best, metric)
+        if not self.main:
+            return
         with open(os.path.join(self.cfg.output, "log.jsonl"), "a") as fh:
             fh.write(json.dumps(record) + "\n")
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in record.items()), flush=True)
-        if metric > self.best:
-            self.best = metric
-            extra = {"irpe.train.epoch": str(self.epoch),
+        if improved:
+            extra = {"irpe.train.epoch": str(record["epoch"]),
                      f"irpe.train.val_{self.task.main_metric}": f"{metric:.4f}",
                      "irpe.train.config": json.dumps(asdict(self.cfg))}
             save_trained(self.model, os.path.join(self.cfg.output, "model.safetensors"),
                          self.task.spec, extra)
+        self.write_last(rng)
+
+    def write_last(self, rng) -> None:
+        """Rank 0 replaces ``last.pt`` atomically."""
+        if not self.main:
+            return
         tmp = os.path.join(self.cfg.output, "last.pt.tmp")
-        torch.save(self.state(), tmp)
+        torch.save(self.state(rng), tmp)
         os.replace(tmp, os.path.join(self.cfg.output, "last.pt"))
+
+
+def _has_batchnorm(model: torch.nn.Module) -> bool:
+    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
 def train(cfg: TrainConfig) -> Dict:
     """Run a training job end to end; returns the final record (metrics, time, best)."""
-    return Trainer(cfg).run()
+    trainer = Trainer(cfg)
+    try:
+        return trainer.run()
+    finally:
+        teardown(trainer.dist)
 
 
 CONFIG_FIELDS = {f.name for f in fields(TrainConfig)}

@@ -1,0 +1,157 @@
+"""torch.distributed glue for ``irpe train`` / ``irpe eval`` launched by torchrun (env://).
+
+One process per device; NCCL on CUDA, gloo on CPU. A run without torchrun's environment
+(``WORLD_SIZE`` unset or 1) gets :data:`SINGLE`, whose collectives are identities, so
+single-process code paths never touch torch.distributed.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from torch.utils.data import Sampler
+
+__all__ = ["Dist", "SINGLE", "setup", "resolve_device", "ShardSampler", "ResumableSampler"]
+
+DEFAULT_TIMEOUT_S = 600.0  # a collective waiting longer than this (a dead peer) fails the job
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in the job and the few collectives the engine needs."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    backend: str = ""
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def _device(self) -> torch.device:
+        # NCCL reduces CUDA tensors only; gloo CPU tensors
+        return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" \
+            else torch.device("cpu")
+
+    def all_sum(self, values: Sequence[float]) -> List[float]:
+        """Element-wise sum over all ranks (float64, so integer counts stay exact)."""
+        if self.world == 1:
+            return [float(v) for v in values]
+        import torch.distributed as dist
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self._device())
+        dist.all_reduce(t)
+        return t.cpu().tolist()
+
+    def gather(self, obj: Any) -> Optional[List[Any]]:
+        """Every rank's ``obj`` as a list on rank 0 (None elsewhere)."""
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as dist
+        out = [None] * self.world if self.main else None
+        dist.gather_object(obj, out, dst=0)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if self.world == 1:
+            return obj
+        import torch.distributed as dist
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+SINGLE = Dist()
+
+
+def resolve_device(name: str, local_rank: int = 0, world: int = 1) -> str:
+    """'auto' | 'cpu' | 'cuda[:N]' -> a device string; under torchrun CUDA means cuda:LOCAL_RANK."""
+    if name in ("auto", None):
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda requested but CUDA is not available")
+        if world > 1:
+            if ":" in name:
+                raise ValueError("under torchrun give --device cuda (each process takes "
+                                 "cuda:LOCAL_RANK), not a device index")
+            return f"cuda:{local_rank}"
+    elif name != "cpu":
+        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}")
+    return name
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    try:
+        return default if value in (None, "") else int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def setup(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> Tuple[Dist, str]:
+    """Join torchrun's process group when WORLD_SIZE > 1; returns (Dist, device string)."""
+    world = _env_int("WORLD_SIZE", 1)
+    if world <= 1:
+        return SINGLE, resolve_device(device)
+    rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    dev = resolve_device(device, local_rank, world)
+    import torch.distributed as dist
+    backend = "nccl" if dev.startswith("cuda") else "gloo"
+    if dev.startswith("cuda"):
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(backend, init_method="env://", world_size=world, rank=rank,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    return Dist(rank, world, local_rank, dist.get_backend()), dev
+
+
+def teardown(d: Dist) -> None:
+    """Leave the process group (end of a torchrun job)."""
+    if d.world > 1:
+        import torch.distributed as dist
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class ShardSampler(Sampler):
+    """Indices rank, rank + world, ... of range(n): every sample exactly once over all ranks.
+
+    Unlike DistributedSampler nothing is padded, so reduced metrics count no duplicates.
+    """
+
+    def __init__(self, n: int, d: Dist = SINGLE) -> None:
+        self.indices = range(d.rank, n, d.world)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class ResumableSampler(Sampler):
+    """DistributedSampler (shuffle by seed + epoch, drop_last) that can start mid-epoch."""
+
+    def __init__(self, n: int, d: Dist, seed: int) -> None:
+        from torch.utils.data import DistributedSampler
+        # DistributedSampler needs no process group when rank and world are given
+        self.inner = DistributedSampler(range(n), num_replicas=d.world, rank=d.rank,
+                                        shuffle=True, seed=seed, drop_last=True)
+        self.start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """This epoch's order; skip the first ``start`` samples of this rank (a resumed epoch)."""
+        self.inner.set_epoch(epoch)
+        self.start = start
+
+    def __iter__(self) -> Iterator[int]:
+        import itertools
+        return itertools.islice(iter(self.inner), self.start, None)
+
+    def __len__(self) -> int:
+        return len(self.inner) - self.start
