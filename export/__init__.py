@@ -2,5 +2,18 @@
 
 Submodules: ``onnx`` (export_onnx, read_metadata), ``validate``, ``tensorrt`` (build_engine;
 the runner is irpe.deploy.trt_runtime.TRTRunner), ``cli``. Import them directly; this package
-imports nothing heavy.
+imports no exporter module, it only registers the ``onnx`` exporter with irpe.deploy.exporters
+(how serve's demo has files exported without importing export/).
 """
+from pathlib import Path as _Path
+
+from irpe.deploy.exporters import register_exporter as _register
+
+
+def _write_onnx(source: str, output: _Path) -> _Path:
+    """irpe's ``onnx`` exporter (serve's demo uses it without importing this package)."""
+    from .onnx import export_onnx
+    return export_onnx(source, output)
+
+
+_register("onnx", _write_onnx, sources=(_Path(__file__).parent,))

@@ -21,9 +21,10 @@ import torch
 from torch import nn
 
 import irpe
-from irpe.artifact import ModelSpec, spec_from_metadata
-from irpe.checkpoint import CheckpointError
-from irpe.filecheck import check_file
+from irpe.artifact import ModelSpec
+from irpe.deploy.contract import io_spec, onnx_metadata
+from irpe.deploy.contract import read_onnx_props as read_metadata_props
+from irpe.deploy.contract import read_onnx_spec as read_metadata
 from irpe.rpe import iRPE, set_traceable
 
 from . import symbolic
@@ -63,15 +64,6 @@ class _Detector(nn.Module):
 def output_module(model: nn.Module, task: str) -> nn.Module:
     """The module whose inputs/outputs are the ONNX file's (used by export and validation)."""
     return (_Classifier if task == "classification" else _Detector)(model).eval()
-
-
-def io_spec(task: str) -> Tuple[List[str], List[str], Dict[str, Dict[int, str]]]:
-    """Input names, output names and dynamic axes of an exported model of ``task``."""
-    if task == "classification":
-        return ["images"], ["logits"], {"images": {0: "batch"}, "logits": {0: "batch"}}
-    return (["images", "sizes"], ["pred_logits", "pred_boxes"],
-            {"images": {0: "batch", 2: "height", 3: "width"}, "sizes": {0: "batch"},
-             "pred_logits": {0: "batch"}, "pred_boxes": {0: "batch"}})
 
 
 def _example_inputs(src: Source) -> Tuple[torch.Tensor, ...]:
@@ -147,23 +139,14 @@ def _static_output_dims(model: onnx.ModelProto, shapes: List[Tuple[int, ...]],
                 dim.dim_value = shape[axis]
 
 
-def _rpe_config(model: nn.Module) -> str:
-    cfg = getattr(model, "rpe_config", None)
-    if cfg is None:
-        return json.dumps(None)
-    return json.dumps({"config": cfg.to_string(), "ratio": cfg.ratio, "method": cfg.method.value,
-                       "mode": cfg.mode, "shared_head": cfg.shared_head, "skip": cfg.skip,
-                       "on": cfg.on, "num_buckets": cfg.num_buckets})
-
-
 def _metadata(src: Source, opset: int, inline: bool, nodes: Dict[str, int]) -> Dict[str, str]:
-    meta = src.spec.metadata()
+    """The contract's keys (irpe.deploy.contract.onnx_metadata) plus this exporter's own."""
+    meta = onnx_metadata(src.spec, getattr(src.model, "rpe_config", None), src.weights,
+                         irpe.__version__)
     meta.update({
-        "irpe.rpe_config": _rpe_config(src.model), "irpe.weights": src.weights,
         "irpe.rpe_nodes": json.dumps(nodes), "irpe.inline": json.dumps(inline),
-        "irpe.opset": str(opset), "irpe.version": irpe.__version__,
+        "irpe.opset": str(opset),
         "irpe.exporter": f"torch.onnx TorchScript exporter, torch {torch.__version__}",
-        "irpe.dynamic_axes": json.dumps(io_spec(src.spec.task)[2]),
     })
     return meta
 
@@ -258,22 +241,3 @@ def export_onnx(source: SourceLike, output: os.PathLike, checkpoint: Optional[st
     return export_source(src, output, inline=inline, opset=opset, progress=progress,
                          optimize=optimize)
 
-
-def read_metadata_props(path: os.PathLike) -> Dict[str, str]:
-    """All metadata_props of an ONNX file; a clear error for missing or corrupt files."""
-    path = os.fspath(path)
-    check_file(path, "onnx")  # missing (FileNotFoundError), empty, not a ModelProto
-    try:
-        model = onnx.load(path, load_external_data=False)
-    except Exception as exc:  # protobuf DecodeError and friends
-        raise ValueError(f"{path} is not a readable ONNX file: {exc}") from None
-    return {p.key: p.value for p in model.metadata_props}
-
-
-def read_metadata(path: os.PathLike) -> ModelSpec:
-    """The :class:`irpe.artifact.ModelSpec` stored in an exported file (for serving)."""
-    props = read_metadata_props(path)
-    try:
-        return spec_from_metadata(props)
-    except CheckpointError as exc:
-        raise ValueError(f"{os.fspath(path)}: {exc}") from None

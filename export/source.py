@@ -13,8 +13,10 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-from irpe.artifact import ModelSpec, default_spec, load_trained
-from irpe.models import create_model, model_info
+from irpe.artifact import ModelSpec, default_spec, load_trained, read_spec
+from irpe.checkpoint import CheckpointError
+from irpe.models import model_info
+from irpe.models.registry import bundled_weights
 
 __all__ = ["Source", "load_source", "RANDOM_SEED", "weights_from_metadata"]
 
@@ -48,21 +50,34 @@ def load_source(source: SourceLike, checkpoint: Optional[str] = None,
         model, file_spec = load_trained(source)
         return Source(model, spec or file_spec, f"trained:{source}")
     info = model_info(source)  # KeyError naming close matches for unknown models
-    spec = spec or default_spec(info.name)
     if checkpoint is not None:
         if not os.path.isfile(checkpoint):
             raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
+        spec = spec or _checkpoint_spec(info.name, checkpoint)
         model = spec.build(checkpoint)
         return Source(model.eval(), spec, f"checkpoint:{checkpoint}")
-    if info.weights is not None:
-        model = create_model(info.name, pretrained=True)
-        return Source(model.eval(), spec, f"bundled:{info.weights}")
+    if info.weights is not None:  # a trained-model file: its labels and preprocessing too
+        model, file_spec = load_trained(bundled_weights(info))
+        return Source(model, spec or file_spec, f"bundled:{info.weights}")
+    spec = spec or default_spec(info.name)
     warnings.warn(f"{info.name}: no checkpoint given and no bundled weights; using RANDOM "
                   f"weights (seed {RANDOM_SEED})", stacklevel=2)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(RANDOM_SEED)
         model = spec.build()
     return Source(model.eval(), spec, f"random:seed={RANDOM_SEED}")
+
+
+def _checkpoint_spec(name: str, checkpoint: str) -> ModelSpec:
+    """The spec a trained-model checkpoint carries (labels, preprocessing), else the defaults."""
+    try:
+        spec = read_spec(checkpoint)[0]
+    except (CheckpointError, ValueError):  # a plain checkpoint (.pth, safetensors w/o metadata)
+        return default_spec(name)
+    if spec.model_name != name:
+        raise ValueError(f"{checkpoint} is a trained {spec.model_name} model, not {name}; "
+                         f"name the file alone to export it")
+    return spec
 
 
 def _from_module(model: nn.Module, spec: Optional[ModelSpec]) -> Source:
@@ -82,7 +97,8 @@ def weights_from_metadata(weights: str, spec: ModelSpec) -> Source:
     if kind == "checkpoint":
         return load_source(spec.model_name, checkpoint=value, spec=spec)
     if kind == "bundled":
-        return Source(create_model(spec.model_name, pretrained=True).eval(), spec, weights)
+        model = spec.build(bundled_weights(model_info(spec.model_name)))
+        return Source(model.eval(), spec, weights)
     if kind == "random":
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(value.partition("=")[2] or RANDOM_SEED))

@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from irpe.deploy.trt_common import (TensorRTUnavailable, import_tensorrt, is_rtx, load_plugins,
                                     make_logger)
+from irpe.deploy.contract import sidecar_path, write_sidecar
 from irpe.deploy.trt_runtime import TRTRunner
 
 __all__ = ["build_engine", "TRTRunner", "TensorRTUnavailable", "parse_compute_capability",
@@ -23,11 +24,6 @@ __all__ = ["build_engine", "TRTRunner", "TensorRTUnavailable", "parse_compute_ca
 
 PRECISIONS = ("fp32", "tf32", "fp16")
 Range3 = Tuple[int, int, int]
-
-
-def sidecar_path(engine_path: os.PathLike) -> Path:
-    """The JSON file written next to an engine (``model.engine`` -> ``model.engine.json``)."""
-    return Path(f"{os.fspath(engine_path)}.json")
 
 
 def parse_compute_capability(trt: ModuleType, text: str):
@@ -192,7 +188,7 @@ def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision:
     sidecar = _sidecar(trt, onnx_path, engine_path, precision, shapes, target, plugins, creators,
                        plugin_override, _plugin_layers(trt, network), time.perf_counter() - start)
     sidecar["timing_cache"] = os.path.abspath(timing_cache) if cache is not None else None
-    sidecar_path(engine_path).write_text(json.dumps(sidecar, indent=2) + "\n")
+    write_sidecar(engine_path, sidecar)
     if progress:
         print(f"[build-engine] {engine_path} ({engine_path.stat().st_size / 1e6:.1f} MB) in "
               f"{sidecar['build_seconds']:.1f} s; rpe plugin layers: "

@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Tuple
 from torch import nn
 
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .deploy.contract import rpe_config_from_dict, rpe_config_to_dict
 from .filecheck import check_file
 from .models import create_model, model_info
 from .rpe import RPEConfig
@@ -112,10 +113,10 @@ def load_trained(path: str) -> Tuple[nn.Module, ModelSpec]:
 
 
 def _encode(overrides: Dict) -> Dict:
-    return {k: {"rpe": v.to_string(), "skip": v.skip} if isinstance(v, RPEConfig) else
+    return {k: rpe_config_to_dict(v) if isinstance(v, RPEConfig) else
             (list(v) if isinstance(v, tuple) else v) for k, v in overrides.items()}
 
 
 def _decode(overrides: Dict) -> Dict:
-    return {k: RPEConfig.from_string(v["rpe"], skip=v["skip"]) if isinstance(v, dict) and "rpe"
-            in v else v for k, v in overrides.items()}
+    return {k: rpe_config_from_dict(v) if isinstance(v, dict) and ("config" in v or "rpe" in v)
+            else v for k, v in overrides.items()}

@@ -2,18 +2,18 @@
 
 For the onnxruntime backend the bundled trained-model files are exported once to ONNX in the
 cache (``$IRPE_CACHE/onnx``, named by a digest of the weights and the exporter), so later starts
-reuse them.
+reuse them. The exporter is the one registered with ``irpe.deploy.exporters`` (kind ``onnx``):
+serve never imports export/.
 """
 from __future__ import annotations
 
 import hashlib
-import inspect
 import logging
 import os
 from pathlib import Path
 from typing import List, Optional
 
-import irpe
+from irpe.deploy.exporters import Exporter, get_exporter
 from irpe.models.registry import bundled_weights, model_info
 
 from .config import ModelConfig
@@ -35,29 +35,29 @@ def demo_models(backend: str = "onnxruntime", cache_dir: Optional[Path] = None,
     return configs
 
 
-def onnx_cache_path(weights: Path, cache_dir: Optional[Path] = None) -> Path:
+def onnx_cache_path(weights: Path, cache_dir: Optional[Path] = None,
+                    exporter: Optional[Exporter] = None) -> Path:
     """Where the ONNX export of ``weights`` lives (digest of the weights and of every source
-    file of irpe/ and export/, so any change to the models or the exporter re-exports)."""
-    import export
+    file of irpe/ and the exporter, so any change to the models or the exporter re-exports)."""
     digest = hashlib.sha256(weights.read_bytes())
-    digest.update(irpe.__version__.encode())
-    for package in (irpe, export):
-        root = Path(inspect.getsourcefile(package)).parent
-        for source in sorted(root.rglob("*.py")):
-            digest.update(str(source.relative_to(root)).encode() + source.read_bytes())
+    digest.update((exporter or _onnx_exporter()).fingerprint().encode())
     if cache_dir is None:
         from irpe.weights import cache_dir as default_cache
         cache_dir = default_cache()
     return Path(cache_dir) / "onnx" / f"{weights.stem}-{digest.hexdigest()[:12]}.onnx"
 
 
-def _exported(weights: Path, cache_dir: Optional[Path]) -> Path:
+def _onnx_exporter() -> Exporter:
     try:
-        from export.onnx import export_onnx
-    except ImportError as exc:
-        raise RuntimeError(f"the onnxruntime backend needs the ONNX exporter (export/onnx.py): "
-                           f"{exc}; serve the demo with --backend torch") from None
-    out = onnx_cache_path(weights, cache_dir)
+        return get_exporter("onnx")
+    except RuntimeError as exc:
+        raise RuntimeError(f"the onnxruntime backend needs the ONNX exporter: {exc}; serve the "
+                           "demo with --backend torch") from None
+
+
+def _exported(weights: Path, cache_dir: Optional[Path]) -> Path:
+    exporter = _onnx_exporter()
+    out = onnx_cache_path(weights, cache_dir, exporter)
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -65,8 +65,11 @@ def _exported(weights: Path, cache_dir: Optional[Path]) -> Path:
     log.info("exporting demo model to ONNX (first start)", extra={"weights": str(weights),
                                                                    "onnx": str(out)})
     try:
-        export_onnx(str(weights), str(tmp))
+        exporter.write(str(weights), tmp)
         os.replace(tmp, out)
+    except ImportError as exc:  # the exporter's own dependencies (onnx, onnxscript)
+        raise RuntimeError(f"the onnxruntime backend needs the ONNX exporter: {exc}; serve the "
+                           "demo with --backend torch") from None
     finally:
         tmp.unlink(missing_ok=True)
     return out

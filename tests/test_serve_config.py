@@ -155,21 +155,22 @@ def test_onnxruntime_providers_by_device():
 def test_demo_onnx_cache_key_covers_model_and_exporter_sources(tmp_path, monkeypatch):
     """The cached demo export is re-made when any irpe/ or export/ source changes (not only
     export/onnx.py: the function bodies, symbolics and the attention shape the file too)."""
-    import inspect
+    import dataclasses
     import shutil
 
-    import export
+    from irpe.deploy import exporters
     from serve import demo
     weights = tmp_path / "w.safetensors"
     weights.write_bytes(b"weights")
     first = demo.onnx_cache_path(weights, tmp_path)
     assert first == demo.onnx_cache_path(weights, tmp_path)
     assert first.parent == tmp_path / "onnx" and first.name.startswith("w-")
+    registered = exporters.get_exporter("onnx")
+    assert registered.sources == (Path(__file__).parents[1] / "export",)
     copy = tmp_path / "export_copy"
-    shutil.copytree(Path(inspect.getsourcefile(export)).parent, copy)
-    real = inspect.getsourcefile
-    monkeypatch.setattr(inspect, "getsourcefile",
-                        lambda obj: str(copy / "__init__.py") if obj is export else real(obj))
+    shutil.copytree(registered.sources[0], copy)
+    monkeypatch.setitem(exporters._EXPORTERS, "onnx",
+                        dataclasses.replace(registered, sources=(copy,)))
     assert demo.onnx_cache_path(weights, tmp_path) == first  # same sources, same key
     (copy / "functions.py").write_text((copy / "functions.py").read_text() + "\n# changed\n")
     assert demo.onnx_cache_path(weights, tmp_path) != first

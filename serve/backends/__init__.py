@@ -3,7 +3,8 @@
 Inputs: ``images`` float32 (B, 3, H, W) and, for detection, ``sizes`` int64 (B, 2) = valid
 (h, w) of each padded image. Outputs: classification ``logits`` (B, C); detection
 ``pred_logits`` (B, Q, C+1) and ``pred_boxes`` (B, Q, 4) cx, cy, w, h relative to the valid
-size. These are also the ONNX tensor names, so every backend answers the same request the same.
+size. These are the export contract's tensor names (irpe.deploy.contract), so every backend
+answers the same request the same.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Callable, Dict, Optional, Tuple
 import numpy as np
 
 from irpe.artifact import ModelSpec
+from irpe.deploy.contract import input_names, output_names  # the export contract
 
 from ..config import ModelConfig
 
@@ -26,16 +28,6 @@ _CLASSES = {"torch": "serve.backends.torch_backend:TorchBackend",
 _BUILTIN = frozenset(_CLASSES)
 Factory = Callable[[ModelConfig, int], "Backend"]
 _FACTORIES: Dict[str, Factory] = {}
-
-
-def input_names(task: str) -> Tuple[str, ...]:
-    """Model input tensors of a task."""
-    return ("images",) if task == "classification" else ("images", "sizes")
-
-
-def output_names(task: str) -> Tuple[str, ...]:
-    """Model output tensors of a task."""
-    return ("logits",) if task == "classification" else ("pred_logits", "pred_boxes")
 
 
 class Backend(ABC):

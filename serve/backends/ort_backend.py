@@ -1,4 +1,4 @@
-"""ONNX Runtime backend: files from ``export.onnx.export_onnx`` on CPU, CUDA or TensorRT EP."""
+"""ONNX Runtime backend: files written by ``irpe export`` on CPU, CUDA or TensorRT EP."""
 from __future__ import annotations
 
 import logging
@@ -7,6 +7,7 @@ from typing import Dict, List, Optional, Union
 import numpy as np
 
 from irpe.artifact import ModelSpec
+from irpe.deploy.contract import read_onnx_spec
 
 from . import Backend, input_names, output_names
 
@@ -43,8 +44,7 @@ class OrtBackend(Backend):
     platform = "onnxruntime_onnx"
 
     def read_spec(self) -> ModelSpec:
-        from export.onnx import read_metadata
-        return read_metadata(str(self.cfg.path))
+        return read_onnx_spec(self.cfg.path)
 
     def load(self) -> None:
         import onnxruntime as ort

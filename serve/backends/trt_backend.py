@@ -2,13 +2,13 @@
 ``irpe.deploy.trt_runtime.TRTRunner``; needs a CUDA GPU and a TensorRT Python module."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Dict, Optional
 
 import numpy as np
 
-from irpe.artifact import ModelSpec, read_spec, spec_from_metadata
+from irpe.artifact import ModelSpec, read_spec
+from irpe.deploy.contract import engine_spec, read_onnx_spec
 
 from . import Backend, output_names
 
@@ -25,13 +25,12 @@ class TensorRTBackend(Backend):
         if self.cfg.metadata is not None:
             if Path(self.cfg.metadata).suffix == ".safetensors":
                 return read_spec(str(self.cfg.metadata))[0]
-            from export.onnx import read_metadata
-            return read_metadata(str(self.cfg.metadata))
-        sidecar = Path(f"{self.cfg.path}.json")  # written by export.tensorrt.build_engine
-        if not sidecar.is_file():
-            raise FileNotFoundError(f"model {self.cfg.name}: {sidecar} (the engine's sidecar) "
-                                    "not found; set metadata: to the exported .onnx")
-        return spec_from_metadata(json.loads(sidecar.read_text()).get("onnx_metadata", {}))
+            return read_onnx_spec(self.cfg.metadata)
+        try:
+            return engine_spec(self.cfg.path)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"model {self.cfg.name}: {exc}; set metadata: to the "
+                                    "exported .onnx") from None
 
     def load(self) -> None:
         if self.cfg.device == "cpu":

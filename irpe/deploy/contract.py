@@ -1,0 +1,142 @@
+"""The artifact contract: what export/ writes and serve/ reads, defined once.
+
+Tensor names and dynamic axes per task, the ``irpe.*`` metadata of ONNX files (written by
+``irpe export``, read by serving, validation and engine building), the JSON sidecar next to a
+TensorRT engine, and the JSON form of :class:`irpe.rpe.RPEConfig`. Light imports only: onnx is
+imported inside the functions that parse a file.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+from ..checkpoint import CheckpointError
+from ..filecheck import check_file
+from ..rpe import RPEConfig
+
+if TYPE_CHECKING:  # artifact imports this module (RPEConfig JSON): no import cycle at run time
+    from ..artifact import ModelSpec
+
+__all__ = ["TASKS", "input_names", "output_names", "dynamic_axes", "io_spec",
+           "rpe_config_to_dict", "rpe_config_from_dict", "onnx_metadata", "read_onnx_props",
+           "read_onnx_spec", "sidecar_path", "write_sidecar", "read_sidecar", "engine_spec"]
+
+_INPUTS = {"classification": ("images",), "detection": ("images", "sizes")}
+_OUTPUTS = {"classification": ("logits",), "detection": ("pred_logits", "pred_boxes")}
+# every tensor's batch axis is dynamic; detection images also their height and width
+_AXES = {"images": {0: "batch"}, "sizes": {0: "batch"}, "logits": {0: "batch"},
+         "pred_logits": {0: "batch"}, "pred_boxes": {0: "batch"}}
+TASKS = tuple(_INPUTS)
+
+
+def _task(task: str) -> str:
+    if task not in _INPUTS:
+        raise ValueError(f"unknown task {task!r}; expected one of {list(TASKS)}")
+    return task
+
+
+def input_names(task: str) -> Tuple[str, ...]:
+    """Input tensors of a model of ``task``: ``images`` (+ ``sizes`` = valid (h, w), detection)."""
+    return _INPUTS[_task(task)]
+
+
+def output_names(task: str) -> Tuple[str, ...]:
+    """Output tensors: ``logits``; detection ``pred_logits`` and ``pred_boxes`` (cx, cy, w, h)."""
+    return _OUTPUTS[_task(task)]
+
+
+def dynamic_axes(task: str) -> Dict[str, Dict[int, str]]:
+    """Dynamic axes per tensor (torch.onnx.export form); detection images have dynamic H, W."""
+    axes = {name: dict(_AXES[name]) for name in input_names(task) + output_names(task)}
+    if task == "detection":
+        axes["images"].update({2: "height", 3: "width"})
+    return axes
+
+
+def io_spec(task: str) -> Tuple[List[str], List[str], Dict[str, Dict[int, str]]]:
+    """Input names, output names and dynamic axes of an exported model of ``task``."""
+    return list(input_names(task)), list(output_names(task)), dynamic_axes(task)
+
+
+def rpe_config_to_dict(cfg: RPEConfig) -> Dict:
+    """JSON form of an iRPE config: the config string and skip (what rebuilds it) plus the
+    derived fields a reader may want (ratio, method, mode, shared_head, on, num_buckets)."""
+    return {"config": cfg.to_string(), "ratio": cfg.ratio, "method": cfg.method.value,
+            "mode": cfg.mode, "shared_head": cfg.shared_head, "skip": cfg.skip, "on": cfg.on,
+            "num_buckets": cfg.num_buckets}
+
+
+def rpe_config_from_dict(data: Dict) -> RPEConfig:
+    """Inverse of :func:`rpe_config_to_dict`; also reads the older ``{"rpe", "skip"}`` form."""
+    text = data.get("config", data.get("rpe"))
+    if not isinstance(text, str):
+        raise ValueError(f"not an iRPE config dict: {data!r}")
+    return RPEConfig.from_string(text, skip=int(data.get("skip", 0)))
+
+
+def onnx_metadata(spec: "ModelSpec", rpe_config: Optional[RPEConfig], weights: str,
+                  version: str) -> Dict[str, str]:
+    """The contract's ``metadata_props`` of an exported file (the exporter adds its own keys)."""
+    meta = spec.metadata()
+    meta.update({
+        "irpe.rpe_config": json.dumps(rpe_config_to_dict(rpe_config) if rpe_config else None),
+        "irpe.weights": weights, "irpe.version": version,
+        "irpe.dynamic_axes": json.dumps(dynamic_axes(spec.task)),
+    })
+    return meta
+
+
+def read_onnx_props(path: os.PathLike) -> Dict[str, str]:
+    """All metadata_props of an ONNX file; a clear error for missing or corrupt files."""
+    path = os.fspath(path)
+    check_file(path, "onnx")  # missing (FileNotFoundError), empty, not a ModelProto
+    import onnx
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except Exception as exc:  # protobuf DecodeError and friends
+        raise ValueError(f"{path} is not a readable ONNX file: {exc}") from None
+    return {p.key: p.value for p in model.metadata_props}
+
+
+def read_onnx_spec(path: os.PathLike) -> "ModelSpec":
+    """The :class:`irpe.artifact.ModelSpec` stored in an exported ONNX file."""
+    from ..artifact import spec_from_metadata
+    props = read_onnx_props(path)
+    try:
+        return spec_from_metadata(props)
+    except CheckpointError as exc:
+        raise ValueError(f"{os.fspath(path)}: {exc}") from None
+
+
+def sidecar_path(engine_path: os.PathLike) -> Path:
+    """The JSON file next to an engine (``model.engine`` -> ``model.engine.json``)."""
+    return Path(f"{os.fspath(engine_path)}.json")
+
+
+def write_sidecar(engine_path: os.PathLike, sidecar: Dict) -> Path:
+    """Write an engine's sidecar (its ``onnx_metadata`` carries the source file's props)."""
+    path = sidecar_path(engine_path)
+    path.write_text(json.dumps(sidecar, indent=2) + "\n")
+    return path
+
+
+def read_sidecar(engine_path: os.PathLike) -> Dict:
+    """An engine's sidecar dict; FileNotFoundError naming the sidecar when it is absent."""
+    path = sidecar_path(engine_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} (the engine's sidecar) not found")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not a JSON sidecar: {exc}") from None
+
+
+def engine_spec(engine_path: os.PathLike) -> "ModelSpec":
+    """The ModelSpec of an engine, from the ONNX metadata its sidecar recorded."""
+    from ..artifact import spec_from_metadata
+    try:
+        return spec_from_metadata(read_sidecar(engine_path).get("onnx_metadata", {}))
+    except CheckpointError as exc:
+        raise ValueError(f"{sidecar_path(engine_path)}: {exc}") from None
