@@ -6,7 +6,8 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .backends import input_names, output_names
+from irpe.deploy.contract import input_names, output_names
+
 from .errors import ServeError
 from .model import ServedModel, validate_count
 from .v2codec import InferRequest, OutTensor, classification_strings, datatype_of
