@@ -1,14 +1,16 @@
 """ONNX Runtime throughput of exported DeiT-S iRPE-K / iRPE-QKV relative to exported plain DeiT-S.
 
-    python -m benchmarks.export_ort [--batch 8] [--threads 2] [--repeats 7] [--quick]
+    python -m benchmarks.export_ort [--batch 8] [--threads 2] [--repeats 7] [--quick] [--no-custom-ops]
 
 Each model is exported with ``export.onnx.export_onnx`` (RPE nodes + local functions, random
 weights, non-zero iRPE tables), loaded into its own CPU session, warmed up and then timed
-round-robin (one run of each model per round) so machine drift hits all alike. Reports the
+round-robin (one run of each model per round) so machine drift hits all alike. Where the
+custom-op library (plugins/onnxruntime) is built, each iRPE file also gets a second session with
+it registered (rows ``*_ops``), timed in the same rounds with the same threads. Reports the
 median / p90 per run, images/s and the throughput ratio to the plain model against the goals
-(iRPE-K >= 0.95, iRPE-QKV >= 0.90). The same run times the RPE function bodies against the
-alternatives they were chosen over, on one DeiT-S layer (``LAYER``). Writes JSON + Markdown
-under benchmarks/results/<device>/.
+(functions: iRPE-K >= 0.95, iRPE-QKV >= 0.90; custom ops: >= 0.98, >= 0.95). The same run
+times the RPE function bodies against the alternatives they were chosen over and the custom
+ops, on one DeiT-S layer (``LAYER``). Writes JSON + Markdown under benchmarks/results/<device>/.
 """
 from __future__ import annotations
 
@@ -27,8 +29,10 @@ import torch
 
 from benchmarks import deit_forward
 from benchmarks.deit_forward import MODELS, device_name
+from irpe.deploy.ort import create_session, find_library
 
-GOALS = {"irpe_k": 0.95, "irpe_qkv": 0.90}
+GOALS = {"irpe_k": 0.95, "irpe_qkv": 0.90, "irpe_k_ops": 0.98, "irpe_qkv_ops": 0.95}
+OPS_SUFFIX = "_ops"  # rows of the sessions with the custom-op library
 QUICK_OVERRIDES = dict(depth=2)  # DeiT-Ti with 2 blocks: checks the report, not the numbers
 
 
@@ -103,27 +107,24 @@ def _layer_feeds() -> Dict[str, np.ndarray]:
             "zeros": np.zeros((b, h, length, k), np.float32)}
 
 
-def measure_ops(threads: int, repeats: int, warmup: int) -> Dict[str, List[float]]:
-    """Seconds per run of each formulation (checked equal to the first of its kind)."""
-    import onnxruntime as ort
+def measure_ops(threads: int, repeats: int, warmup: int,
+                custom_ops: bool) -> Dict[str, List[float]]:
+    """Seconds per run of each formulation (checked equal to the first of its kind); with
+    ``custom_ops`` each of ours also as the custom op (key ``... [custom op]``)."""
     feeds = _layer_feeds()
     runs: Dict[str, Callable[[], object]] = {}
     for key, graph in formulations().items():
-        session = ort.InferenceSession(graph, _options(ort, threads),
-                                       providers=["CPUExecutionProvider"])
-        names = [i.name for i in session.get_inputs()]
-        runs[key] = functools.partial(session.run, None, {k: feeds[k] for k in names})
+        for ops in (False, True) if custom_ops and "(ours)" in key else (False,):
+            session, _ = create_session(graph, threads=threads, custom_ops="on" if ops else "off",
+                                        quiet=True)
+            names = [i.name for i in session.get_inputs()]
+            label = key.replace("(ours)", "(custom op)") if ops else key
+            runs[label] = functools.partial(session.run, None, {k: feeds[k] for k in names})
     reference = {}
     for key, run in runs.items():
         kind, out = key.split(":")[0], run()[0]
         np.testing.assert_allclose(out, reference.setdefault(kind, out), rtol=1e-5, atol=1e-5)
     return _round_robin(runs, repeats, warmup, "ops")
-
-
-def _options(ort, threads: int):
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-    return opts
 
 
 def export_models(models: Dict[str, str], folder: Path, overrides: Dict) -> Dict[str, Path]:
@@ -147,15 +148,23 @@ def export_models(models: Dict[str, str], folder: Path, overrides: Dict) -> Dict
 
 
 def measure(paths: Dict[str, Path], batch: int, threads: int, repeats: int,
-            warmup: int) -> Dict[str, List[float]]:
-    """Seconds per session.run for each exported file, interleaved round-robin."""
-    import onnxruntime as ort
+            warmup: int, custom_ops: bool = False) -> Dict[str, List[float]]:
+    """Seconds per session.run for each exported file, interleaved round-robin; with
+    ``custom_ops`` the iRPE files also run with the library (key + OPS_SUFFIX)."""
     x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224), dtype=np.float32)
     runs: Dict[str, Callable[[], object]] = {}
+    outputs = {}
     for key, path in paths.items():
-        session = ort.InferenceSession(str(path), _options(ort, threads),
-                                       providers=["CPUExecutionProvider"])
-        runs[key] = functools.partial(session.run, None, {"images": x})
+        for ops in (False, True) if custom_ops and key != "plain" else (False,):
+            session, _ = create_session(path, threads=threads, custom_ops="on" if ops else "off",
+                                        quiet=True)
+            label = key + OPS_SUFFIX if ops else key
+            runs[label] = functools.partial(session.run, None, {"images": x})
+            outputs[label] = runs[label]()[0]
+    for key in paths:  # the custom ops must give the functions' logits
+        if key + OPS_SUFFIX in outputs:
+            np.testing.assert_allclose(outputs[key + OPS_SUFFIX], outputs[key], rtol=1e-5,
+                                       atol=1e-5)
     return _round_robin(runs, repeats, warmup, "models")
 
 
@@ -180,6 +189,7 @@ def _seconds(fn: Callable[[], object]) -> float:
 
 def summarize(times: Dict[str, List[float]], models: Dict[str, str], batch: int) -> Dict:
     """deit_forward's rows (median, p90, img/s) plus throughput / plain and the goals."""
+    models = dict(models, **{k + OPS_SUFFIX: v for k, v in models.items()})
     rows = deit_forward.summarize(times, models, batch)
     for key, row in rows.items():
         ratio = 1.0 / row.pop("ratio_to_plain")
@@ -237,6 +247,8 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="2-block DeiT-Ti, batch 1, 1 round: checks the report only")
     parser.add_argument("--out", type=Path, default=None, help="results folder")
+    parser.add_argument("--no-custom-ops", action="store_true",
+                        help="time only the function path (no custom-op library rows)")
     args = parser.parse_args(argv)
     models, overrides = dict(MODELS), {}
     if args.quick:
@@ -247,14 +259,20 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     print(f"ONNX Runtime export benchmark: batch {args.batch}, {args.threads} threads, "
           f"{args.repeats} rounds", flush=True)
+    library = None if args.no_custom_ops else find_library()
+    why = "--no-custom-ops" if args.no_custom_ops else "not built: plugins/onnxruntime/build.sh"
+    print(f"custom-op rows: {library or f'none ({why})'}", flush=True)
     load_before = _load()
     with tempfile.TemporaryDirectory() as tmp:
         paths = export_models(models, Path(tmp), overrides)
-        times = measure(paths, args.batch, args.threads, args.repeats, args.warmup)
-    ops = {} if args.quick else measure_ops(args.threads, 3 * args.repeats, args.warmup)
+        times = measure(paths, args.batch, args.threads, args.repeats, args.warmup,
+                        library is not None)
+    ops = {} if args.quick else measure_ops(args.threads, 3 * args.repeats, args.warmup,
+                                            library is not None)
     result = {"device": device_name(), "onnxruntime": onnxruntime.__version__,
               "torch": torch.__version__, "batch": args.batch, "threads": args.threads,
               "repeats": args.repeats, "quick": args.quick, "date": time.strftime("%Y-%m-%d"),
+              "custom_op_library": str(library) if library else None,
               "load_before": load_before, "load_after": _load(),
               "results": summarize(times, models, args.batch), "ops": summarize_ops(ops)}
     out_dir = args.out or Path(__file__).parent / "results" / result["device"]

@@ -246,10 +246,16 @@ OrtStatusPtr ORT_API_CALL RpeOp::infer_shape(const OrtCustomOp* self, OrtShapeIn
         if (in.size() != 4 || index.size() != 2) {
             return nullptr;  // on the fly or unknown rank: the kernel checks at run time
         }
+        using Dim = Ort::ShapeInferContext::SymbolicInteger;
         Ort::ShapeInferContext::Shape out{in[0], in[1], index[0], index[1]};
         if (op.op_ == Op::kScatter) {
             out[2] = in[2];
-            out[3] = Ort::ShapeInferContext::SymbolicInteger(ctx.GetAttrInt("num_buckets"));
+            out[3] = Dim(ctx.GetAttrInt("num_buckets"));
+        }
+        for (auto& d : out) {  // unknown dims arrive as negative ints: keep them unknown
+            if (d.IsInt() && d.AsInt() < 0) {
+                d = Dim("");
+            }
         }
         return ctx.SetOutputShape(0, out, op.type_).release();
     } catch (const std::exception&) {

@@ -1,0 +1,151 @@
+"""ONNX Runtime sessions for exported iRPE files: the custom-op library when it is there.
+
+Every exported file runs anywhere through its model-local functions. Where the custom-op
+library (plugins/onnxruntime -> ``build/plugins/libirpe_ort_ops.so``) is found, it is registered
+and ONNX Runtime runs its RPEGather / RPEScatter kernels instead of the functions (ORT prefers a
+registered op over a local function of the same domain and name). ONE log line per session says
+which path serves the iRPE nodes. Used by serve's onnxruntime backend, ``irpe validate`` and the
+benchmarks.
+
+Mode ``auto`` (default) uses the library when found and falls back to the functions, with a
+warning, when it cannot be loaded or a session cannot be made with it; ``on`` makes either an
+error; ``off`` never loads it. The mode comes from the caller, else ``$IRPE_ORT_CUSTOM_OPS``;
+``$IRPE_ORT_OPS_LIBRARY`` names the library file (default: the checkout's build/plugins/).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+__all__ = ["MODES", "MODE_ENV", "LIBRARY_ENV", "CustomOpsError", "OpsPath", "default_library",
+           "resolve_mode", "find_library", "session_options", "create_session"]
+
+log = logging.getLogger("irpe.deploy.ort")
+
+MODES = ("auto", "on", "off")
+MODE_ENV = "IRPE_ORT_CUSTOM_OPS"
+LIBRARY_ENV = "IRPE_ORT_OPS_LIBRARY"
+_BUILD_DIR = Path(__file__).resolve().parents[2] / "build" / "plugins"
+_CPU_LIB, _CUDA_LIB = "libirpe_ort_ops.so", "libirpe_ort_ops_cuda.so"
+_GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+
+
+class CustomOpsError(RuntimeError):
+    """The custom-op library was required (mode ``on``) and cannot serve."""
+
+
+@dataclass(frozen=True)
+class OpsPath:
+    """Which path runs the iRPE nodes of a session, and why."""
+
+    custom_ops: bool
+    library: Optional[str]
+    reason: str
+
+    def describe(self) -> str:
+        """One line for logs and reports."""
+        if self.custom_ops:
+            return f"iRPE ops: custom-op library {self.library}"
+        return f"iRPE ops: ONNX functions ({self.reason})"
+
+
+def default_library(cuda: bool = False) -> Path:
+    """Where the build puts the library (``$IRPE_ORT_OPS_LIBRARY`` wins in find_library)."""
+    return _BUILD_DIR / (_CUDA_LIB if cuda else _CPU_LIB)
+
+
+def resolve_mode(mode: Optional[str] = None) -> str:
+    """The caller's mode, else ``$IRPE_ORT_CUSTOM_OPS``, else ``auto``; checked."""
+    value = (mode if mode is not None else os.environ.get(MODE_ENV, "auto")).strip().lower()
+    aliases = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}
+    value = aliases.get(value, value)
+    if value not in MODES:
+        raise ValueError(f"custom-ops mode must be one of {', '.join(MODES)}, got {value!r}")
+    return value
+
+
+def _wants_cuda(providers: Sequence[Union[str, tuple]]) -> bool:
+    names = [p if isinstance(p, str) else p[0] for p in providers or ()]
+    return bool(names) and names[0] in _GPU_PROVIDERS
+
+
+def find_library(library: Optional[os.PathLike] = None, cuda: bool = False) -> Optional[Path]:
+    """The library to load: the argument, ``$IRPE_ORT_OPS_LIBRARY`` or the build folder's;
+    ``None`` when that file does not exist."""
+    chosen = library or os.environ.get(LIBRARY_ENV) or default_library(cuda)
+    path = Path(chosen).expanduser()
+    return path if path.is_file() else None
+
+
+def session_options(ort: Any, threads: Optional[int] = None) -> Any:
+    """SessionOptions with intra-op threads (inter-op 1) when ``threads`` is given."""
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads, options.inter_op_num_threads = int(threads), 1
+    return options
+
+
+def _register(ort: Any, options: Any, library: Path) -> None:
+    try:
+        options.register_custom_ops_library(str(library))
+    except Exception as exc:  # onnxruntime raises its own exception types
+        raise CustomOpsError(f"cannot load {library}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _plan(ort: Any, mode: str, library: Optional[os.PathLike], cuda: bool,
+          threads: Optional[int]) -> Tuple[Any, OpsPath]:
+    """Options with the library registered, or without it and the reason."""
+    options = session_options(ort, threads)
+    if mode == "off":
+        return options, OpsPath(False, None, f"custom ops off ({MODE_ENV} / option)")
+    found = find_library(library, cuda)
+    if found is None:
+        wanted = library or os.environ.get(LIBRARY_ENV) or default_library(cuda)
+        why = f"no custom-op library at {wanted}"
+        if cuda and library is None and os.environ.get(LIBRARY_ENV) is None:
+            why += " (a GPU provider needs the CUDA build, libirpe_ort_ops_cuda.so)"
+        if mode == "on":
+            raise CustomOpsError(why + "; build it with plugins/onnxruntime/build.sh")
+        return options, OpsPath(False, None, why)
+    try:
+        _register(ort, options, found)
+    except CustomOpsError as exc:
+        if mode == "on":
+            raise
+        log.warning("%s; using the ONNX functions", exc)
+        return session_options(ort, threads), OpsPath(False, None, str(exc))
+    return options, OpsPath(True, str(found), "registered")
+
+
+def create_session(model: Union[os.PathLike, bytes], providers: Optional[List] = None, *,
+                   threads: Optional[int] = None, custom_ops: Optional[str] = None,
+                   library: Optional[os.PathLike] = None, quiet: bool = False
+                   ) -> Tuple[Any, OpsPath]:
+    """An ``InferenceSession`` for ``model`` (path or bytes) and the iRPE ops path it uses."""
+    import onnxruntime as ort
+    mode = resolve_mode(custom_ops)
+    providers = list(providers or ["CPUExecutionProvider"])
+    source = model if isinstance(model, bytes) else str(model)
+    options, path = _plan(ort, mode, library, _wants_cuda(providers), threads)
+    try:
+        session = ort.InferenceSession(source, options, providers=providers)
+    except Exception as exc:
+        if not path.custom_ops or mode == "on":
+            if path.custom_ops:
+                raise CustomOpsError(f"session with {path.library}: {_first_line(exc)}") from None
+            raise
+        log.warning("session with %s failed (%s); retrying with the ONNX functions",
+                    path.library, _first_line(exc))
+        path = OpsPath(False, None, f"session with the library failed: {_first_line(exc)}")
+        session = ort.InferenceSession(source, session_options(ort, threads), providers=providers)
+    if not quiet:
+        log.info("onnxruntime %s", path.describe())
+    return session, path
