@@ -84,7 +84,8 @@ def create_app(settings: ServeSettings) -> FastAPI:
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
                            allow_methods=["GET", "POST"], allow_headers=["*"])
-    app.openapi = lambda: _openapi(app, [ImagesJSON, InferRequest, ErrorBody])
+    app.openapi = lambda: _openapi(app, [ImagesJSON, InferRequest, ErrorBody],
+                                   settings.auth_token is not None)
     return app
 
 
@@ -93,8 +94,9 @@ async def _metrics(request: Request) -> Response:
     return Response(app_state(request).metrics.render(), media_type=CONTENT_TYPE)
 
 
-def _openapi(app: FastAPI, models: List[type]) -> Dict:
-    """The generated schema plus the bodies the routes parse themselves."""
+def _openapi(app: FastAPI, models: List[type], has_token: bool) -> Dict:
+    """The generated schema plus the bodies the routes parse themselves; bearer security only
+    where the server enforces it (a token is configured)."""
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
                              description=app.description)
@@ -104,6 +106,8 @@ def _openapi(app: FastAPI, models: List[type]) -> Dict:
             components.update(body.pop("$defs", {}))
             components[model.__name__] = body
         _errors_are_error_bodies(schema)
+        if not has_token:
+            _without_security(schema)
         app.openapi_schema = schema
     return app.openapi_schema
 
@@ -118,3 +122,13 @@ def _errors_are_error_bodies(schema: Dict) -> None:
                                           "content": {"application/json": {"schema": ref}}}
     for name in ("HTTPValidationError", "ValidationError"):
         schema["components"]["schemas"].pop(name, None)
+
+
+def _without_security(schema: Dict) -> None:
+    """No token configured: inference is open, so no operation declares a security scheme and
+    none answers 401."""
+    for operations in schema["paths"].values():
+        for op in operations.values():
+            if op.pop("security", None) is not None:
+                op.get("responses", {}).pop("401", None)
+    schema["components"].pop("securitySchemes", None)

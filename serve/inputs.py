@@ -73,9 +73,9 @@ def image_request_body() -> dict:
     """OpenAPI requestBody of the classify/detect routes (the three accepted encodings)."""
     binary = {"schema": {"type": "string", "format": "binary"}}
     content = {"multipart/form-data": {"schema": {
-        "type": "object", "properties": {"file": {"type": "array", "items": {
-            "type": "string", "format": "binary"}}},
-        "description": "one or more file parts (any field name)"}}}
+        "type": "object", "required": ["file"], "properties": {"file": {
+            "type": "array", "minItems": 1, "items": {"type": "string", "format": "binary"}}},
+        "description": "one or more file parts (any field name; at least one)"}}}
     content.update({t: binary for t in RAW_IMAGE_TYPES})
     content["application/json"] = {"schema": {"$ref": "#/components/schemas/ImagesJSON"}}
     return {"required": True, "content": content}

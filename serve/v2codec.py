@@ -24,11 +24,15 @@ _KINDS = {"b": "b", "u": "biu", "i": "biu", "f": "biuf"}  # JSON element kinds e
 
 
 class TensorIn(BaseModel):
-    """An input tensor; ``data`` is flat or nested row-major, or absent with binary_data_size."""
+    """An input tensor; ``data`` is flat or nested row-major, or absent with binary_data_size.
+    The schema's enums and bounds are checked by the decoder (400 with the reason)."""
 
-    name: str
-    shape: List[int] = Field(description="dimensions, each >= 0")
-    datatype: str
+    name: str = Field(json_schema_extra={"enum": ["images", "sizes"]},
+                      description="images (every model), sizes (detection)")
+    shape: List[int] = Field(json_schema_extra={"items": {"type": "integer", "minimum": 0}},
+                             description="dimensions, each >= 0")
+    datatype: str = Field(json_schema_extra={"enum": list(DATATYPES)},
+                          description="images: FP32; sizes: INT64 or INT32")
     parameters: Dict[str, Any] = Field(default_factory=dict)
     data: Optional[Any] = None
 
