@@ -1,9 +1,12 @@
 """deploy/: Kubernetes and KServe manifests checked against the server they run (no cluster
-here): env names are ServeSettings fields, the container env builds real settings whose port is
-the container port, probe paths are routes of serve.app's app, the grace period outlasts the
-drain, names and selectors line up, and deploy/models.yaml validates as a model repository."""
+here): each manifest round-trips through the official Kubernetes client's models (field names,
+types); env names are ServeSettings fields; the container env builds real settings on the
+container port; probe paths are routes of serve.app's app; the grace period outlasts the drain;
+names and selectors line up; deploy/models.yaml validates as a model repository."""
 from __future__ import annotations
 
+import copy
+import json
 from pathlib import Path
 from typing import Dict, List
 
@@ -96,8 +99,8 @@ def test_probes_are_routes_of_the_app(where, c, app_paths):
 @pytest.mark.parametrize("where,c", _containers())
 def test_one_gpu_per_replica(where, c):
     limits, requests = c["resources"]["limits"], c["resources"].get("requests", {})
-    assert limits["nvidia.com/gpu"] == 1
-    assert requests.get("nvidia.com/gpu", 1) == 1  # extended resources: request == limit
+    assert limits["nvidia.com/gpu"] == "1"  # quantities are strings in the API schema
+    assert requests.get("nvidia.com/gpu", "1") == "1"  # extended resources: request == limit
 
 
 def test_grace_period_outlasts_prestop_and_drain():
@@ -146,7 +149,40 @@ def test_kserve_inference_service_uses_the_runtime_with_v2():
                                     for f in runtime["spec"]["supportedModelFormats"]]
     assert model["storageUri"] == "pvc://" + K8S["PersistentVolumeClaim"]["metadata"]["name"]
     assert container(runtime["spec"])["name"] == "kserve-container"
-    assert model["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert model["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+
+# kind -> model class of the official Kubernetes client (its models check names and types)
+K8S_MODELS = {"Deployment": "V1Deployment", "Service": "V1Service",
+              "HorizontalPodAutoscaler": "V2HorizontalPodAutoscaler",
+              "PersistentVolumeClaim": "V1PersistentVolumeClaim"}
+
+
+def round_trip(doc: dict, model: str) -> dict:
+    """``doc`` read into a Kubernetes client model and written back: unknown fields vanish."""
+    from kubernetes.client import ApiClient
+    api = ApiClient()
+    return api.sanitize_for_serialization(api.deserialize(json.dumps(doc), model,
+                                                          "application/json"))
+
+
+@pytest.mark.parametrize("kind", sorted(K8S_MODELS))
+def test_manifests_fit_the_kubernetes_api_schema(kind):
+    assert round_trip(K8S[kind], K8S_MODELS[kind]) == K8S[kind]
+
+
+def test_kserve_containers_fit_the_container_schema():
+    """KServe's own CRDs are not in the client; their pod parts are core Container specs."""
+    c = container(KSERVE["ServingRuntime"]["spec"])
+    assert round_trip(c, "V1Container") == c
+    resources = KSERVE["InferenceService"]["spec"]["predictor"]["model"]["resources"]
+    assert round_trip(resources, "V1ResourceRequirements") == resources
+
+
+def test_schema_check_catches_a_misspelt_field():
+    doc = copy.deepcopy(K8S["Deployment"])
+    container(doc["spec"]["template"]["spec"])["livenessProbe"]["failureTreshold"] = 3
+    assert round_trip(doc, "V1Deployment") != doc
 
 
 def test_a_wrong_env_name_is_caught(tmp_path):

@@ -15,9 +15,7 @@ from google.protobuf import text_format
 
 from export.onnx import export_onnx, read_metadata_props
 from irpe.cli import main
-
-model_config_pb2 = pytest.importorskip(
-    "tritonclient.grpc.model_config_pb2", reason="needs tritonclient[grpc] (the dev extra)")
+from tritonclient.grpc import model_config_pb2  # Triton's schema (tritonclient[grpc], dev extra)
 
 DEMO = Path(__file__).resolve().parents[1] / "irpe" / "demo"
 # ONNX element type -> Triton data type, written out independently of export/triton.py
@@ -175,7 +173,8 @@ def _error(capsys, argv) -> str:
 def test_bad_input(repo, tmp_path, capsys):
     out, detr = repo
     onnx_path = out / "deit_shapes_irpe" / "1" / "model.onnx"
-    assert "is not empty: pass --force" in _error(capsys, ["triton-repo", str(detr), "-o", str(out)])
+    err = _error(capsys, ["triton-repo", str(detr), "-o", str(out)])
+    assert "is not empty: pass --force" in err
     assert "unknown model 'deit_nope'" in _error(
         capsys, ["triton-repo", "deit_nope", "-o", str(tmp_path / "a")])
     assert not any((tmp_path / "a").iterdir())  # nothing left behind
@@ -185,10 +184,11 @@ def test_bad_input(repo, tmp_path, capsys):
                                                          str(tmp_path / "b")])
     assert "two artifacts give the model name 'deit_shapes_irpe'" in _error(
         capsys, ["triton-repo", str(onnx_path), str(onnx_path), "-o", str(tmp_path / "c")])
+    two = [str(onnx_path), str(detr)]
     assert "--name needs exactly one artifact" in _error(
-        capsys, ["triton-repo", str(onnx_path), str(detr), "--name", "x", "-o", str(tmp_path / "d")])
+        capsys, ["triton-repo", *two, "--name", "x", "-o", str(tmp_path / "d")])
     assert "custom-op library not found" in _error(
-        capsys, ["triton-repo", str(onnx_path), "--ort-ops", "/no/lib.so", "-o", str(tmp_path / "e")])
+        capsys, ["triton-repo", str(onnx_path), "--ort-ops", "/no/lib", "-o", str(tmp_path / "e")])
     engine_dir = tmp_path / "eng"
     engine_dir.mkdir()
     engine = _fake_engine(engine_dir, onnx_path, "tensorrt", ["rpe_k_0"], ["/gone/lib.so"])
