@@ -118,6 +118,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_attention(args: argparse.Namespace) -> int:
+    """Fused iRPE attention vs unfused vs SDPA: one layer and whole models (CUDA; --smoke: CPU)."""
+    from benchmarks import attention_bench as ab
+    from benchmarks.report import envelope, out_dir
+    parts = tuple(choice_list(args.parts, ["layers", "models"], "part"))
+    terms = tuple(choice_list(args.terms, ["k", "q", "v", "qk", "kv", "qkv"], "iRPE terms"))
+    if min(args.rounds, args.iters) < 1 or args.warmup < 0:
+        raise ValueError("--rounds and --iters must be >= 1, --warmup >= 0")
+    settings, results = ab.run(args.dtype, args.rounds, args.iters, args.warmup, args.smoke,
+                               parts, terms)
+    notes = ["round-robin: every round times each variant of a case once (iters calls); median "
+             "and best over rounds, spread = slowest / fastest round; x baseline = median / "
+             "median of the case's baseline (sdpa_no_rpe for layers, plain for models)",
+             "peak MB = torch.cuda.max_memory_allocated over one call (weights and inputs "
+             "included)", *(["SMOKE RUN on the CPU Triton interpreter: times are meaningless"]
+                            if args.smoke else []), *args.note]
+    doc = envelope("attention", settings, results, notes)
+    _print_files(ab.save(doc, out_dir(args.out), args.tag))
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     """Regenerate Markdown and plots from every bench_*.json in the folder."""
     from benchmarks.report import out_dir, render
@@ -140,7 +161,7 @@ def _common(p: argparse.ArgumentParser, threads: int = 2) -> None:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``irpe bench`` and its subcommands."""
-    p = sub.add_parser("bench", help="benchmarks: models, ops, serve, report")
+    p = sub.add_parser("bench", help="benchmarks: models, ops, serve, attention, report")
     bench = p.add_subparsers(dest="bench_command", required=True, metavar="WHAT")
     m = bench.add_parser("models", help="plain vs iRPE models x backends x batch x precision")
     m.add_argument("--models", default="deit_tiny,deit_small", help="families: deit_tiny, "
@@ -170,6 +191,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-batch", type=int, default=8, help="server max_batch_size")
     _common(s, threads=1)
     s.set_defaults(func=cmd_serve)
+    a = bench.add_parser("attention", help="fused iRPE attention vs unfused vs SDPA (CUDA)")
+    a.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), default="fp16")
+    a.add_argument("--parts", default="layers,models", help="layers, models")
+    a.add_argument("--terms", default="k,qkv", help="iRPE terms of the layer cases")
+    a.add_argument("--rounds", type=int, default=5, help="round-robin rounds")
+    a.add_argument("--iters", type=int, default=20, help="calls per timed sample")
+    a.add_argument("--warmup", type=int, default=3, help="untimed calls per variant")
+    a.add_argument("--smoke", action="store_true", help="tiny CPU run on the Triton "
+                   "interpreter (checks the report; times meaningless)")
+    a.add_argument("--out", type=Path, help="results folder (default benchmarks/results/<device>)")
+    a.add_argument("--note", action="append", default=[], help="a line for the report notes")
+    a.add_argument("--tag", help="write bench_attention_<TAG>.*")
+    a.set_defaults(func=cmd_attention)
     r = bench.add_parser("report", help="regenerate Markdown + PNG plots from the JSON")
     r.add_argument("--out", type=Path, help="results folder (default benchmarks/results/<device>)")
     r.set_defaults(func=cmd_report)

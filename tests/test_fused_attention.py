@@ -261,3 +261,32 @@ def test_compile_fullgraph_no_graph_breaks(monkeypatch, mode):
     finally:
         set_fused_attention(None)
         torch._dynamo.reset()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU refusal")
+def test_bench_attention_refuses_without_gpu(capsys, tmp_path):
+    from irpe.cli import main
+    assert main(["bench", "attention", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "needs a CUDA GPU" in err and "--smoke" in err and len(err.splitlines()) == 1
+    assert not list(tmp_path.iterdir())
+    assert main(["bench", "attention", "--smoke", "--terms", "k,z", "--out", str(tmp_path)]) == 2
+
+
+@needs_triton
+def test_bench_attention_smoke_report(tmp_path):
+    """--smoke: tiny layer on the CPU interpreter, round-robin rows, JSON + Markdown written."""
+    import json
+
+    from irpe.cli import main
+    before = os.environ.get("TRITON_INTERPRET")
+    assert main(["bench", "attention", "--smoke", "--out", str(tmp_path), "--tag", "t"]) == 0
+    doc = json.loads((tmp_path / "bench_attention_t.json").read_text())
+    assert doc["kind"] == "attention" and doc["settings"]["smoke"] is True
+    variants = {r["variant"]: r for r in doc["results"]}
+    assert set(variants) == {"sdpa_no_rpe", "irpe_qkv_unfused", "irpe_qkv_fused"}
+    assert variants["sdpa_no_rpe"]["time_vs_baseline"] == 1.0
+    assert all(len(r["samples_ms"]) == 2 and r["median_ms"] > 0 for r in doc["results"])
+    md = (tmp_path / "bench_attention_t.md").read_text()
+    assert md.startswith("# irpe bench attention") and "SMOKE RUN" in md
+    assert os.environ.get("TRITON_INTERPRET") == before  # restored after the smoke run
