@@ -1,0 +1,176 @@
+"""torchrun (2 processes, gloo, CPU) against one process with the same global batch.
+
+Why the runs can agree: both deal the same seed + epoch permutation (rank r of W takes samples
+r, r + W, ... of each global batch), the flip coins of the whole global batch come from one
+generator every rank keeps in step, DDP averages gradients and the DETR loss normalisers are
+averaged over ranks, so the gradient is the one-batch gradient up to float rounding. The tiny
+config removes what is per process by design: drop-path 0, no mixup, BatchNorm frozen
+(``--freeze-bn`` for the classifier; ``--init`` gives DETR its frozen-BN backbone). A small lr
+(1e-4) keeps AdamW, which normalises every coordinate, from blowing rounding noise up (see
+docs/training.md for the figures at the recipe lr).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from irpe.cli import main
+from irpe.engine.train import TrainConfig, train
+
+DEMO = os.path.join(os.path.dirname(__file__), "..", "irpe", "demo")
+CLS = ["--model", "deit_shapes_irpe", "--data", "shapes", "--epochs", "2", "--shapes-train", "32",
+       "--shapes-val", "15", "--init", os.path.join(DEMO, "deit_shapes_irpe.safetensors"),
+       "--freeze-bn", "--drop-path", "0", "--lr", "1e-4", "--threads", "1", "--no-progress",
+       "--device", "cpu"]
+DET = ["--model", "detr_shapes_irpe", "--data", "shapes", "--epochs", "1", "--shapes-train", "8",
+       "--shapes-val", "5", "--init", os.path.join(DEMO, "detr_shapes_irpe.safetensors"),
+       "--lr", "1e-5", "--lr-backbone", "1e-5", "--max-steps", "2", "--threads", "1",
+       "--no-progress", "--device", "cpu"]
+RUN_FILES = {"log.jsonl", "last.pt", "model.safetensors"}
+
+
+def torchrun(*args: str, procs: int = 2) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc-per-node N -m irpe ARGS`` (a real launch, gloo on CPU)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={procs}", "-m", "irpe", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300,
+                         cwd=os.path.join(os.path.dirname(__file__), ".."))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def single(argv, tmp, **kw) -> str:
+    """The same training in this process (no torch.distributed); returns its last.pt."""
+    from irpe.engine.cli import RECIPES, TASK_NAMES
+    task = TASK_NAMES[argv[0]]
+    values = dict(RECIPES[task], task=task, output=str(tmp), progress=False)
+    it = iter(argv[1:])
+    for flag in it:
+        key = flag[2:].replace("-", "_")
+        if key == "freeze_bn":
+            values[key] = True
+        elif key != "no_progress":
+            value = next(it)
+            values[key] = value if key in ("model", "data", "init", "device") else float(value)
+    for key in ("epochs", "shapes_train", "shapes_val", "max_steps", "threads", "batch_size"):
+        if key in values:
+            values[key] = int(values[key])
+    values.update(kw)
+    train(TrainConfig(**values))
+    return os.path.join(tmp, "last.pt")
+
+
+def weights(path):
+    return torch.load(path, map_location="cpu", weights_only=True)["model"]
+
+
+def max_diff(a, b) -> float:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    return max(float((wa[k].double() - wb[k].double()).abs().max()) for k in wa)
+
+
+def log_lines(run):
+    return [json.loads(x) for x in open(os.path.join(run, "log.jsonl")).read().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def cls_runs(tmp_path_factory):
+    """2-process classification: interrupted after 3 steps, resumed; and a straight run."""
+    d = tmp_path_factory.mktemp("dist")
+    cut, resumed, straight = str(d / "cut"), str(d / "resumed"), str(d / "straight")
+    out_cut = torchrun("train", "cls", *CLS, "--batch-size", "4", "--output", cut,
+                       "--max-steps", "3")
+    cut_state = torch.load(os.path.join(cut, "last.pt"), weights_only=True)
+    os.makedirs(resumed)
+    os.replace(os.path.join(cut, "last.pt"), os.path.join(resumed, "cut.pt"))
+    out_res = torchrun("train", "cls", *CLS, "--batch-size", "4", "--output", resumed,
+                       "--resume", os.path.join(resumed, "cut.pt"))
+    torchrun("train", "cls", *CLS, "--batch-size", "4", "--output", straight)
+    return dict(dir=d, cut=cut, cut_state=cut_state, resumed=resumed, straight=straight,
+                out_cut=out_cut, out_res=out_res)
+
+
+def test_two_processes_equal_one_process_with_the_same_global_batch(cls_runs, tmp_path):
+    one = single(["cls", *CLS, "--batch-size", "8", "--max-steps", "3"], tmp_path / "one3")
+    state = cls_runs["cut_state"]
+    assert (state["step"], state["epoch"], state["epoch_step"], state["processes"]) == (3, 0, 3, 2)
+    wa, wb = weights(one), state["model"]
+    diff = max(float((wa[k].double() - wb[k].double()).abs().max()) for k in wa)
+    print(f"max weight difference 1 vs 2 processes after 3 steps: {diff:.3g}")
+    assert 0 < diff < 1e-5  # not bit-equal: the gradient all-reduce rounds differently
+    full = single(["cls", *CLS, "--batch-size", "8"], tmp_path / "one")
+    diff = max_diff(full, os.path.join(cls_runs["straight"], "last.pt"))
+    print(f"max weight difference 1 vs 2 processes after 8 steps (2 epochs): {diff:.3g}")
+    assert diff < 1e-5
+    # the same figures in the log: validation is sharded 8 + 7 and summed exactly
+    one_log, two_log = log_lines(tmp_path / "one"), log_lines(cls_runs["straight"])
+    assert [r["val_images"] for r in two_log] == [15, 15]
+    assert [r["val_top1"] for r in two_log] == [r["val_top1"] for r in one_log]
+    assert two_log[0]["global_batch"] == 8 and two_log[0]["processes"] == 2
+
+
+def test_resumed_two_process_run_continues_exactly(cls_runs):
+    resumed = os.path.join(cls_runs["resumed"], "last.pt")
+    assert max_diff(resumed, os.path.join(cls_runs["straight"], "last.pt")) == 0.0
+    lines = log_lines(cls_runs["resumed"])
+    assert [(r["epoch"], r["step"]) for r in lines] == [(1, 4), (2, 8)]
+    assert "global batch 8 = 4 per process x 2" in cls_runs["out_res"].stdout
+
+
+def test_rank_zero_writes_each_file_once(cls_runs):
+    for name in ("cut", "straight"):
+        run = cls_runs[name]
+        assert set(os.listdir(run)) <= RUN_FILES and "log.jsonl" in os.listdir(run)
+    lines = log_lines(cls_runs["straight"])
+    assert [r["epoch"] for r in lines] == [1, 2]  # one line per epoch, not one per rank
+    cut_log = log_lines(cls_runs["cut"])
+    assert len(cut_log) == 1 and cut_log[0]["partial"] and cut_log[0]["step"] == 3
+    out = cls_runs["out_cut"].stdout
+    assert out.count("done: best") == 1 and out.count("distributed: 2 processes (gloo)") == 1
+
+
+def test_sharded_eval_under_torchrun_equals_one_process(cls_runs, tmp_path, capsys):
+    model = os.path.join(cls_runs["straight"], "model.safetensors")
+    two, one = str(tmp_path / "two.json"), str(tmp_path / "one.json")
+    args = ["eval", model, "--data", "shapes", "--shapes-val", "15", "--threads", "1",
+            "--device", "cpu", "--batch-size", "4"]
+    out = torchrun(*args, "--json", two)
+    assert out.stdout.count("top1") == 1  # rank 0 prints
+    assert main([*args, "--json", one]) == 0
+    m2, m1 = json.load(open(two))["metrics"], json.load(open(one))["metrics"]
+    assert m2["images"] == m1["images"] == 15  # 8 + 7 images, no padded duplicate counted
+    assert m2["top1"] == m1["top1"] and m2["top5"] == m1["top5"]
+    assert m2["loss"] == pytest.approx(m1["loss"], rel=1e-5)
+
+
+def test_detection_two_processes_equal_one_process(tmp_path):
+    two = str(tmp_path / "two")
+    out = torchrun("train", "det", *DET, "--batch-size", "2", "--output", two)
+    one = single(["det", *DET, "--batch-size", "4"], tmp_path / "one")
+    diff = max_diff(one, os.path.join(two, "last.pt"))
+    print(f"DETR: max weight difference 1 vs 2 processes after 2 steps: {diff:.3g}")
+    assert diff < 1e-5
+    (rec2,), (rec1,) = log_lines(two), log_lines(tmp_path / "one")
+    assert rec2["val_images"] == rec1["val_images"] == 5  # gathered on rank 0: 3 + 2 images
+    assert rec2["val_AP50"] == pytest.approx(rec1["val_AP50"], abs=1e-6)
+    assert set(os.listdir(two)) == RUN_FILES and out.stdout.count("done: best") == 1
+
+
+def test_distributed_rejects_bad_input(monkeypatch):
+    from irpe.engine.distributed import resolve_device, setup
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(ValueError, match="WORLD_SIZE='two' is not an integer"):
+        setup("cpu")
+    with pytest.raises(ValueError, match="--device must be"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            resolve_device("cuda", 0, 2)
+    with pytest.raises(ValueError, match="dist_timeout"):
+        TrainConfig(task="classification", model="deit_shapes_irpe", data="shapes", output="o",
+                    dist_timeout=0)
