@@ -21,7 +21,7 @@ from typing import Dict, List
 
 import torch
 
-from irpe import create_model
+from irpe import create_model, randomize_tables
 
 MODELS = {
     "plain": "deit_small_patch16_224",
@@ -44,12 +44,7 @@ def device_name() -> str:
 
 
 def _build(name: str) -> torch.nn.Module:
-    model = create_model(name).eval()
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if "lookup_table" in pname:
-                p.normal_(0, 0.02)
-    return model
+    return randomize_tables(create_model(name).eval())
 
 
 def measure(models: Dict[str, str], batch: int, repeats: int, warmup: int) -> Dict[str, List[float]]:

@@ -130,16 +130,12 @@ def measure_ops(threads: int, repeats: int, warmup: int,
 def export_models(models: Dict[str, str], folder: Path, overrides: Dict) -> Dict[str, Path]:
     """Export every model once (random weights, iRPE tables ~ N(0, 0.02))."""
     from export.onnx import export_onnx
-    from irpe import create_model
+    from irpe import create_model, randomize_tables
     from irpe.artifact import default_spec
     paths = {}
     for key, name in models.items():
         torch.manual_seed(0)
-        model = create_model(name, **overrides).eval()
-        with torch.no_grad():
-            for pname, p in model.named_parameters():
-                if "lookup_table" in pname:
-                    p.normal_(0, 0.02)
+        model = randomize_tables(create_model(name, **overrides).eval())
         start = time.perf_counter()
         paths[key] = export_onnx(model, folder / f"{key}.onnx",
                                  spec=default_spec(name, **overrides))

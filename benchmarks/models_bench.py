@@ -82,13 +82,10 @@ def _inputs(family: str, batch: int, size: Tuple[int, int], dev: str) -> Tuple[t
 
 def _torch_module(value: Entry, dev: str) -> torch.nn.Module:
     from export.onnx import output_module
+    from irpe import randomize_tables
     from irpe.models import create_model, model_info
     name, overrides = entry(value)
-    model = create_model(name, **overrides).eval()
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if "lookup_table" in pname:
-                p.normal_(0, 0.02)
+    model = randomize_tables(create_model(name, **overrides).eval())
     task = "detection" if model_info(name).family == "detr" else "classification"
     return output_module(model, task).to(dev)
 

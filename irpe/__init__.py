@@ -7,7 +7,8 @@ from .bucket import Method, bucket_ids, bucket_ids_traceable, num_buckets, piece
 from .checkpoint import CheckpointError, load_checkpoint, read_state_dict, save_checkpoint
 from .models import create_model, list_models, model_info
 from .ops import rpe_gather, rpe_scatter
-from .rpe import RPEConfig, build_rpe, get_rpe_config, iRPE, iRPECross, set_traceable
+from .rpe import (RPEConfig, build_rpe, get_rpe_config, iRPE, iRPECross, randomize_tables,
+                  set_traceable)
 
 __version__ = "0.1.0"
 
@@ -16,4 +17,5 @@ __all__ = [
     "CheckpointError", "load_checkpoint", "read_state_dict", "save_checkpoint",
     "create_model", "list_models", "model_info", "rpe_gather", "rpe_scatter",
     "RPEConfig", "build_rpe", "get_rpe_config", "iRPE", "iRPECross", "set_traceable",
+    "randomize_tables",
 ]

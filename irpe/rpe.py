@@ -18,7 +18,8 @@ from .bucket import Method, bucket_ids, bucket_ids_traceable, num_buckets, parse
 from .idcache import BUCKET_IDS
 from .ops import rpe_gather, rpe_scatter
 
-__all__ = ["RPEConfig", "get_rpe_config", "build_rpe", "iRPE", "iRPECross", "set_traceable"]
+__all__ = ["RPEConfig", "get_rpe_config", "build_rpe", "iRPE", "iRPECross", "set_traceable",
+           "randomize_tables"]
 
 _MODES = {"bias": "bias", "contextual": "contextual", "ctx": "contextual"}
 
@@ -255,4 +256,18 @@ def set_traceable(module: nn.Module, traceable: bool = True, fixed_grid: bool = 
     for m in module.modules():
         if isinstance(m, iRPE):
             m.traceable, m.fixed_grid = traceable, traceable and fixed_grid
+    return module
+
+
+def randomize_tables(module: nn.Module, std: float = 0.02) -> nn.Module:
+    """Fill every iRPE lookup table under ``module`` with N(0, std), in place (torch's RNG).
+
+    DeiT tables start at zero, so an untrained model's iRPE terms vanish; benchmarks, the
+    self-check and parity tests randomise them so the iRPE code paths carry real values.
+    """
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, iRPE):
+                for table in m.parameters(recurse=False):
+                    table.normal_(0, std)
     return module

@@ -12,6 +12,7 @@ from .bucket import bucket_ids, bucket_ids_traceable, num_buckets
 from .checkpoint import save_checkpoint
 from .models import create_model
 from .ops import rpe_gather, rpe_scatter
+from .rpe import randomize_tables
 
 _METHODS = (("product", 1.9), ("euc", 20), ("quant", 33), ("cross_rows", 20), ("cross_cols", 20))
 _GRIDS = ((14, 14, 1), (7, 11, 0), (5, 3, 2), (1, 9, 1))
@@ -48,10 +49,7 @@ def steps(model_name: str, batch: int, img_size: int) -> List[Tuple[str, Callabl
 
     def build() -> str:
         model = create_model(model_name).eval()
-        with torch.no_grad():  # random tables so the iRPE terms are not zero
-            for name, p in model.named_parameters():
-                if "lookup_table" in name:
-                    p.normal_(0, 0.02)
+        randomize_tables(model)  # so the iRPE terms are not zero
         state["model"] = model
         return f"{model_name}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params"
 

@@ -18,6 +18,7 @@ import torch
 from irpe.artifact import ModelSpec, default_spec, save_trained
 from irpe.data.shapes import SHAPE_CLASSES, render_classification
 from irpe.models import create_model
+from irpe.rpe import randomize_tables
 from serve.backends import Backend, create_backend, register_backend
 from serve.config import ServeSettings
 
@@ -46,19 +47,11 @@ def shape_png(index: int, size: int = 64) -> bytes:
     return encode(render_classification(7, index, size)[0])
 
 
-def randomize_tables(model, std: float = 0.5) -> None:
-    """iRPE tables start at zero in DeiT; make them matter for comparisons."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lookup_table" in name:
-                p.normal_(0, std)
-
-
 def tiny_deit(cfg, **extra):
     """A 2-block DeiT on a 5x5 patch grid with non-zero iRPE tables, and its spec."""
     kw = dict(TINY, rpe_config=cfg, **extra)
     model = create_model("deit_tiny_patch16_224", **kw).eval()
-    randomize_tables(model)
+    randomize_tables(model, std=0.5)
     spec = default_spec("deit_tiny_patch16_224", **kw)
     spec.preprocess["size"] = kw["img_size"]
     return model, spec

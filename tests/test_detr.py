@@ -91,12 +91,7 @@ def test_strict_load_of_official_layout_with_torchvision_bn_extras(tmp_path):
 
 
 def _tiny(**kw):
-    model = irpe.create_model("detr_tiny_irpe", **kw).eval()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lookup_table" in n:
-                p.normal_(0, 0.5)
-    return model
+    return irpe.randomize_tables(irpe.create_model("detr_tiny_irpe", **kw).eval(), std=0.5)
 
 
 @pytest.mark.parametrize("shapes", [[(96, 128), (64, 200), (37, 45)], [(70, 70), (33, 91)]])

@@ -12,9 +12,9 @@ import torch
 
 from export.functions import DOMAIN, GATHER, SCATTER
 from export.onnx import export_onnx, read_metadata, read_metadata_props
-from irpe import RPEConfig, create_model
+from irpe import RPEConfig, create_model, randomize_tables
 from irpe.artifact import default_spec, save_trained
-from tests.helpers import randomize_tables, tiny_deit
+from tests.helpers import tiny_deit
 
 
 def run_ort(path, **feeds):

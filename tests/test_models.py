@@ -204,10 +204,7 @@ def test_training_step_updates_rpe_tables():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_forward_close_to_fp32(dtype):
     model = small_vit().eval()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lookup_table" in n:
-                p.normal_(0, 0.1)
+    irpe.randomize_tables(model, std=0.1)
     x = torch.randn(2, 3, 64, 64)
     with torch.inference_mode():
         ref = model(x)
