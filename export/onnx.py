@@ -218,8 +218,12 @@ def export_source(src: Source, output: os.PathLike, *, inline: bool = False, ops
     with log.step(f"write {output.name}"):
         output.parent.mkdir(parents=True, exist_ok=True)
         tmp = output.with_name(output.name + ".tmp")
-        tmp.write_bytes(model.SerializeToString())
-        os.replace(tmp, output)
+        try:
+            tmp.write_bytes(model.SerializeToString())
+            os.replace(tmp, output)
+        except BaseException:  # a failed write (full disk, output is a folder) leaves nothing
+            tmp.unlink(missing_ok=True)
+            raise
     if progress:
         print(f"[export] total {time.perf_counter() - log.start:.2f} s, "
               f"{output.stat().st_size / 1e6:.1f} MB, rpe nodes {nodes}",

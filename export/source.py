@@ -48,14 +48,14 @@ def load_source(source: SourceLike, checkpoint: Optional[str] = None,
             raise ValueError(f"{source} is a trained-model file and carries its weights; "
                              "do not pass a checkpoint as well")
         model, file_spec = load_trained(source)
-        return Source(model, spec or file_spec, f"trained:{source}")
+        return Source(model, spec or file_spec, f"trained:{os.path.abspath(source)}")
     info = model_info(source)  # KeyError naming close matches for unknown models
     if checkpoint is not None:
         if not os.path.isfile(checkpoint):
             raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
         spec = spec or _checkpoint_spec(info.name, checkpoint)
         model = spec.build(checkpoint)
-        return Source(model.eval(), spec, f"checkpoint:{checkpoint}")
+        return Source(model.eval(), spec, f"checkpoint:{os.path.abspath(checkpoint)}")
     if info.weights is not None:  # a trained-model file: its labels and preprocessing too
         model, file_spec = load_trained(bundled_weights(info))
         return Source(model, spec or file_spec, f"bundled:{info.weights}")

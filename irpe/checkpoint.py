@@ -42,6 +42,11 @@ def read_state_dict(path: str) -> Dict[str, torch.Tensor]:
             return load_file(path, device="cpu")
         except Exception as exc:  # safetensors raises its own error types
             raise CheckpointError(f"cannot read safetensors file {path}: {exc}") from exc
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):  # zip archive / pickle
+        raise CheckpointError(f"{path} is not a checkpoint: neither a torch.save file nor "
+                              f".safetensors (it starts with {head!r})")
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             obj = torch.load(path, map_location="cpu", weights_only=True)
@@ -50,8 +55,8 @@ def read_state_dict(path: str) -> Dict[str, torch.Tensor]:
         raise CheckpointError(f"refusing to load {path}: it contains Python objects or code that "
                               f"a weights-only load does not allow ({first}). Convert it to "
                               "safetensors in a trusted environment.") from exc
-    except (RuntimeError, EOFError, OSError) as exc:
-        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
+    except (RuntimeError, EOFError, OSError, KeyError, ValueError) as exc:  # KeyError: a
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc  # bad magic
     return _unwrap(obj)
 
 

@@ -43,8 +43,37 @@ def check_ops() -> str:
     return "gradcheck gather+scatter, adjoint identity"
 
 
+def _outputs(model: torch.nn.Module, x: torch.Tensor, sizes=None) -> Dict[str, torch.Tensor]:
+    """Named outputs of a classifier (logits) or a DETR detector (pred_logits, pred_boxes)."""
+    out = model(x) if sizes is None else model(x, sizes)
+    if isinstance(out, dict):
+        return {k: out[k] for k in ("pred_logits", "pred_boxes")}
+    return {"logits": out}
+
+
+def _check_outputs(model: torch.nn.Module, out: Dict[str, torch.Tensor], batch: int) -> None:
+    """Shapes, finiteness and (detection) boxes in 0..1 of the task's outputs."""
+    classes = model.num_classes
+    if "logits" in out:
+        expected = {"logits": (batch, classes)}
+    else:
+        queries = out["pred_logits"].shape[1]
+        expected = {"pred_logits": (batch, queries, classes + 1), "pred_boxes": (batch, queries, 4)}
+    for name, shape in expected.items():
+        if tuple(out[name].shape) != shape or not torch.isfinite(out[name]).all():
+            raise AssertionError(f"bad output {name} {tuple(out[name].shape)}, expected {shape}")
+    boxes = out.get("pred_boxes")
+    if boxes is not None and not ((boxes >= 0) & (boxes <= 1)).all():
+        raise AssertionError("pred_boxes outside 0..1")
+
+
+def _shapes(out: Dict[str, torch.Tensor]) -> str:
+    return ", ".join(f"{k} {tuple(v.shape)}" for k, v in out.items())
+
+
 def steps(model_name: str, batch: int, img_size: int) -> List[Tuple[str, Callable[[], str]]]:
-    """The ordered self-check steps; later steps reuse the model built by an earlier one."""
+    """The ordered self-check steps; later steps reuse the model built by an earlier one.
+    Classifiers and DETR detectors alike (the outputs checked are the task's)."""
     state: Dict[str, object] = {}
 
     def build() -> str:
@@ -57,14 +86,13 @@ def steps(model_name: str, batch: int, img_size: int) -> List[Tuple[str, Callabl
         model = state["model"]
         x = torch.randn(batch, 3, img_size, img_size)
         with torch.inference_mode():
-            model(x)  # warm-up (bucket ids are cached on first use)
+            _outputs(model, x)  # warm-up (bucket ids are cached on first use)
             t0 = time.perf_counter()
-            y = model(x)
+            y = _outputs(model, x)
             ms = (time.perf_counter() - t0) * 1000
-        if y.shape != (batch, model.num_classes) or not torch.isfinite(y).all():
-            raise AssertionError(f"bad output {tuple(y.shape)}")
+        _check_outputs(model, y, batch)
         state["x"], state["y"] = x, y
-        return f"bs {batch} {img_size}x{img_size} -> {tuple(y.shape)}, {ms / batch:.1f} ms/image"
+        return f"bs {batch} {img_size}x{img_size} -> {_shapes(y)}, {ms / batch:.1f} ms/image"
 
     def round_trip() -> str:
         with tempfile.TemporaryDirectory() as tmp:
@@ -73,18 +101,25 @@ def steps(model_name: str, batch: int, img_size: int) -> List[Tuple[str, Callabl
             reloaded = create_model(model_name, checkpoint=path).eval()
             size = os.path.getsize(path)
         with torch.inference_mode():
-            diff = (reloaded(state["x"]) - state["y"]).abs().max().item()
+            again = _outputs(reloaded, state["x"])
+        diff = max((again[k] - v).abs().max().item() for k, v in state["y"].items())
         if diff != 0:
             raise AssertionError(f"reloaded model differs by {diff}")
         return f"safetensors {size / 1e6:.1f} MB, strict load, outputs identical"
 
     def non_square() -> str:
+        model = state["model"]
         x = torch.randn(1, 3, img_size * 5 // 7 // 16 * 16 or 16, img_size)
+        detail, sizes = f"input {x.shape[2]}x{x.shape[3]}", None
+        if "logits" in state["y"]:
+            detail += f" (grid {x.shape[2] // 16}x{x.shape[3] // 16})"
+        else:  # detection: a padded pair, the second image smaller (key padding mask)
+            x = torch.cat([x, x])
+            sizes = torch.tensor([list(x.shape[2:]), [x.shape[2] // 2, x.shape[3]]])
+            detail += f", padded pair with sizes {sizes.tolist()}"
         with torch.inference_mode():
-            y = state["model"](x)
-        if not torch.isfinite(y).all():
-            raise AssertionError("non-finite output")
-        return f"input {x.shape[2]}x{x.shape[3]} (grid {x.shape[2] // 16}x{x.shape[3] // 16}) ok"
+            _check_outputs(model, _outputs(model, x, sizes), x.shape[0])
+        return detail + " ok"
 
     return [("bucket ids: cached == traceable", check_ids), ("ops: gradcheck, adjoint", check_ops),
             ("build model", build), ("forward", forward), ("checkpoint round trip", round_trip),

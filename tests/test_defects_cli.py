@@ -1,0 +1,95 @@
+"""Issue 20 items 9, 10, 11 through the real `irpe` entry point (in process): validate with a
+mismatched --source is a usage error naming the difference, `irpe check` on a detector, and
+`irpe export` into a folder / with a text file as checkpoint / validated from another folder."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from export.onnx import export_onnx
+from irpe import RPEConfig
+from irpe.artifact import save_trained
+from irpe.cli import main
+from irpe.models import model_info
+from irpe.models.registry import bundled_weights
+from tests.helpers import tiny_deit
+
+CFG = RPEConfig(ratio=1.9, method="product", mode="ctx", shared_head=True, skip=1, on="k")
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    """Two tiny DeiT trained-model files (input 40 and 48) in a folder; nothing exported yet."""
+    d = tmp_path_factory.mktemp("cli")
+    model, spec = tiny_deit(CFG)
+    save_trained(model, str(d / "c40.safetensors"), spec)
+    model, spec = tiny_deit(CFG, img_size=48)
+    spec.preprocess["size"] = 48
+    save_trained(model, str(d / "c48.safetensors"), spec)
+    (d / "out").mkdir()
+    return d
+
+
+def _leftovers(root: Path):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*.tmp"))
+
+
+def test_export_into_existing_folder_then_validate_from_elsewhere(work, monkeypatch, capsys):
+    monkeypatch.chdir(work)
+    assert main(["export", "c40.safetensors", "-o", "out", "-q"]) == 0  # main: Errno 21
+    out = capsys.readouterr().out
+    assert "wrote out/c40.onnx" in out and f"weights trained:{work / 'c40.safetensors'}" in out
+    assert (work / "out" / "c40.onnx").is_file() and _leftovers(work) == []
+    monkeypatch.chdir(work / "out")  # the relative weights path no longer resolves from here
+    assert main(["validate", "c40.onnx", "-n", "2"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("PASS")
+
+
+def test_failed_write_leaves_no_temp_file(work, tmp_path):
+    model, spec = tiny_deit(CFG)
+    target = tmp_path / "taken"
+    target.mkdir()  # a folder where the library was told to write a file
+    with pytest.raises(IsADirectoryError):
+        export_onnx(model, target, spec=spec, optimize=False)
+    assert _leftovers(tmp_path) == [] and list(target.iterdir()) == []
+
+
+def test_text_file_as_checkpoint_is_one_line_error(work, monkeypatch, capsys):
+    monkeypatch.chdir(work)
+    (work / "notes.pth").write_text("my notes about the run\n")
+    assert main(["export", "deit_shapes_irpe", "--checkpoint", "notes.pth", "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("irpe export: error: notes.pth is not a checkpoint") and "\n" not in err
+    assert _leftovers(work) == [] and not (work / "deit_shapes_irpe.onnx").exists()
+
+
+@pytest.fixture(scope="module")
+def c40_onnx(work):
+    return str(export_onnx(str(work / "c40.safetensors"), work / "c40.onnx"))
+
+
+@pytest.mark.parametrize("source,says", [
+    ("c48.safetensors", "(input size: file 40x40, source 48x48)"),
+    ("detector", "(task: file classification, source detection)"),
+    ("deit_shapes_irpe", "(classes: file 10, source 8; input size: file 40x40, source 64x64)")])
+def test_validate_mismatched_source_is_a_usage_error(work, c40_onnx, capsys, source, says):
+    path = {"c48.safetensors": str(work / "c48.safetensors"),
+            "detector": bundled_weights(model_info("detr_shapes_irpe"))}.get(source, source)
+    assert main(["validate", c40_onnx, "--source", path, "-n", "2"]) == 2  # main: 1 + traceback
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"irpe validate: error: {c40_onnx} and source {path} do not match")
+    assert says in err and "\n" not in err
+
+
+def test_validate_matching_source_still_passes(work, c40_onnx, capsys):
+    assert main(["validate", c40_onnx, "--source", str(work / "c40.safetensors"), "-n", "2"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("PASS")
+
+
+@pytest.mark.parametrize("name", ["detr_tiny_irpe", "detr_shapes_irpe"])
+def test_check_on_a_detector_passes_every_step(name, capsys):
+    torch.set_num_threads(1)
+    code = main(["check", "--model", name, "--batch", "1", "--img-size", "64", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert code == 0 and "6 passed, 0 failed" in out, out  # main: 3 of 6 FAIL
+    assert "pred_logits (1, " in out and "padded pair" in out
