@@ -12,19 +12,6 @@ from ..errors import CLIError
 LAYOUT = ("train", "val", "annotations", "shapes.json")
 
 
-def _count(minimum: int):
-    """argparse type: an integer >= ``minimum``."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-    return parse
-
-
 def _prepare(out: str, force: bool) -> Path:
     """Refuse a non-empty ``out`` unless ``force``; then remove only the layout written here."""
     import shutil
@@ -85,11 +72,12 @@ def cmd_shapes_det(args: argparse.Namespace) -> int:
 
 
 def _common(p: argparse.ArgumentParser, train: int, val: int, size: int, min_size: int) -> None:
+    from ..cli import number
     p.add_argument("--out", required=True, help="output directory (must be empty or absent)")
-    p.add_argument("--train", type=_count(1), default=train, help=f"train images ({train})")
-    p.add_argument("--val", type=_count(0), default=val, help=f"val images ({val})")
-    p.add_argument("--seed", type=_count(0), default=0, help="dataset seed (0)")
-    p.add_argument("--size", type=_count(min_size), default=size,
+    p.add_argument("--train", type=number(int, 1), default=train, help=f"train images ({train})")
+    p.add_argument("--val", type=number(int, 0), default=val, help=f"val images ({val})")
+    p.add_argument("--seed", type=number(int, 0), default=0, help="dataset seed (0)")
+    p.add_argument("--size", type=number(int, min_size), default=size,
                    help=f"image side in pixels ({size}, at least {min_size})")
     p.add_argument("--force", action="store_true",
                    help="write into a non-empty directory, replacing train/, val/, annotations/")
@@ -97,6 +85,7 @@ def _common(p: argparse.ArgumentParser, train: int, val: int, size: int, min_siz
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``irpe data`` and its subcommands on the top-level subparsers."""
+    from ..cli import number
     from .shapes import MIN_SIZE
     data = sub.add_parser("data", help="synthetic datasets: write the shapes sets to disk")
     cmds = data.add_subparsers(dest="data_command", required=True, metavar="DATASET")
@@ -105,6 +94,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_shapes_cls)
     p = cmds.add_parser("shapes-det", help="shapes detection set, COCO json + PNG")
     _common(p, 4000, 500, 128, MIN_SIZE["detection"])
-    p.add_argument("--max-objects", type=_count(1), default=5,
+    p.add_argument("--max-objects", type=number(int, 1), default=5,
                    help="objects per image, at most (5)")
     p.set_defaults(func=cmd_shapes_det)
