@@ -42,10 +42,15 @@ def _default_output(source: str) -> str:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Compare the file with PyTorch; exit status 1 when any output is out of tolerance."""
+    from irpe.deploy.ort import CustomOpsError
     from .validate import validate, write_report
-    report = validate(args.file, args.source, args.checkpoint, num_inputs=args.num_inputs,
-                      image_dir=args.images, atol=args.atol, rtol=args.rtol,
-                      precision=args.precision, sizes=args.sizes)
+    try:
+        report = validate(args.file, args.source, args.checkpoint, num_inputs=args.num_inputs,
+                          image_dir=args.images, atol=args.atol, rtol=args.rtol,
+                          precision=args.precision, sizes=args.sizes,
+                          custom_ops=getattr(args, "custom_ops", None))
+    except CustomOpsError as exc:
+        raise CLIError(str(exc)) from None
     if args.json:
         write_report(report, args.json)
     _print_report(report)
@@ -66,6 +71,9 @@ def _print_report(report: dict) -> None:
               f"{row['max_rel']:10.3g} {row['cosine']:10.7f} "
               f"{row['violations']:>5}/{row['elements']:<6}")
     print("  " + ", ".join(f"{k} {v:.4g}" for k, v in report["metrics"].items()))
+    if report.get("custom_ops_vs_functions"):
+        print("  custom ops vs functions, max abs: " + ", ".join(
+            f"{k} {v:.3g}" for k, v in report["custom_ops_vs_functions"].items()))
     if report["passed"]:
         print("PASS")
         return
@@ -144,6 +152,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rtol", type=float, help="relative tolerance (default per precision)")
     p.add_argument("--sizes", type=_sizes, help="detection input sizes, e.g. 480x640,640x480")
     p.add_argument("--json", help="write the full report to this JSON file")
+    p.add_argument("--custom-ops", choices=["auto", "on", "off"], default=None,
+                   help="ONNX Runtime iRPE custom-op library (plugins/onnxruntime): auto (default, "
+                        "$IRPE_ORT_CUSTOM_OPS), on (required) or off (the file's functions)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("build-engine", help="ONNX -> TensorRT engine (tensorrt or TensorRT-RTX)")

@@ -28,18 +28,30 @@ ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 Runner = Callable[[Dict[str, torch.Tensor]], Dict[str, np.ndarray]]
 
 
-def _onnx_runner(path: str) -> Tuple[Runner, Dict[str, str], str]:
+def _onnx_runner(path: str, custom_ops: Optional[str] = None
+                 ) -> Tuple[Runner, Dict[str, str], str]:
+    """ORT session (custom-op library when found, see irpe.deploy.ort); with the library, a
+    function-path session runs beside it and ``run.versus`` collects max |custom - functions|."""
     import onnxruntime as ort
+    from irpe.deploy.ort import create_session
     from .onnx import read_metadata_props
     props = read_metadata_props(path)
-    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    session, ops = create_session(path, custom_ops=custom_ops)
+    functions = create_session(path, custom_ops="off", quiet=True)[0] if ops.custom_ops else None
     names = [i.name for i in session.get_inputs()]
     outputs = [o.name for o in session.get_outputs()]
 
     def run(feeds: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
-        return dict(zip(outputs, session.run(None, {n: feeds[n].numpy() for n in names})))
+        np_feeds = {n: feeds[n].numpy() for n in names}
+        got = dict(zip(outputs, session.run(None, np_feeds)))
+        if functions is not None:
+            for name, ref in zip(outputs, functions.run(None, np_feeds)):
+                diff = float(np.abs(got[name].astype(np.float64) - ref).max(initial=0.0))
+                run.versus[name] = max(run.versus.get(name, 0.0), diff)
+        return got
 
-    return run, props, f"onnxruntime {ort.__version__} (CPUExecutionProvider)"
+    run.versus = {}
+    return run, props, f"onnxruntime {ort.__version__} (CPUExecutionProvider; {ops.describe()})"
 
 
 def _engine_runner(path: str) -> Tuple[Runner, Dict[str, str], str]:
@@ -120,10 +132,11 @@ def _detection_metrics(got: Dict[str, np.ndarray], exp: Dict[str, np.ndarray]) -
             "box_l1_mean": float(box_l1.mean()), "box_l1_max": float(box_l1.max())}
 
 
-def _resolve(path: str, source, checkpoint) -> Tuple[Runner, Source, str]:
+def _resolve(path: str, source, checkpoint, custom_ops: Optional[str] = None
+             ) -> Tuple[Runner, Source, str]:
     """The file's runner, the PyTorch reference (from metadata unless given) and a label."""
     is_engine = path.endswith(ENGINE_SUFFIXES)
-    run, props, runtime = (_engine_runner if is_engine else _onnx_runner)(path)
+    run, props, runtime = _engine_runner(path) if is_engine else _onnx_runner(path, custom_ops)
     if source is not None:
         return run, load_source(source, checkpoint), runtime
     if "irpe.weights" not in props:
@@ -151,8 +164,10 @@ def validate(onnx_or_engine_path: os.PathLike, source=None, checkpoint: Optional
              num_inputs: int = 8, image_dir: Optional[os.PathLike] = None,
              atol: Optional[float] = None, rtol: Optional[float] = None,
              precision: str = "fp32",
-             sizes: Optional[Sequence[Tuple[int, int]]] = None) -> Dict:
-    """Run the file and PyTorch on the same inputs; the report's ``passed`` is the verdict."""
+             sizes: Optional[Sequence[Tuple[int, int]]] = None,
+             custom_ops: Optional[str] = None) -> Dict:
+    """Run the file and PyTorch on the same inputs; the report's ``passed`` is the verdict.
+    ``custom_ops`` (auto/on/off): ONNX Runtime's iRPE path (irpe.deploy.ort)."""
     path = os.fspath(onnx_or_engine_path)
     if precision not in TOLERANCES:
         raise ValueError(f"precision must be one of {sorted(TOLERANCES)}, got {precision!r}")
@@ -161,7 +176,7 @@ def validate(onnx_or_engine_path: os.PathLike, source=None, checkpoint: Optional
     atol = TOLERANCES[precision][0] if atol is None else atol
     rtol = TOLERANCES[precision][1] if rtol is None else rtol
     start = time.perf_counter()
-    run, src, runtime = _resolve(path, source, checkpoint)
+    run, src, runtime = _resolve(path, source, checkpoint, custom_ops)
     if sizes and src.spec.task != "detection":
         raise ValueError("sizes apply to detection models only")
     img = getattr(getattr(src.model, "patch_embed", None), "img_size", None)
@@ -177,6 +192,7 @@ def validate(onnx_or_engine_path: os.PathLike, source=None, checkpoint: Optional
             "atol": atol, "rtol": rtol, "num_inputs": num_inputs,
             "batches": [b.label for b in batches], "outputs": outputs, "metrics": metrics,
             "passed": not failed, "failed_outputs": failed,
+            "custom_ops_vs_functions": getattr(run, "versus", None) or None,
             "seconds": round(time.perf_counter() - start, 2)}
 
 

@@ -42,6 +42,9 @@ class ModelConfig(BaseModel):
     providers: Optional[List[str]] = Field(
         None, description="onnxruntime execution providers in priority order; default by device")
     plugins: List[Path] = Field(default_factory=list, description="tensorrt plugin libraries")
+    ort_custom_ops: Optional[Literal["auto", "on", "off"]] = Field(
+        None, description="onnxruntime: iRPE custom-op library (plugins/onnxruntime) auto/on/off; "
+        "default $IRPE_ORT_CUSTOM_OPS or auto")
     metadata: Optional[Path] = Field(
         None, description="tensorrt: .onnx or .safetensors holding the irpe metadata "
         "(default: the engine path with suffix .onnx)")

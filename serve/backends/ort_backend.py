@@ -48,12 +48,14 @@ class OrtBackend(Backend):
 
     def load(self) -> None:
         import onnxruntime as ort
-        options = ort.SessionOptions()
-        if self.threads:
-            options.intra_op_num_threads, options.inter_op_num_threads = self.threads, 1
+        from irpe.deploy.ort import create_session
         providers = providers_for(self.cfg.providers, self.cfg.device,
                                   ort.get_available_providers())
-        self.session = ort.InferenceSession(str(self.cfg.path), options, providers=providers)
+        self.session, self.ops_path = create_session(
+            self.cfg.path, providers, threads=self.threads or None, quiet=True,
+            custom_ops=getattr(self.cfg, "ort_custom_ops", None))
+        log.info("onnxruntime session", extra={"model": self.cfg.name,
+                                               "irpe_ops": self.ops_path.describe()})
         self._check_names()
         wanted = providers[0] if isinstance(providers[0], str) else providers[0][0]
         if wanted not in self.session.get_providers():

@@ -1,0 +1,282 @@
+"""ONNX Runtime custom-op library (plugins/onnxruntime): built with CMake against the ORT headers,
+loaded into the installed onnxruntime; op results against PyTorch's irpe ops and the files' own
+functions (1 and 2 threads), on-the-fly ids, bad attributes / inputs / libraries.
+
+The library build needs the ORT C/C++ headers: ORT_ROOT / ONNXRUNTIME_ROOT or, in CI,
+../shared/third_party/onnxruntime-1.23. Without them the tests skip, except under CI=true.
+Model-level tests: tests/test_ort_ops_models.py."""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+from export.functions import gather_function, scatter_function
+from irpe import bucket_ids, rpe_gather, rpe_scatter
+from irpe.deploy.ort import CustomOpsError, create_session
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "plugins" / "onnxruntime"
+SHARED_HEADERS = ROOT.parent / "shared" / "third_party" / "onnxruntime-1.23"
+ATTRS = dict(plugin_namespace="irpe", plugin_version="1")
+
+
+def headers() -> Path | None:
+    """The ORT headers the build will use, or None."""
+    for root in (os.environ.get("ORT_ROOT"), os.environ.get("ONNXRUNTIME_ROOT"), SHARED_HEADERS):
+        if root and any((Path(root) / s / "onnxruntime_cxx_api.h").is_file()
+                        for s in ("include", "include/onnxruntime")):
+            return Path(root)
+    return None
+
+
+def _build(out: Path, *extra: str) -> Path:
+    root = headers()
+    if root is None or shutil.which("cmake") is None:
+        why = ("ONNX Runtime C/C++ headers not found (set ORT_ROOT, or check out ../shared)"
+               if root is None else "cmake not found")
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must build the ORT custom-op library: {why}")
+        pytest.skip(why)
+    build = out / "cmake"
+    subprocess.run(["cmake", "-S", str(SOURCE), "-B", str(build), "-DIRPE_REQUIRE_ORT=ON",
+                    f"-DORT_ROOT={root}", f"-DIRPE_ORT_OUTPUT_DIR={out}", *extra],
+                   check=True, capture_output=True, text=True)
+    done = subprocess.run(["cmake", "--build", str(build), "-j", "2"], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "warning" not in done.stdout.lower() + done.stderr.lower(), done.stdout + done.stderr
+    return out / "libirpe_ort_ops.so"
+
+
+@pytest.fixture(scope="session")
+def ort_library(tmp_path_factory) -> Path:
+    """The CPU library, built once per test session."""
+    return _build(tmp_path_factory.mktemp("ort_ops"))
+
+
+@pytest.fixture(autouse=True)
+def _library_env(request, monkeypatch):
+    """Point irpe.deploy.ort at the freshly built library (mode from the test)."""
+    monkeypatch.delenv("IRPE_ORT_CUSTOM_OPS", raising=False)
+    if "ort_library" in request.fixturenames:
+        monkeypatch.setenv("IRPE_ORT_OPS_LIBRARY", str(request.getfixturevalue("ort_library")))
+
+
+def op_model(op: str, dtype=TensorProto.FLOAT, index=TensorProto.INT64, **attrs) -> bytes:
+    """One irpe node (x, index) -> out with its local function, as a serialized model."""
+    node = helper.make_node(op, ["x", "index"], ["out"], domain="irpe", **attrs)
+    graph = helper.make_graph([node], "op", [helper.make_tensor_value_info("x", dtype, None),
+                                             helper.make_tensor_value_info("index", index, None)],
+                              [helper.make_tensor_value_info("out", dtype, None)])
+    function = gather_function(18) if op == "RPEGather" else scatter_function(18)
+    model = helper.make_model(graph, functions=[function], opset_imports=[
+        helper.make_opsetid("", 18), helper.make_opsetid("irpe", 1)])
+    model.ir_version = 9
+    return model.SerializeToString()
+
+
+def run(model: bytes, mode: str, threads: int = 1, **feeds) -> np.ndarray:
+    session, path = create_session(model, threads=threads, custom_ops=mode)
+    assert path.custom_ops == (mode == "on")
+    return session.run(None, feeds)[0]
+
+
+def layer(b=2, h=3, lq=26, k=50, skip=1, seed=0):
+    """Product ids on a 5x5 grid + cls, a table and an attention of those sizes."""
+    rng = np.random.default_rng(seed)
+    ids = bucket_ids("product", 1.9, 5, 5, skip=skip).numpy()
+    return (ids, rng.standard_normal((b, h, lq, k), dtype=np.float32),
+            rng.random((b, h, lq, lq), dtype=np.float32))
+
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_gather_bit_identical_to_functions_and_torch(ort_library, index_dtype):
+    ids, table, _ = layer()
+    ids = ids.astype(index_dtype)
+    model = op_model("RPEGather", index=helper.np_dtype_to_tensor_dtype(ids.dtype),
+                     num_buckets=50, **ATTRS)
+    custom = run(model, "on", 2, x=table, index=ids)
+    assert np.array_equal(custom, run(model, "off", x=table, index=ids))
+    ref = rpe_gather(torch.from_numpy(table), torch.from_numpy(ids)).numpy()
+    assert np.array_equal(custom, ref)
+    assert np.array_equal(custom, run(model, "on", 1, x=table, index=ids))
+
+
+def test_gather_one_row_transposed_q_table(ort_library):
+    """The exporter's iRPE-Q form: table [B,H,1,L*K], index j*K + id(j,i) -> transposed term."""
+    ids, table, _ = layer()
+    length, k = ids.shape[0], table.shape[3]
+    flat = (ids + np.arange(length)[:, None] * k).T.copy()
+    row = table.reshape(2, 3, 1, length * k)
+    model = op_model("RPEGather", num_buckets=length * k, **ATTRS)
+    custom = run(model, "on", 2, x=row, index=flat)
+    assert np.array_equal(custom, run(model, "off", x=row, index=flat))
+    direct = rpe_gather(torch.from_numpy(table), torch.from_numpy(ids)).transpose(2, 3)
+    assert np.array_equal(custom, direct.numpy())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_scatter_matches_torch_within_1e6(ort_library, threads):
+    ids, _, attn = layer()
+    model = op_model("RPEScatter", num_buckets=50, **ATTRS)
+    custom = run(model, "on", threads, x=attn, index=ids)
+    ref = rpe_scatter(torch.from_numpy(attn), torch.from_numpy(ids), 50).numpy()
+    assert np.abs(custom - ref).max() <= 1e-6
+    assert np.abs(custom - run(model, "off", x=attn, index=ids)).max() <= 1e-6
+    again = run(model, "on", 3 - threads, x=attn, index=ids)
+    assert np.array_equal(custom, again)  # no dependence on the thread count
+
+
+def test_float16_both_ops(ort_library):
+    ids, table, attn = layer()
+    gather = op_model("RPEGather", TensorProto.FLOAT16, num_buckets=50, **ATTRS)
+    t16 = table.astype(np.float16)
+    assert np.array_equal(run(gather, "on", 2, x=t16, index=ids),
+                          run(gather, "off", x=t16, index=ids))
+    scatter = op_model("RPEScatter", TensorProto.FLOAT16, num_buckets=50, **ATTRS)
+    a16 = attn.astype(np.float16)
+    got = run(scatter, "on", 2, x=a16, index=ids)
+    ref = rpe_scatter(torch.from_numpy(a16), torch.from_numpy(ids), 50).numpy()
+    assert got.dtype == np.float16 and np.array_equal(got, ref)  # fp32 sums, one rounding
+
+
+def test_out_of_range_ids_follow_the_kernel_contract(ort_library):
+    """Gather writes 0, scatter drops the value (as the CUDA kernels; never a wild access)."""
+    ids, table, attn = layer()
+    bad = ids.copy()
+    bad[0, :3] = [-1, 50, 10 ** 9]
+    got = run(op_model("RPEGather", num_buckets=50, **ATTRS), "on", x=table, index=bad)
+    assert (got[:, :, 0, :3] == 0).all() and np.array_equal(got[:, :, 1:], run(
+        op_model("RPEGather", num_buckets=50, **ATTRS), "on", x=table, index=ids)[:, :, 1:])
+    sums = run(op_model("RPEScatter", num_buckets=50, **ATTRS), "on", x=attn, index=bad)
+    assert np.allclose(sums[:, :, 0].sum(-1), attn[:, :, 0, 3:].sum(-1), atol=1e-5)
+
+
+@pytest.mark.parametrize("method,height,width,skip", [("product", 4, 6, 1), ("euc", 5, 3, 0),
+                                                      ("cross_rows", 3, 7, 1)])
+def test_on_the_fly_ids_equal_the_index_form(ort_library, method, height, width, skip):
+    """method/ratio/skip attributes: ids computed by irpe_bucket.h from input 1's (H, W)."""
+    ratio = 1.9
+    ids = bucket_ids(method, ratio, height, width, skip=skip).numpy()
+    k = int(ids.max()) + 1
+    length = ids.shape[0]
+    rng = np.random.default_rng(1)
+    table = rng.standard_normal((2, 2, length, k), dtype=np.float32)
+    attn = rng.random((2, 2, length, length), dtype=np.float32)
+    grid = np.zeros((height, width), np.int64)
+    fly = dict(ATTRS, method=method, ratio=ratio, skip=skip)
+    got = run(op_model("RPEGather", **fly), "on", x=table, index=grid)
+    assert np.array_equal(got, rpe_gather(torch.from_numpy(table), torch.from_numpy(ids)).numpy())
+    got = run(op_model("RPEScatter", num_buckets=k, **fly), "on", x=attn, index=grid)
+    ref = rpe_scatter(torch.from_numpy(attn), torch.from_numpy(ids), k).numpy()
+    assert np.abs(got - ref).max() <= 1e-6
+
+
+BAD_ATTRIBUTES = [  # (op, attributes, error; the function path can serve the node)
+    ("RPEScatter", dict(ATTRS, plugin_version="2", num_buckets=50), "plugin_version' is '2'"),
+    ("RPEGather", dict(ATTRS, plugin_namespace="other"), "plugin_namespace' is 'other'"),
+    ("RPEGather", dict(ATTRS, num_buckets="fifty"), "'num_buckets' must be an int"),
+    ("RPEGather", dict(ATTRS, method="spiral", ratio=1.9), "unknown method 'spiral'"),
+    ("RPEGather", dict(ATTRS, method="product", ratio=0.0), "need ratio > 0"),
+]
+
+
+@pytest.mark.parametrize("op,attrs,message", BAD_ATTRIBUTES)
+def test_bad_attribute_is_a_clear_error_or_a_logged_fallback(ort_library, op, attrs, message,
+                                                             caplog):
+    model = op_model(op, **attrs)
+    with pytest.raises(CustomOpsError, match=message):
+        create_session(model, custom_ops="on")
+    with caplog.at_level(logging.WARNING, logger="irpe.deploy.ort"):
+        session, path = create_session(model, custom_ops="auto")
+    assert not path.custom_ops and message in path.reason
+    assert "retrying with the ONNX functions" in caplog.text
+    ids, table, attn = layer()
+    x = table if op == "RPEGather" else attn
+    assert session.run(None, {"x": x, "index": ids})[0].shape[:3] == (2, 3, 26)
+
+
+@pytest.mark.parametrize("num_buckets", [None, -4])
+def test_scatter_without_a_valid_num_buckets_is_refused(ort_library, num_buckets):
+    """Neither path can serve it: the custom op names the attribute, the fallback fails too."""
+    extra = {} if num_buckets is None else {"num_buckets": num_buckets}
+    model = op_model("RPEScatter", **ATTRS, **extra)
+    with pytest.raises(CustomOpsError, match=r"num_buckets must be in \[1, 2\^31\)"):
+        create_session(model, custom_ops="on")
+
+
+@pytest.mark.parametrize("op,x_shape,index,message", [
+    ("RPEGather", (2, 3, 26, 49), None, "table has 49 buckets, num_buckets is 50"),
+    ("RPEGather", (2, 3, 7, 50), None, "table has 7 query rows, the index 26"),
+    ("RPEScatter", (2, 3, 26, 25), None, "attn is 26x25 per head, the index 26x26"),
+    ("RPEGather", (2, 3, 26), None, "input 0 must be 4-D, got 3-D"),
+    ("RPEGather", (2, 3, 26, 50), np.zeros((26, 26), np.float32), "index must be int32 or int64"),
+])
+def test_bad_input_shapes_fail_the_run_not_the_process(ort_library, op, x_shape, index, message):
+    ids = bucket_ids("product", 1.9, 5, 5, skip=1).numpy() if index is None else index
+    dtype = helper.np_dtype_to_tensor_dtype(ids.dtype)
+    session, path = create_session(op_model(op, index=dtype, num_buckets=50, **ATTRS),
+                                   custom_ops="on")
+    with pytest.raises(Exception, match=message):
+        session.run(None, {"x": np.zeros(x_shape, np.float32), "index": ids})
+    good = np.zeros((2, 3, 26, 50 if op == "RPEGather" else 26), np.float32)
+    if index is None:  # the session still serves good input afterwards
+        assert session.run(None, {"x": good, "index": ids})[0].shape[:3] == (2, 3, 26)
+
+
+def test_missing_library(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("IRPE_ORT_OPS_LIBRARY", str(tmp_path / "nope.so"))
+    model = op_model("RPEScatter", num_buckets=50, **ATTRS)
+    with pytest.raises(CustomOpsError, match="no custom-op library at .*nope.so"):
+        create_session(model, custom_ops="on")
+    with caplog.at_level(logging.INFO, logger="irpe.deploy.ort"):
+        _, path = create_session(model)  # auto: the functions, said in one log line
+    assert not path.custom_ops
+    assert [r.getMessage() for r in caplog.records] == [
+        f"onnxruntime iRPE ops: ONNX functions (no custom-op library at {tmp_path / 'nope.so'})"]
+
+
+def test_not_a_library(tmp_path, monkeypatch, caplog):
+    fake = tmp_path / "libfake.so"
+    fake.write_text("not an ELF file\n")
+    monkeypatch.setenv("IRPE_ORT_OPS_LIBRARY", str(fake))
+    model = op_model("RPEScatter", num_buckets=50, **ATTRS)
+    with pytest.raises(CustomOpsError, match="cannot load .*libfake.so"):
+        create_session(model, custom_ops="on")
+    with caplog.at_level(logging.WARNING, logger="irpe.deploy.ort"):
+        _, path = create_session(model, custom_ops="auto")
+    assert not path.custom_ops and "using the ONNX functions" in caplog.text
+
+
+def test_library_for_another_api_version(tmp_path_factory, monkeypatch, caplog):
+    """A library asking for an API this onnxruntime lacks: refused with a clear message."""
+    lib = _build(tmp_path_factory.mktemp("ort_api99"), "-DIRPE_ORT_API_VERSION=99")
+    monkeypatch.setenv("IRPE_ORT_OPS_LIBRARY", str(lib))
+    model = op_model("RPEScatter", num_buckets=50, **ATTRS)
+    with pytest.raises(CustomOpsError, match="built for ONNX Runtime API 99 .*rebuild"):
+        create_session(model, custom_ops="on")
+    with caplog.at_level(logging.WARNING, logger="irpe.deploy.ort"):
+        session, path = create_session(model, custom_ops="auto")
+    assert not path.custom_ops and "API 99" in caplog.text
+    ids, _, attn = layer()
+    assert session.run(None, {"x": attn, "index": ids})[0].shape == (2, 3, 26, 50)
+
+
+def test_mode_switch_and_environment(ort_library, monkeypatch):
+    model = op_model("RPEScatter", num_buckets=50, **ATTRS)
+    monkeypatch.setenv("IRPE_ORT_CUSTOM_OPS", "off")
+    assert not create_session(model)[1].custom_ops
+    monkeypatch.setenv("IRPE_ORT_CUSTOM_OPS", "1")
+    assert create_session(model)[1].custom_ops
+    monkeypatch.setenv("IRPE_ORT_CUSTOM_OPS", "sometimes")
+    with pytest.raises(ValueError, match="custom-ops mode must be one of auto, on, off"):
+        create_session(model)
