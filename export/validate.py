@@ -19,6 +19,7 @@ import torch
 from irpe.artifact import spec_from_metadata
 
 from .inputs import Batch, make_batches
+from .pair import check_pair
 from .source import Source, load_source, weights_from_metadata
 
 __all__ = ["validate", "compare", "TOLERANCES", "ENGINE_SUFFIXES"]
@@ -138,7 +139,10 @@ def _resolve(path: str, source, checkpoint, custom_ops: Optional[str] = None
     is_engine = path.endswith(ENGINE_SUFFIXES)
     run, props, runtime = _engine_runner(path) if is_engine else _onnx_runner(path, custom_ops)
     if source is not None:
-        return run, load_source(source, checkpoint), runtime
+        src = load_source(source, checkpoint)
+        check_pair(path, props, src, os.fspath(source) if isinstance(source, (str, os.PathLike))
+                   else type(source).__name__)  # usage error before any run
+        return run, src, runtime
     if "irpe.weights" not in props:
         raise ValueError(f"{path} does not say which weights it was exported from; "
                          "pass the source model (and checkpoint)")
