@@ -176,5 +176,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="TensorRT-RTX ahead-of-time target, e.g. SM89 (default: this GPU)")
     p.set_defaults(func=cmd_build_engine)
 
-    from .triton import add_parser as add_triton_repo
-    add_triton_repo(sub)  # irpe triton-repo (export/triton.py)
+    from .triton_cli import add_parser as add_triton_repo
+    add_triton_repo(sub)  # irpe triton-repo (export/triton_cli.py)

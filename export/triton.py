@@ -11,12 +11,13 @@ import json
 import os
 import re
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["RepoOptions", "TensorInfo", "onnx_io", "write_repository", "config_text",
-           "DEFAULT_ORT_OPS", "ENGINE_SUFFIXES"]
+           "ort_library_problem", "DEFAULT_ORT_OPS", "ENGINE_SUFFIXES"]
 
 _ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_ORT_OPS = _ROOT / "build" / "plugins" / "libirpe_ort_ops.so"
@@ -107,7 +108,7 @@ def write_repository(repo: os.PathLike, artifacts: Sequence[str],
         out = [_install(m, repo, options) for m in models]
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    (repo / "README.md").write_text(readme_text(models, options), encoding="utf-8")
+    (repo / "README.md").write_text(readme_text(repo, options.mount), encoding="utf-8")
     return out
 
 
@@ -147,23 +148,43 @@ def _from_onnx(path: Path, options: RepoOptions, source: str) -> _Model:
     from .onnx import read_metadata_props
     props = read_metadata_props(path)  # clear errors for missing / non-ONNX files
     inputs, outputs = onnx_io(path)
-    libs = _ort_library(props, options.ort_ops)
+    libs = _ort_library(path, props, options.ort_ops)
     batch = _batch_size(inputs, options.max_batch_size, None)
     name = options.name or props.get("irpe.model_name") or path.stem
     return _Model(name, "onnxruntime_onnx", path, inputs, outputs, props, batch, libs, source)
 
 
-def _ort_library(props: Dict[str, str], choice: str) -> List[Path]:
-    """The ONNX Runtime custom-op library to reference: auto (if built), none, or a path."""
+def _ort_library(path: Path, props: Dict[str, str], choice: str) -> List[Path]:
+    """The ONNX Runtime custom-op library to reference: auto (this checkout's build, if it
+    runs the file here), none, or a path (copied unchecked: it is built for the server)."""
     has_nodes = props.get("irpe.inline") != "true" and props.get("irpe.rpe_nodes", "{}") != "{}"
     if choice == "none":
         return []
-    if choice == "auto":
-        return [DEFAULT_ORT_OPS] if has_nodes and DEFAULT_ORT_OPS.is_file() else []
-    lib = Path(choice)
-    if not lib.is_file():
-        raise ValueError(f"ONNX Runtime custom-op library not found: {lib}")
-    return [lib] if has_nodes else []
+    if choice != "auto":
+        lib = Path(choice)
+        if not lib.is_file():
+            raise ValueError(f"ONNX Runtime custom-op library not found: {lib}")
+        return [lib] if has_nodes else []
+    if not (has_nodes and DEFAULT_ORT_OPS.is_file()):
+        return []
+    problem = ort_library_problem(path, DEFAULT_ORT_OPS)
+    if problem:
+        warnings.warn(f"not referencing {DEFAULT_ORT_OPS}: ONNX Runtime cannot load "
+                      f"{path.name} with it ({problem}); the file's local functions run instead")
+        return []
+    return [DEFAULT_ORT_OPS]
+
+
+def ort_library_problem(model: Path, lib: Path) -> Optional[str]:
+    """Why ONNX Runtime (CPU) cannot create a session for ``model`` with ``lib``, or None."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    try:
+        options.register_custom_ops_library(str(lib))
+        ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # any load failure means: do not reference this build
+        return str(exc).strip().splitlines()[0][:300]
+    return None
 
 
 def _from_engine(path: Path, options: RepoOptions) -> _Model:
@@ -320,70 +341,26 @@ def _mounted(model: _Model, lib: Path, options: RepoOptions) -> str:
     return f"{options.mount.rstrip('/')}/{model.name}/{lib.name}"
 
 
-def readme_text(models: List[_Model], options: RepoOptions) -> str:
-    """How to start tritonserver on this repository (plugin flags included)."""
-    plugins = [_mounted(m, lib, options) for m in models if m.platform == "tensorrt_plan"
-               for lib in m.libraries]
-    cmd = f"tritonserver --model-repository={options.mount}"
+def readme_text(repo: Path, mount: str) -> str:
+    """How to start tritonserver on ``repo``: every model directory in it, plugin flags included."""
+    rows, plugins = [], []
+    for cfg in sorted(repo.glob("*/config.pbtxt")):
+        text, model = cfg.read_text(encoding="utf-8"), cfg.parent
+        platform = re.search(r'^platform: "([^"]+)"', text, re.M)
+        batch = re.search(r"^max_batch_size: (\d+)", text, re.M)
+        libs = sorted(p.name for p in model.glob("*.so"))
+        if platform and platform.group(1) == "tensorrt_plan":
+            plugins += [f"{mount.rstrip('/')}/{model.name}/{lib}" for lib in libs]
+        rows.append(f"| {model.name} | {platform.group(1) if platform else '?'} | "
+                    f"{batch.group(1) if batch else '?'} | {', '.join(libs) or '-'} |")
+    cmd = f"tritonserver --model-repository={mount}"
     if plugins:
         cmd += f' --backend-config=tensorrt,plugins="{";".join(plugins)}"'
-    rows = [f"| {m.name} | {m.platform} | {m.max_batch_size} | "
-            f"{', '.join(lib.name for lib in m.libraries) or '-'} |" for m in models]
     return "\n".join([
         "# Triton model repository (written by `irpe triton-repo`)", "",
-        f"Mount this folder at `{options.mount}` and start the server with:", "",
+        f"Mount this folder at `{mount}` and start the server with:", "",
         "```", cmd, "```", "",
         "| model | platform | max_batch_size | library |", "|---|---|---|---|", *rows, "",
         "ONNX models without a custom-op library run the iRPE nodes through the model-local",
         "functions inside the file (standard ONNX ops). TensorRT plans need the plugin library",
         "of the same TensorRT version as the server (or LD_PRELOAD it instead of the flag).", ""])
-
-
-def cmd_triton_repo(args) -> int:
-    """``irpe triton-repo``: write the repository and print its tree."""
-    options = RepoOptions(name=args.name, max_batch_size=args.max_batch_size,
-                          max_queue_delay_us=args.max_queue_delay_us, instances=args.instances,
-                          kind=args.kind, ort_ops=args.ort_ops, trt_plugins=args.trt_plugin,
-                          mount=args.mount, force=args.force)
-    dirs = write_repository(args.output, args.artifacts, options)
-    for d in dirs:
-        files = sorted(p for p in d.rglob("*") if p.is_file())
-        print(f"wrote {d}: " + ", ".join(
-            f"{p.relative_to(d)} ({p.stat().st_size / 1e6:.1f} MB)" if p.stat().st_size > 1e5
-            else str(p.relative_to(d)) for p in files))
-    print(f"serve with: {_server_command(args.output)}")
-    return 0
-
-
-def _server_command(repo: os.PathLike) -> str:
-    text = (Path(repo) / "README.md").read_text(encoding="utf-8")
-    return text.split("```\n", 2)[1].strip()
-
-
-def add_parser(sub) -> None:
-    """Register ``irpe triton-repo`` (called by export.cli.add_parser)."""
-    p = sub.add_parser("triton-repo", help="write a Triton Inference Server model repository",
-                       description="One model directory per artifact: an .onnx file from "
-                       "`irpe export`, an engine from `irpe build-engine` (with its .json "
-                       "sidecar), or a model name / trained-model file (exported first).")
-    p.add_argument("artifacts", nargs="+", help=".onnx, .engine/.plan, model name or "
-                   ".safetensors")
-    p.add_argument("-o", "--output", required=True, help="repository directory")
-    p.add_argument("--name", help="model directory name (one artifact; default: model name)")
-    p.add_argument("--max-batch-size", type=int,
-                   help="default 8 for ONNX, the engine profile's maximum for plans")
-    p.add_argument("--max-queue-delay-us", type=int, default=5000,
-                   help="dynamic batching delay (default 5000)")
-    p.add_argument("--instances", type=int, default=1, help="instance_group count (default 1)")
-    p.add_argument("--kind", default="gpu", choices=("gpu", "cpu", "auto"),
-                   help="instance_group kind (default gpu)")
-    p.add_argument("--ort-ops", default="auto", help="ONNX Runtime custom-op library to "
-                   f"reference: auto ({DEFAULT_ORT_OPS.relative_to(_ROOT)} if built), none, "
-                   "or a path")
-    p.add_argument("--trt-plugin", action="append", default=[],
-                   help="TensorRT plugin library (default: the one the engine was built with)")
-    p.add_argument("--mount", default="/models",
-                   help="where the server mounts the repository (library paths; default /models)")
-    p.add_argument("--force", action="store_true",
-                   help="write into a non-empty directory, replacing same-named models")
-    p.set_defaults(func=cmd_triton_repo)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -153,14 +154,29 @@ def test_ort_custom_op_library_is_copied_and_referenced(repo, tmp_path):
     assert (tmp_path / "r" / "d" / lib.name).is_file()
 
 
-def test_ort_ops_auto_uses_the_built_library_when_present(repo, tmp_path):
-    """auto: reference build/plugins/libirpe_ort_ops.so exactly when it has been built."""
+def test_ort_ops_auto_references_the_build_only_if_it_runs_the_file(repo, tmp_path):
+    """auto: build/plugins/libirpe_ort_ops.so is referenced exactly when it exists and ONNX
+    Runtime runs the model with it (checked here with a session of our own)."""
     from export.triton import DEFAULT_ORT_OPS, RepoOptions, write_repository
     out, detr = repo
-    (model,) = write_repository(tmp_path / "r", [str(detr)], RepoOptions(name="d"))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        (model,) = write_repository(tmp_path / "r", [str(detr)], RepoOptions(name="d"))
     libs = list(parse(model / "config.pbtxt").model_operations.op_library_filename)
-    assert libs == (["/models/d/libirpe_ort_ops.so"] if DEFAULT_ORT_OPS.is_file() else [])
-    assert (model / "libirpe_ort_ops.so").is_file() == DEFAULT_ORT_OPS.is_file()
+    runs = DEFAULT_ORT_OPS.is_file() and _session_with(detr, DEFAULT_ORT_OPS)
+    assert libs == (["/models/d/libirpe_ort_ops.so"] if runs else [])
+    assert (model / "libirpe_ort_ops.so").is_file() == runs
+    assert len(seen) == int(DEFAULT_ORT_OPS.is_file() and not runs)  # warned when skipped
+
+
+def _session_with(model: Path, lib: Path) -> bool:
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(str(lib))
+    try:
+        ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001 - ORT raises its own Fail/InvalidGraph types
+        return False
+    return True
 
 
 def _error(capsys, argv) -> str:
@@ -215,3 +231,5 @@ def test_force_replaces_only_named_models(repo, tmp_path):
     assert parse(copy / "detr_shapes_irpe" / "config.pbtxt").max_batch_size == 4
     assert parse(copy / "deit_shapes_irpe" / "config.pbtxt").max_batch_size == 8  # kept
     assert not [p for p in copy.iterdir() if p.name.startswith(".")]  # no staging left
+    readme = (copy / "README.md").read_text()
+    assert "| deit_shapes_irpe |" in readme and "| detr_shapes_irpe |" in readme
