@@ -17,13 +17,17 @@ from typing import Callable, Optional
 
 import torch
 
-__all__ = ["rpe_gather", "rpe_scatter", "register_kernels", "SUPPORTED_DTYPES"]
+__all__ = ["rpe_gather", "rpe_scatter", "register_kernels", "check_inputs", "gather_generic",
+           "scatter_generic", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
-def _check(x: torch.Tensor, index: torch.Tensor, name: str, broadcast_rows: bool = False) -> None:
+def check_inputs(x: torch.Tensor, index: torch.Tensor, name: str,
+                 broadcast_rows: bool = False, same_lk: bool = False) -> None:
+    """ValueError unless ``x`` is [B,H,Lq|1,*] of a supported dtype and ``index`` int [Lq,Lk]
+    (``same_lk``: x's last dim is Lk); device kernels (plugins/pytorch) check with it too."""
     if x.dim() != 4:
         raise ValueError(f"{name}: expected a 4-D tensor [B,H,Lq,*], got shape {tuple(x.shape)}")
     if index.dim() != 2 or index.dtype not in _INDEX_DTYPES:
@@ -33,31 +37,40 @@ def _check(x: torch.Tensor, index: torch.Tensor, name: str, broadcast_rows: bool
         raise ValueError(f"{name}: unsupported dtype {x.dtype}")
     if x.shape[2] != index.shape[0] and not (broadcast_rows and x.shape[2] == 1):
         raise ValueError(f"{name}: Lq mismatch, tensor has {x.shape[2]}, index has {index.shape[0]}")
+    if same_lk and x.shape[3] != index.shape[1]:
+        raise ValueError(f"{name}: Lk mismatch, attn has {x.shape[3]}, index has {index.shape[1]}")
 
 
-@torch.library.custom_op("irpe::rpe_gather", mutates_args=())
-def rpe_gather(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Gather per-query bucket values into the Lq x Lk attention layout."""
-    _check(table, index, "rpe_gather", broadcast_rows=True)
+def gather_generic(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """rpe_gather with torch.gather on any device (also the CUDA ops' float64 path)."""
+    check_inputs(table, index, "rpe_gather", broadcast_rows=True)
     b, h, _, k = table.shape
     lq, lk = index.shape
     idx = index.to(device=table.device, dtype=torch.long).expand(b, h, lq, lk)
     return torch.gather(table.expand(b, h, lq, k), 3, idx)
 
 
-@torch.library.custom_op("irpe::rpe_scatter", mutates_args=())
-def rpe_scatter(attn: torch.Tensor, index: torch.Tensor, num_buckets: int) -> torch.Tensor:
-    """Sum attention weights that fall into the same bucket (fp32 accumulation)."""
-    _check(attn, index, "rpe_scatter")
-    if attn.shape[3] != index.shape[1]:
-        raise ValueError(f"rpe_scatter: Lk mismatch, attn has {attn.shape[3]}, "
-                         f"index has {index.shape[1]}")
+def scatter_generic(attn: torch.Tensor, index: torch.Tensor, num_buckets: int) -> torch.Tensor:
+    """rpe_scatter with scatter_add on any device, fp32 accumulation (float64 kept as is)."""
+    check_inputs(attn, index, "rpe_scatter", same_lk=True)
     b, h, lq, lk = attn.shape
     acc = torch.float64 if attn.dtype == torch.float64 else torch.float32
     idx = index.to(device=attn.device, dtype=torch.long).expand(b, h, lq, lk)
     out = attn.new_zeros((b, h, lq, num_buckets), dtype=acc)
     out.scatter_add_(3, idx, attn.to(acc))
     return out.to(attn.dtype)
+
+
+@torch.library.custom_op("irpe::rpe_gather", mutates_args=())
+def rpe_gather(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Gather per-query bucket values into the Lq x Lk attention layout."""
+    return gather_generic(table, index)
+
+
+@torch.library.custom_op("irpe::rpe_scatter", mutates_args=())
+def rpe_scatter(attn: torch.Tensor, index: torch.Tensor, num_buckets: int) -> torch.Tensor:
+    """Sum attention weights that fall into the same bucket (fp32 accumulation)."""
+    return scatter_generic(attn, index, num_buckets)
 
 
 @rpe_gather.register_fake

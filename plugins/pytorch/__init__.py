@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from irpe.bucket import parse_method
-from irpe.ops import _check, register_kernels
+from irpe.ops import check_inputs, gather_generic, register_kernels, scatter_generic
 
 from ..capi import KERNEL_DIR, METHOD_IDS, CUDA_SOURCES, nvcc_path
 
@@ -65,24 +65,17 @@ def load(verbose: bool = False):
 
 
 def _gather_cuda(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    _check(table, index, "rpe_gather", broadcast_rows=True)
+    if table.dtype == torch.float64:  # not in the kernels: irpe.ops' torch formulation
+        return gather_generic(table, index)
+    check_inputs(table, index, "rpe_gather", broadcast_rows=True)
     table = table.expand(-1, -1, index.shape[0], -1)  # a 1-row table: row stride 0 (free)
-    if table.dtype == torch.float64:  # not in the kernels: the plain torch formulation
-        b, h, lq, _ = table.shape
-        idx = index.to(device=table.device, dtype=torch.long).expand(b, h, lq, index.shape[1])
-        return torch.gather(table, 3, idx)
     return _module.gather(table, index)
 
 
 def _scatter_cuda(attn: torch.Tensor, index: torch.Tensor, num_buckets: int) -> torch.Tensor:
-    _check(attn, index, "rpe_scatter")
-    if attn.shape[3] != index.shape[1]:
-        raise ValueError(f"rpe_scatter: Lk mismatch, attn has {attn.shape[3]}, "
-                         f"index has {index.shape[1]}")
     if attn.dtype == torch.float64:
-        idx = index.to(device=attn.device, dtype=torch.long).expand(attn.shape)
-        out = attn.new_zeros(attn.shape[:3] + (num_buckets,))
-        return out.scatter_add_(3, idx, attn)
+        return scatter_generic(attn, index, num_buckets)
+    check_inputs(attn, index, "rpe_scatter", same_lk=True)
     return _module.scatter(attn, index, num_buckets)
 
 
