@@ -97,6 +97,9 @@ def cmd_build_engine(args: argparse.Namespace) -> int:
                             compute_capability=args.compute_capability, progress=True)
     except TensorRTUnavailable as exc:
         raise CLIError(str(exc)) from None
+    except RuntimeError as exc:  # the build itself failed (or its isolated process died)
+        print(f"irpe build-engine: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
     print(f"wrote {output} ({side['tensorrt_module']} {side['tensorrt_version']}, "
           f"{side['precision']}, {side['compute_capability']}, rpe: {side['rpe_nodes']})")
     print("profiles: " + json.dumps(side["profiles"]))
@@ -169,7 +172,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workspace-mib", type=int, help="builder workspace limit in MiB")
     p.add_argument("--timing-cache", help="timing cache file (read if present, then updated)")
     p.add_argument("--plugin", action="append", default=[],
-                   help="plugin library to load (repeatable), e.g. build/libirpe_plugins.so")
+                   help="plugin library to load (repeatable), e.g. "
+                        "build/plugins/libirpe_trt_plugins.so; the build then runs in a child "
+                        "process (TensorRT-RTX: with a libtensorrt_rtx.so link on its library path)")
     p.add_argument("--plugin-override", action="store_true",
                    help="set the parser flag ENABLE_PLUGIN_OVERRIDE")
     p.add_argument("--compute-capability",

@@ -102,6 +102,8 @@ def _configure(trt: ModuleType, builder, precision: str, workspace_mib: Optional
             raise ValueError(f"{trt.__name__} builds strongly typed networks (no FP16 builder "
                              "flag): fp16 needs an fp16 ONNX graph; use fp32 or tf32")
         config.set_flag(trt.BuilderFlag.FP16)
+    if hasattr(trt, "ProfilingVerbosity"):  # per-layer types for the engine inspector
+        config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
     if workspace_mib is not None:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_mib) << 20)
     target = None
@@ -152,11 +154,20 @@ def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision:
                  width: Optional[Sequence[int]] = None, workspace_mib: Optional[int] = None,
                  timing_cache: Optional[str] = None, plugins: Sequence[str] = (),
                  plugin_override: bool = False, compute_capability: Optional[str] = None,
-                 module: Optional[str] = None, progress: bool = False) -> Dict:
+                 module: Optional[str] = None, progress: bool = False,
+                 isolate: Optional[bool] = None) -> Dict:
     """Build and write an engine; returns the sidecar dict (also written as JSON beside it).
 
-    Unset ranges default from the file's metadata (:func:`default_ranges`).
+    Unset ranges default from the file's metadata (:func:`default_ranges`). ``isolate`` (default:
+    when plugins are given) builds in a child process (:mod:`export.trt_isolate`).
     """
+    if isolate or (isolate is None and plugins):
+        from .trt_isolate import build_in_subprocess
+        return build_in_subprocess(dict(
+            onnx_path=onnx_path, engine_path=engine_path, precision=precision, batch=batch,
+            height=height, width=width, workspace_mib=workspace_mib, timing_cache=timing_cache,
+            plugins=list(plugins), plugin_override=plugin_override,
+            compute_capability=compute_capability, module=module, progress=progress))
     from .onnx import read_metadata_props
     onnx_path, engine_path = os.fspath(onnx_path), Path(engine_path)
     defaults = default_ranges(read_metadata_props(onnx_path))
@@ -188,6 +199,7 @@ def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision:
     sidecar = _sidecar(trt, onnx_path, engine_path, precision, shapes, target, plugins, creators,
                        plugin_override, _plugin_layers(trt, network), time.perf_counter() - start)
     sidecar["timing_cache"] = os.path.abspath(timing_cache) if cache is not None else None
+    sidecar["build_warnings"] = list(logger.messages)
     write_sidecar(engine_path, sidecar)
     if progress:
         print(f"[build-engine] {engine_path} ({engine_path.stat().st_size / 1e6:.1f} MB) in "

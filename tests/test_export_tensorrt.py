@@ -13,6 +13,7 @@ import torch
 
 from export.onnx import export_onnx
 from export.tensorrt import build_engine, sidecar_path
+from export.trt_inspect import engine_plugin_layers
 from irpe.deploy.trt_common import TensorRTUnavailable, import_tensorrt, is_rtx
 from irpe import RPEConfig, create_model
 from irpe.artifact import default_spec, save_trained
@@ -55,6 +56,8 @@ def test_engine_is_built(onnx_files, tmp_path, kind, override):
     assert (side["timing_cache"] is None) == is_rtx(TRT) and cache.exists() != is_rtx(TRT)
     assert side["plugin_override"] is override and side["plugin_layers"] == []
     assert side["rpe_nodes"] == "local functions inlined by the parser"
+    if is_rtx(TRT):  # read from the engine file itself (its compiled-graph records)
+        assert engine_plugin_layers(engine)["plugin_layers"] == []
     assert side["tensorrt_module"] == TRT.__name__ and side["precision"] == "fp32"
     assert side["onnx_metadata"]["irpe.task"] == ("classification" if kind == "deit"
                                                   else "detection")
