@@ -1,0 +1,47 @@
+"""`irpe serve` announces its URL only when it accepts connections: a client that connects the
+instant the "serving" log line appears is never refused (50 process starts)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+from tests.helpers import ROOT, serve_command
+
+STARTS = 50
+
+
+def _start_and_probe(repo) -> str:
+    """Start `irpe serve`, GET /v2/health/live the moment "serving" is logged; the outcome."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(serve_command(repo), stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=ROOT)
+    try:
+        for line in proc.stderr:
+            entry = json.loads(line)
+            if entry["message"] == "serving":
+                return _probe(entry["url"])
+        return f"exited {proc.wait()} before serving"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _probe(url: str) -> str:
+    host, port = url.rsplit("/", 1)[1].rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            return sock.makefile("rb").readline().decode().strip()
+    except ConnectionRefusedError:
+        return "refused"
+
+
+def test_serving_line_means_accepting_connections(tmp_path, cls_file):
+    repo = tmp_path / "repo.yaml"
+    repo.write_text(f"threads: 1\nmodels:\n  - {{name: cls, path: {cls_file}}}\n")
+    with ThreadPoolExecutor(2) as pool:  # two starts at a time: one per core
+        outcomes = list(pool.map(_start_and_probe, [repo] * STARTS))
+    assert outcomes == ["HTTP/1.1 200 OK"] * STARTS, sorted(set(outcomes))
