@@ -1,0 +1,128 @@
+"""Exported models on the ORT custom-op library vs the files' own functions vs PyTorch: every
+method x bias/contextual x Q/K/V on 2-block DeiTs, DETR at three resolutions from one file,
+`irpe validate` and serve's onnxruntime backend on the library path."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from export.onnx import export_onnx
+from irpe import RPEConfig, create_model, save_checkpoint
+from irpe.artifact import save_trained
+from irpe.cli import main
+from irpe.deploy.ort import create_session
+from irpe.models import pad_images
+from tests.helpers import tiny_deit
+from tests.test_ort_ops import _library_env, ort_library  # noqa: F401  (build + env, shared)
+
+CASES = [(method, mode, on) for method in ("euc", "quant", "product", "cross")
+         for mode in ("bias", "ctx") for on in ("q", "k", "v") if not (mode == "bias" and on == "v")]
+
+
+def _profiled_ops(session: ort.InferenceSession) -> set:
+    """op_name of every node event in the session's profile (ends profiling)."""
+    with open(session.end_profiling()) as f:
+        return {e["args"].get("op_name") for e in json.load(f) if e.get("cat") == "Node"}
+
+
+def _profiled_session(path):
+    options = ort.SessionOptions()
+    options.enable_profiling = True
+    options.register_custom_ops_library(os.environ["IRPE_ORT_OPS_LIBRARY"])
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("method,mode,on", CASES)
+def test_every_variant_custom_ops_vs_functions_vs_torch(ort_library, tmp_path, method, mode, on):
+    cfg = RPEConfig(ratio=1.9, method=method, mode=mode, shared_head=True, skip=1, on=on)
+    model, spec = tiny_deit(cfg)
+    path = export_onnx(model, tmp_path / "m.onnx", spec=spec)
+    x = torch.randn(3, 3, 40, 40)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    custom_session, ops = create_session(path, custom_ops="on")
+    custom = custom_session.run(None, {"images": x.numpy()})[0]
+    functions = create_session(path, custom_ops="off")[0].run(None, {"images": x.numpy()})[0]
+    np.testing.assert_allclose(custom, ref, atol=1e-4, rtol=1e-4)
+    if on == "v":  # the scatter sums in another order than the one-hot MatMul
+        assert np.abs(custom - functions).max() <= 1e-5
+    else:  # gathers copy: the custom op path is the function path, bit for bit
+        assert np.array_equal(custom, functions)
+    if mode == "ctx":  # the library's kernels ran, not the inlined functions
+        profiled = _profiled_session(path)
+        profiled.run(None, {"images": x.numpy()})
+        seen = _profiled_ops(profiled)
+        assert ("RPEScatter" if on == "v" else "RPEGather") in seen
+
+
+def test_detr_one_file_three_resolutions(ort_library, tmp_path):
+    torch.manual_seed(3)
+    model = create_model("detr_tiny_irpe").eval()
+    save_checkpoint(model, str(tmp_path / "w.safetensors"))
+    path = export_onnx("detr_tiny_irpe", tmp_path / "d.onnx",
+                       checkpoint=str(tmp_path / "w.safetensors"))
+    custom, ops = create_session(path, custom_ops="on", threads=2)
+    functions, _ = create_session(path, custom_ops="off")
+    for height, width in [(96, 160), (128, 128), (75, 201)]:
+        images, sizes = pad_images([torch.randn(3, height, width),
+                                    torch.randn(3, height // 2, width - 20)])
+        feeds = {"images": images.numpy(), "sizes": sizes.numpy()}
+        got, want = custom.run(None, feeds), functions.run(None, feeds)
+        with torch.no_grad():
+            ref = model(images, sizes)
+        for g, w, r in zip(got, want, (ref["pred_logits"], ref["pred_boxes"])):
+            assert np.array_equal(g, w)  # DETR has iRPE-K only: gathers, bit-identical
+            np.testing.assert_allclose(g, r.numpy(), atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def qkv_file(tmp_path_factory):
+    d = tmp_path_factory.mktemp("qkv")
+    cfg = RPEConfig(ratio=1.9, method="product", mode="ctx", shared_head=True, skip=1, on="qkv")
+    model, spec = tiny_deit(cfg)
+    save_trained(model, str(d / "m.safetensors"), spec)
+    return export_onnx(str(d / "m.safetensors"), d / "m.onnx"), d / "m.safetensors"
+
+
+def test_irpe_validate_compares_custom_ops_functions_and_torch(ort_library, qkv_file, capsys):
+    path, _ = qkv_file
+    assert main(["validate", str(path), "-n", "4", "--custom-ops", "on"]) == 0
+    out = capsys.readouterr().out
+    assert "iRPE ops: custom-op library" in out and "PASS" in out
+    line = next(x for x in out.splitlines() if "custom ops vs functions" in x)
+    assert float(line.rsplit("logits", 1)[1]) <= 1e-5
+    assert main(["validate", str(path), "-n", "2", "--custom-ops", "off"]) == 0
+    assert "iRPE ops: ONNX functions (custom ops off" in capsys.readouterr().out
+
+
+def test_irpe_validate_required_library_missing(qkv_file, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("IRPE_ORT_OPS_LIBRARY", str(tmp_path / "missing.so"))
+    path, _ = qkv_file
+    assert main(["validate", str(path), "-n", "2", "--custom-ops", "on"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("irpe validate: error: no custom-op library at") and \
+        len(err.strip().splitlines()) == 1
+
+
+def test_serve_backend_uses_the_library_and_logs_it(ort_library, qkv_file, caplog):
+    from serve.backends import create_backend
+    from serve.config import ModelConfig
+    path, _ = qkv_file
+    images = np.random.default_rng(0).standard_normal((2, 3, 40, 40), dtype=np.float32)
+    outputs = {}
+    for mode in ("on", "off"):
+        cfg = ModelConfig(name="m", path=path, backend="onnxruntime", ort_custom_ops=mode)
+        backend = create_backend(cfg, threads=1)
+        with caplog.at_level(logging.INFO, logger="irpe.serve"):
+            backend.load()
+        assert backend.ops_path.custom_ops == (mode == "on")
+        outputs[mode] = backend.infer(images, None)["logits"]
+    assert np.abs(outputs["on"] - outputs["off"]).max() <= 1e-5
+    logged = [r.irpe_ops for r in caplog.records if hasattr(r, "irpe_ops")]
+    assert logged[0].startswith("iRPE ops: custom-op library") and "functions" in logged[1]
