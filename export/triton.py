@@ -96,20 +96,33 @@ def write_repository(repo: os.PathLike, artifacts: Sequence[str],
     Every artifact is resolved and checked before the first file is written."""
     repo = Path(repo)
     _check_target(repo, options.force)
-    if options.name and len(artifacts) != 1:
-        raise ValueError("--name needs exactly one artifact")
-    if options.kind not in ("gpu", "cpu", "auto"):
-        raise ValueError(f"instance kind must be gpu, cpu or auto, got {options.kind!r}")
+    _check_options(options, len(artifacts))
+    created = not repo.exists()
     repo.mkdir(parents=True, exist_ok=True)
     staging = repo / f".irpe-staging-{os.getpid()}"
     try:
         models = [_resolve(Path(a), options, staging / str(i)) for i, a in enumerate(artifacts)]
         _check_names(models)
         out = [_install(m, repo, options) for m in models]
+    except BaseException:
+        if created:  # a failed first write leaves no folder behind
+            shutil.rmtree(repo, ignore_errors=True)
+        raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     (repo / "README.md").write_text(readme_text(repo, options.mount), encoding="utf-8")
     return out
+
+
+def _check_options(options: RepoOptions, count: int) -> None:
+    if options.name and count != 1:
+        raise ValueError("--name needs exactly one artifact")
+    if options.kind not in ("gpu", "cpu", "auto"):
+        raise ValueError(f"instance kind must be gpu, cpu or auto, got {options.kind!r}")
+    if options.max_batch_size is not None and options.max_batch_size < 1:
+        raise ValueError(f"--max-batch-size must be >= 1, got {options.max_batch_size}")
+    if options.instances < 1 or options.max_queue_delay_us < 0:
+        raise ValueError("--instances must be >= 1 and --max-queue-delay-us >= 0")
 
 
 def _check_target(repo: Path, force: bool) -> None:
@@ -259,8 +272,6 @@ def _batch_size(inputs: List[TensorInfo], wanted: Optional[int], limit: Optional
         if wanted:
             raise ValueError("--max-batch-size needs a model with a dynamic batch axis")
         return 0
-    if wanted is not None and wanted < 1:
-        raise ValueError(f"--max-batch-size must be >= 1, got {wanted}")
     if limit is not None and wanted is not None and wanted > limit:
         raise ValueError(f"--max-batch-size {wanted} exceeds the engine's profile maximum "
                          f"{limit}")

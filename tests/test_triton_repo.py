@@ -193,7 +193,9 @@ def test_bad_input(repo, tmp_path, capsys):
     assert "is not empty: pass --force" in err
     assert "unknown model 'deit_nope'" in _error(
         capsys, ["triton-repo", "deit_nope", "-o", str(tmp_path / "a")])
-    assert not any((tmp_path / "a").iterdir())  # nothing left behind
+    assert not (tmp_path / "a").exists()  # a failed first write leaves no folder
+    assert "--max-batch-size must be >= 1, got 0" in _error(
+        capsys, ["triton-repo", str(detr), "--max-batch-size", "0", "-o", str(tmp_path / "a")])
     corrupt = tmp_path / "c.onnx"
     corrupt.write_bytes(b"garbage" * 20)
     assert "not a readable ONNX file" in _error(capsys, ["triton-repo", str(corrupt), "-o",
