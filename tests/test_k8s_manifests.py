@@ -147,7 +147,7 @@ def test_kserve_inference_service_uses_the_runtime_with_v2():
     assert model["protocolVersion"] == "v2" and "v2" in runtime["spec"]["protocolVersions"]
     assert model["modelFormat"] in [{k: f[k] for k in ("name", "version")}
                                     for f in runtime["spec"]["supportedModelFormats"]]
-    assert model["storageUri"] == "pvc://" + K8S["PersistentVolumeClaim"]["metadata"]["name"]
+    assert model["storageUri"] == "pvc://" + K8S["PersistentVolumeClaim"]["metadata"]["name"] + "/"
     assert container(runtime["spec"])["name"] == "kserve-container"
     assert model["resources"]["limits"]["nvidia.com/gpu"] == "1"
 
