@@ -13,6 +13,7 @@ from fastapi.openapi.utils import get_openapi
 import irpe
 
 from .config import ServeSettings
+from .docs import install_docs
 from .errors import ErrorBody, install_handlers
 from .inputs import ImagesJSON
 from .metrics import CONTENT_TYPE, Metrics
@@ -70,10 +71,12 @@ def create_app(settings: ServeSettings) -> FastAPI:
         log.info("stopped; queued requests drained")
 
     app = FastAPI(title="irpe-serve", version=irpe.__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None,  # install_docs: offline assets
                   description="iRPE vision transformers: REST and Open Inference Protocol v2. "
                   "Every error is a JSON body {\"error\": message}.")
     app.state.irpe = state
     install_handlers(app)
+    install_docs(app)
     app.include_router(rest_router)
     app.include_router(v2_router)
     app.add_api_route("/metrics", _metrics, methods=["GET"], tags=["Operations"],

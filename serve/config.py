@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 __all__ = ["ModelConfig", "ServeSettings", "read_repository"]
@@ -54,7 +55,8 @@ class ModelConfig(BaseModel):
     def _check_backend(cls, value: str) -> str:
         from .backends import backend_names  # the registry imports this module
         if value not in backend_names():
-            raise ValueError(f"backend must be one of {', '.join(backend_names())}, got {value!r}")
+            raise PydanticCustomError("backend", "should be one of {names}, got '{value}'",
+                                      {"names": ", ".join(backend_names()), "value": value})
         return value
 
     @field_validator("device")
