@@ -20,7 +20,7 @@ import torch
 from .idcache import BUCKET_IDS
 
 __all__ = [
-    "Method", "Coefficients", "parse_method", "coefficients", "num_buckets", "piecewise_index",
+    "Method", "METHOD_IDS", "Coefficients", "parse_method", "coefficients", "num_buckets", "piecewise_index",
     "bucket_ids", "bucket_ids_traceable", "relative_offsets",
 ]
 
@@ -38,13 +38,15 @@ class Method(str, Enum):
     CROSS_COLS = "cross_cols"
 
 
+# The numeric ids of the official METHOD class; the C kernels (IRPE_METHOD_* in
+# plugins/kernels/irpe_bucket.h) and the TensorRT plugin's name table use the same ids
+# (tests/test_single_sources.py checks both against this table).
+METHOD_IDS = {Method.EUCLIDEAN: 0, Method.QUANT: 1, Method.PRODUCT: 3, Method.CROSS: 4,
+              Method.CROSS_ROWS: 41, Method.CROSS_COLS: 42}
+
 _ALIASES = {
-    "euc": Method.EUCLIDEAN, "euclidean": Method.EUCLIDEAN, "quant": Method.QUANT,
-    "quantization": Method.QUANT, "product": Method.PRODUCT, "cross": Method.CROSS,
-    "cross_rows": Method.CROSS_ROWS, "cross_cols": Method.CROSS_COLS,
-    # numeric ids of the official METHOD class
-    0: Method.EUCLIDEAN, 1: Method.QUANT, 3: Method.PRODUCT, 4: Method.CROSS,
-    41: Method.CROSS_ROWS, 42: Method.CROSS_COLS,
+    **{m.value: m for m in Method}, "euclidean": Method.EUCLIDEAN, "quantization": Method.QUANT,
+    **{number: m for m, number in METHOD_IDS.items()},
 }
 
 

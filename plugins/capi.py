@@ -15,6 +15,7 @@ from typing import Iterable, Sequence, Union
 
 import torch
 
+from irpe import bucket
 from irpe.bucket import Method, parse_method
 
 __all__ = ["KERNEL_DIR", "CUDA_SOURCES", "ARCHS", "METHOD_IDS", "BucketParams", "Problem",
@@ -25,9 +26,9 @@ KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 CUDA_SOURCES = ("common.cu", "gather.cu", "scatter.cu")
 # Machine code for Turing .. Hopper plus compute_90 PTX (CUDA 13 has nothing below sm_75).
 ARCHS = ("75", "80", "86", "89", "90")
-# IRPE_METHOD_* of irpe_bucket.h = the official numeric ids (irpe.bucket._ALIASES).
-METHOD_IDS = {Method.EUCLIDEAN: 0, Method.QUANT: 1, Method.PRODUCT: 3,
-              Method.CROSS_ROWS: 41, Method.CROSS_COLS: 42}
+# IRPE_METHOD_* of irpe_bucket.h: the official ids of the methods with one bucket map (cross is
+# its rows and cols maps)
+METHOD_IDS = {m: number for m, number in bucket.METHOD_IDS.items() if m is not Method.CROSS}
 STATUS = {0: "ok", 1: "invalid argument", 2: "CUDA error"}
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 INDEX_DTYPES = {torch.int32: 0, torch.int64: 1}

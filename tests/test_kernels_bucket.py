@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from irpe.bucket import _ALIASES, Method, bucket_ids, num_buckets
+from irpe.bucket import METHOD_IDS, Method, bucket_ids, num_buckets
 from plugins import capi
 
 METHODS = ["euc", "quant", "product", "cross_rows", "cross_cols"]
@@ -92,11 +92,11 @@ def test_bucket_ids_host_rejects_null(host_lib):
 
 
 def test_header_method_ids_are_the_official_ones():
-    """IRPE_METHOD_* in the header equal the numeric ids irpe.bucket accepts."""
+    """IRPE_METHOD_* in the header equal irpe.bucket.METHOD_IDS (the official numeric ids)."""
     text = (capi.KERNEL_DIR / "irpe_bucket.h").read_text()
     found = {name.lower(): int(v) for name, v in re.findall(r"IRPE_METHOD_(\w+) = (\d+)", text)}
     names = {"euclidean": Method.EUCLIDEAN, "quant": Method.QUANT, "product": Method.PRODUCT,
              "cross_rows": Method.CROSS_ROWS, "cross_cols": Method.CROSS_COLS}
     assert set(found) == set(names)
     for name, value in found.items():
-        assert _ALIASES[value] == names[name] and capi.METHOD_IDS[names[name]] == value
+        assert METHOD_IDS[names[name]] == value and capi.METHOD_IDS[names[name]] == value

@@ -6,6 +6,8 @@ Registered names: ``deit_{tiny,small,base}_patch16_224`` (no iRPE, the overhead 
 """
 from __future__ import annotations
 
+import functools
+import re
 from typing import Optional
 
 import torch
@@ -16,7 +18,7 @@ from ..rpe import RPEConfig
 from .layers import Block, ConvStem, PatchEmbed
 from .registry import register_model
 
-__all__ = ["VisionTransformer", "DEIT_ARCHS", "IRPE_VARIANTS"]
+__all__ = ["VisionTransformer", "DEIT_ARCHS", "DEIT_MODELS", "IRPE_VARIANTS"]
 
 
 class VisionTransformer(nn.Module):
@@ -120,43 +122,56 @@ IRPE_VARIANTS = {
     "ctx_cross_56_shared_k": (20, "cross", "k"),
 }
 
-# official model zoo: (arch, variant) -> published ImageNet top-1
-_OFFICIAL = {
-    ("tiny", "ctx_product_50_shared_k"): 73.7, ("small", "ctx_product_50_shared_k"): 80.9,
-    ("small", "ctx_product_50_shared_qk"): 81.0, ("small", "ctx_product_50_shared_qkv"): 81.2,
-    ("base", "ctx_product_50_shared_k"): 82.3, ("base", "ctx_product_50_shared_qkv"): 82.8,
-    ("small", "ctx_euc_20_shared_k"): None, ("small", "ctx_quant_51_shared_k"): None,
-    ("small", "ctx_cross_56_shared_k"): None,
-}
 _ZOO_URL = "https://github.com/wkcn/iRPE-model-zoo/releases/download/1.0/{}.pth"
-_DEIT_TOP1 = {"tiny": 72.2, "small": 79.8, "base": 81.8}
+_NAME = re.compile(r"deit_(tiny|small|base)(_distilled)?_patch16_224(?:_(ctx_\w+))?")
+
+# Every published name, spelled out (grep finds it); arch, distillation and iRPE variant are
+# read from the name. Second field: published ImageNet top-1 (iRPE zoo models with one have an
+# official checkpoint URL).
+DEIT_MODELS = (
+    ("deit_tiny_patch16_224", 72.2),
+    ("deit_small_patch16_224", 79.8),
+    ("deit_base_patch16_224", 81.8),
+    ("deit_tiny_distilled_patch16_224", None),
+    ("deit_small_distilled_patch16_224", None),
+    ("deit_base_distilled_patch16_224", None),
+    ("deit_tiny_patch16_224_ctx_product_50_shared_k", 73.7),
+    ("deit_small_patch16_224_ctx_product_50_shared_k", 80.9),
+    ("deit_small_patch16_224_ctx_product_50_shared_qk", 81.0),
+    ("deit_small_patch16_224_ctx_product_50_shared_qkv", 81.2),
+    ("deit_base_patch16_224_ctx_product_50_shared_k", 82.3),
+    ("deit_base_patch16_224_ctx_product_50_shared_qkv", 82.8),
+    ("deit_small_patch16_224_ctx_euc_20_shared_k", None),
+    ("deit_small_patch16_224_ctx_quant_51_shared_k", None),
+    ("deit_small_patch16_224_ctx_cross_56_shared_k", None),
+)
 
 
-def _register_deit(arch: str, variant: Optional[str], distilled: bool = False) -> None:
-    dim, heads = DEIT_ARCHS[arch]
-    name = f"deit_{arch}{'_distilled' if distilled else ''}_patch16_224"
-    rpe, url, top1 = None, None, None if distilled else _DEIT_TOP1[arch]
+def _deit_config(name: str) -> dict:
+    """Builder config of a DeiT name (ViT size, distillation token, iRPE variant)."""
+    match = _NAME.fullmatch(name)
+    if match is None or (match[3] is not None and match[3] not in IRPE_VARIANTS):
+        raise ValueError(f"not a DeiT model name: {name!r}")
+    arch, distilled, variant = match[1], match[2] is not None, match[3]
+    rpe = None
     if variant is not None:
         ratio, method, on = IRPE_VARIANTS[variant]
         rpe = RPEConfig(ratio=ratio, method=method, mode="contextual", shared_head=True,
                         skip=1, on=on)
-        name, top1 = f"{name}_{variant}", _OFFICIAL[(arch, variant)]
-        url = _ZOO_URL.format(name) if top1 is not None else None
-    config = dict(img_size=224, patch_size=16, embed_dim=dim, depth=12, num_heads=heads,
-                  mlp_ratio=4.0, qkv_bias=True, distilled=distilled, rpe_config=rpe)
-
-    @register_model(name, family="deit", config=config, url=url, top1=top1)
-    def build(**overrides) -> VisionTransformer:
-        return VisionTransformer(**{**config, **overrides})
-
-    build.__name__ = name
+    dim, heads = DEIT_ARCHS[arch]
+    return dict(img_size=224, patch_size=16, embed_dim=dim, depth=12, num_heads=heads,
+                mlp_ratio=4.0, qkv_bias=True, distilled=distilled, rpe_config=rpe)
 
 
-for _arch in DEIT_ARCHS:
-    _register_deit(_arch, None)
-    _register_deit(_arch, None, distilled=True)
-for (_arch, _variant) in _OFFICIAL:
-    _register_deit(_arch, _variant)
+def _register_deit(name: str, top1: Optional[float]) -> None:
+    config = _deit_config(name)
+    url = _ZOO_URL.format(name) if top1 is not None and config["rpe_config"] else None
+    register_model(name, family="deit", config=config, url=url, top1=top1)(
+        functools.partial(VisionTransformer, **config))
+
+
+for _name, _top1 in DEIT_MODELS:
+    _register_deit(_name, _top1)
 
 
 # Demo classifier for the synthetic shapes set (irpe.data.shapes): 64x64 input, conv stem to an

@@ -7,6 +7,7 @@ image's valid (h, w) so every image gets the detections it would get alone.
 """
 from __future__ import annotations
 
+import functools
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -124,15 +125,7 @@ _DEMO = {"detr_shapes_irpe": dict(preprocess=dict(task="detection", min_size=128
                                   weights="detr_shapes_irpe.safetensors")}
 
 
-def _register(name: str, base: Dict, rpe: Optional[str]) -> None:
-    config = dict(base, rpe_config=RPEConfig.from_string(rpe) if rpe else None)
-
-    @register_model(name, family="detr", config=config, **_DEMO.get(name, {}))
-    def build(**overrides) -> DETR:
-        return DETR(**{**config, **overrides})
-
-    build.__name__ = name
-
-
 for _name, (_base, _rpe) in _VARIANTS.items():
-    _register(_name, _base, _rpe)
+    _config = dict(_base, rpe_config=RPEConfig.from_string(_rpe) if _rpe else None)
+    register_model(_name, family="detr", config=_config, **_DEMO.get(_name, {}))(
+        functools.partial(DETR, **_config))

@@ -1,0 +1,60 @@
+"""Facts that live in one place: method ids (Python table vs the C/C++ tables), registered model
+names (spelled out in the source), what the wheel ships."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from irpe.bucket import METHOD_IDS, Method, parse_method
+from irpe.models import list_models
+from irpe.models.deit import _deit_config
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGINS = ROOT / "plugins"
+
+
+def _header_ids() -> dict:
+    text = (PLUGINS / "kernels" / "irpe_bucket.h").read_text()
+    return {name: int(v) for name, v in re.findall(r"IRPE_METHOD_(\w+) = (\d+)", text)}
+
+
+@pytest.mark.parametrize("source", sorted(str(p.relative_to(PLUGINS))
+                                          for p in PLUGINS.rglob("*.cpp")
+                                          if "IRPE_METHOD_" in p.read_text()))
+def test_cpp_method_name_tables_agree_with_python(source):
+    """Each {"name", IRPE_METHOD_X} table (TensorRT plugin, ORT ops) maps the names irpe.bucket
+    parses to the ids irpe.bucket assigns."""
+    header = _header_ids()
+    pairs = re.findall(r'\{\s*"(\w+)",\s*IRPE_METHOD_(\w+)\s*\}', (PLUGINS / source).read_text())
+    assert pairs, f"no method table found in {source}"
+    single_maps = {m.value for m in METHOD_IDS if m is not Method.CROSS}
+    assert {name for name, _ in pairs} == single_maps
+    for name, macro in pairs:
+        assert header[macro] == METHOD_IDS[parse_method(name)], (name, macro)
+
+
+def test_the_trt_plugin_table_is_checked():
+    assert (PLUGINS / "tensorrt" / "rpe_fields.cpp").read_text().count("IRPE_METHOD_") >= 5
+
+
+def test_official_numeric_ids_parse():
+    assert {parse_method(v) for v in METHOD_IDS.values()} == set(Method)
+    with pytest.raises(ValueError, match="unknown iRPE method 2"):
+        parse_method(2)
+
+
+def test_every_registered_model_name_is_spelled_out_in_the_source():
+    """`grep -rn NAME irpe/models` finds every published name (no names built in loops)."""
+    source = "\n".join(p.read_text() for p in (ROOT / "irpe" / "models").glob("*.py"))
+    missing = [n for n in list_models() if f'"{n}"' not in source]
+    assert missing == []
+    assert len(list_models("deit_*_patch16_224*")) == 15 and len(list_models("detr_*")) == 4
+
+
+@pytest.mark.parametrize("name", ["deit_huge_patch16_224", "deit_tiny_patch16_224_ctx_foo",
+                                  "vit_tiny_patch16_224"])
+def test_deit_names_outside_the_scheme_are_refused(name):
+    with pytest.raises(ValueError, match="not a DeiT model name"):
+        _deit_config(name)
