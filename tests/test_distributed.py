@@ -110,6 +110,11 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(cls_runs, tm
     diff = max_diff(full, os.path.join(cls_runs["straight"], "last.pt"))
     print(f"max weight difference 1 vs 2 processes after 8 steps (2 epochs): {diff:.3g}")
     assert diff < 1e-5
+    # another world size: the 2-process run cut after 3 steps, finished by one process
+    other = single(["cls", *CLS, "--batch-size", "8"], tmp_path / "other",
+                   resume=os.path.join(cls_runs["resumed"], "cut.pt"))
+    assert max_diff(other, full) < 1e-5
+    assert log_lines(tmp_path / "other")[0]["processes"] == 1
     # the same figures in the log: validation is sharded 8 + 7 and summed exactly
     one_log, two_log = log_lines(tmp_path / "one"), log_lines(cls_runs["straight"])
     assert [r["val_images"] for r in two_log] == [15, 15]
