@@ -21,7 +21,7 @@ import torch
 
 from irpe.attention import rpe_attention
 from irpe.errors import CLIError
-from irpe.fused import set_fused_attention
+from irpe.fused import kernel_available, set_fused_attention
 from irpe.rpe import build_rpe, get_rpe_config
 
 __all__ = ["run", "layer_cases", "model_cases", "markdown", "DTYPES"]
@@ -181,6 +181,9 @@ def _smoke() -> Tuple[Dict, List[Dict]]:
     before = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
+        if not kernel_available(torch.device("cpu")):
+            raise CLIError("--smoke needs triton and a process that has not imported it "
+                           "without TRITON_INTERPRET=1 (run it as its own command)")
         case = layer_cases(torch.float32, "cpu", ["qkv"], SMOKE_LAYER)[0]
         results = measure(case, rounds=2, iters=1, warmup=1, cuda=False)
     finally:

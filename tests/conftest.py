@@ -1,5 +1,12 @@
+import os
+
 import pytest
 import torch
+
+# Triton fixes interpreter vs compiler mode when triton.language is first imported, so without a
+# GPU turn the CPU interpreter on before anything imports triton (tests/test_fused_attention.py).
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 
 @pytest.fixture(autouse=True)
@@ -25,9 +32,18 @@ def files(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def url(files):
-    """A real server (thread, 127.0.0.1) with cls, det and fault models slow, broken, tiny;
-    modules that need another server define their own ``url``."""
+def gates():
+    """Gates of the gated fault models of ``url`` (open; a test closes one to hold batches)."""
+    import threading
+    gate = threading.Event()
+    gate.set()
+    return {"tiny": gate}
+
+
+@pytest.fixture(scope="module")
+def url(files, gates):
+    """A real server (thread, 127.0.0.1) with cls, det and fault models slow, broken, tiny
+    (gated); modules that need another server define their own ``url``."""
     from serve.config import ServeSettings
     from tests.helpers import fault_backend, running_server
     cls = {"path": files["cls"]}
@@ -37,7 +53,7 @@ def url(files):
         {**cls, "name": "slow", "timeout_s": 0.2, "backend": fault_backend(delay_s=0.6)},
         {**cls, "name": "broken", "backend": fault_backend(fail=True)},
         {**cls, "name": "tiny", "max_batch_size": 1, "max_queue_size": 2,
-         "backend": fault_backend(delay_s=0.2)}])
+         "backend": fault_backend(gate=gates["tiny"])}])
     with running_server(settings) as base:
         yield base
 

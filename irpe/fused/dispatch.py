@@ -50,6 +50,16 @@ def _exporting() -> bool:
             or torch.jit.is_scripting() or torch.compiler.is_exporting())
 
 
+_CAPABILITY: Dict[int, Tuple[int, int]] = {}
+
+
+def _capability(device: torch.device) -> Tuple[int, int]:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _CAPABILITY:
+        _CAPABILITY[index] = torch.cuda.get_device_capability(index)
+    return _CAPABILITY[index]
+
+
 def fused_supported(q: Tensor, k: Tensor, rpe_q, rpe_k, rpe_v, height, width,
                     dropout: Optional[nn.Module]) -> bool:
     """Whether this call may take the fused kernel (mode, device, shapes, no export/dropout)."""
@@ -63,6 +73,8 @@ def fused_supported(q: Tensor, k: Tensor, rpe_q, rpe_k, rpe_v, height, width,
         return False
     if q.shape[-1] > MAX_HEAD_DIM or isinstance(height, torch.Tensor):
         return False
+    if q.is_cuda and _capability(q.device) < ((8, 0) if q.dtype == torch.bfloat16 else (7, 5)):
+        return False  # Triton's dot: sm_75+ (fp16/fp32), bf16 from sm_80
     if dropout is not None and dropout.training and dropout.p > 0:
         return False
     parts = _parts(rpe_q) + _parts(rpe_k) + _parts(rpe_v)

@@ -27,14 +27,18 @@ def interpreter_enabled() -> bool:
 
 
 def kernel_available(device: torch.device) -> bool:
-    """Whether the Triton kernel can run for tensors on ``device``."""
+    """Whether the Triton kernel can run for tensors on ``device``: CUDA with the compiler, CPU
+    with the interpreter, and triton.language imported in that same mode (Triton fixes the mode
+    of its library functions at import, so one process cannot switch)."""
+    interpret = device.type == "cpu"
+    if device.type not in ("cpu", "cuda") or interpreter_enabled() != interpret:
+        return False
     try:
-        import triton  # noqa: F401
+        import triton.language as tl
+        from triton.runtime.interpreter import InterpretedFunction
     except ImportError:
         return False
-    if device.type == "cuda":
-        return not interpreter_enabled()
-    return device.type == "cpu" and interpreter_enabled()
+    return isinstance(tl.zeros, InterpretedFunction) == interpret
 
 
 def _pow2(n: int, floor: int = 16) -> int:
@@ -46,6 +50,17 @@ def _strides(t: Optional[Tensor], dims: int = 3) -> list:
     if t is None:
         return [0] * dims
     return [0 if t.shape[d] == 1 else t.stride(d) for d in range(dims)]
+
+
+def block_sizes(dtype: torch.dtype, head_dim: int, has_v: bool, device_type: str
+                ) -> Tuple[int, int]:
+    """(BLOCK_M, BLOCK_N): 64 x 64 for fp16/bf16 without V; smaller tiles where the V one-hot,
+    fp32 (shared memory) or wide heads need them, and on the CPU interpreter (speed)."""
+    if device_type == "cpu" or has_v:
+        return 32, 16
+    if dtype == torch.float32 or head_dim > 64:
+        return 32, 32
+    return 64, 64
 
 
 def _launch(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask):
@@ -60,9 +75,7 @@ def _launch(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask)
     ids = [None if i is None else i.to(torch.int32).contiguous() for i in (ids_k, ids_q, ids_v)]
     dummy = q.new_zeros(1, dtype=torch.int32)
     mask_i8 = None if mask is None else mask.to(torch.int8).contiguous()
-    block_t = _pow2(num_buckets_v) if has_v else 16
-    block_m = 32 if has_v or d > 64 or q.device.type == "cpu" else 64
-    block_n = 16 if has_v or q.device.type == "cpu" else 64
+    block_m, block_n = block_sizes(q.dtype, d, has_v, q.device.type)
     grid = (triton_cdiv(length, block_m), b * h)
     get_kernel()[grid](
         q, k, v, tables[0] if tables[0] is not None else dummy,
@@ -78,7 +91,8 @@ def _launch(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask)
         NIDK=1 if ids[0] is None else ids[0].shape[0],
         NIDQ=1 if ids[1] is None else ids[1].shape[0],
         NIDV=1 if ids[2] is None else ids[2].shape[0],
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_pow2(d), BLOCK_T=block_t,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_pow2(d),
+        BLOCK_T=_pow2(num_buckets_v) if has_v else 16,
         IEEE=q.dtype == torch.float32,
         DOT_F32=q.dtype == torch.bfloat16 and q.device.type == "cpu")
     return out, s
