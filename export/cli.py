@@ -21,7 +21,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = _warn_line
-        path = export_onnx(args.source, args.output or _default_output(args.source),
+        path = export_onnx(args.source, _output(args.source, args.output),
                            args.checkpoint, inline=args.inline, opset=args.opset,
                            progress=not args.quiet, optimize=not args.no_optimize)
     props = read_metadata_props(path)
@@ -38,6 +38,14 @@ def _warn_line(message, category, filename, lineno, file=None, line=None) -> Non
 def _default_output(source: str) -> str:
     from pathlib import Path
     return Path(source).stem + ".onnx"
+
+
+def _output(source: str, output) -> str:
+    """``-o``: a file, or an existing folder to write ``<source>.onnx`` into (default: here)."""
+    import os
+    if output and os.path.isdir(output):
+        return os.path.join(output, _default_output(source))
+    return output or _default_output(source)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -87,7 +95,7 @@ def _print_report(report: dict) -> None:
 
 def cmd_build_engine(args: argparse.Namespace) -> int:
     """Build a TensorRT engine (and its .json sidecar) from an ONNX file."""
-    from .tensorrt import TensorRTUnavailable, build_engine
+    from .tensorrt import EngineBuildError, TensorRTUnavailable, build_engine
     output = args.output or str(args.onnx).rsplit(".", 1)[0] + ".engine"
     try:
         side = build_engine(args.onnx, output, precision=args.precision, batch=args.batch,
@@ -97,7 +105,7 @@ def cmd_build_engine(args: argparse.Namespace) -> int:
                             compute_capability=args.compute_capability, progress=True)
     except TensorRTUnavailable as exc:
         raise CLIError(str(exc)) from None
-    except RuntimeError as exc:  # the build itself failed (or its isolated process died)
+    except EngineBuildError as exc:  # the build itself failed (or its isolated process died)
         print(f"irpe build-engine: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 1
     print(f"wrote {output} ({side['tensorrt_module']} {side['tensorrt_version']}, "
