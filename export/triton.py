@@ -205,7 +205,7 @@ def _from_engine(path: Path, options: RepoOptions) -> _Model:
     check_file(path, "engine")
     side = _sidecar(path)
     module = side.get("tensorrt_module", "")
-    if module != "tensorrt":
+    if not module.startswith("tensorrt") or "rtx" in module:
         raise ValueError(f"{path} was built with {module or 'an unknown module'} "
                          f"{side.get('tensorrt_version', '')}: Triton's tensorrt_plan backend "
                          "loads engines built by full TensorRT of the server's version only")

@@ -4,6 +4,7 @@ shapes; label file, plugin/custom-op plumbing, and one-line errors for bad input
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -141,6 +142,32 @@ def test_tensorrt_plan_with_plugin(repo, tmp_path, capsys):
     assert flag in (repo2 / "deit_trt" / "config.pbtxt").read_text()
 
 
+def test_real_engine_from_build_engine(repo, tmp_path, capsys):
+    """An engine built here by `irpe build-engine`'s code: TensorRT-RTX (CI) is refused with the
+    reason; full TensorRT (GPU machines with it) gives a tensorrt_plan with the profile's batch."""
+    from export.tensorrt import build_engine
+    from irpe.deploy.trt_common import TensorRTUnavailable, import_tensorrt, is_rtx
+    try:
+        trt = import_tensorrt()
+    except TensorRTUnavailable as exc:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(f"no TensorRT module: {exc}")
+    out, _ = repo
+    onnx_path = out / "deit_shapes_irpe" / "1" / "model.onnx"
+    engine = tmp_path / "deit.engine"
+    build_engine(onnx_path, engine, batch=(1, 4, 8),
+                 compute_capability="SM89" if is_rtx(trt) else None)
+    argv = ["triton-repo", str(engine), "-o", str(tmp_path / "r")]
+    if is_rtx(trt):
+        err = _error(capsys, argv)
+        assert f"built with {trt.__name__} {trt.__version__}: Triton's tensorrt_plan" in err
+        return
+    assert main(argv) == 0
+    cfg = parse(tmp_path / "r" / "deit_shapes_irpe" / "config.pbtxt")
+    assert cfg.platform == "tensorrt_plan" and cfg.max_batch_size == 8
+
+
 def test_ort_custom_op_library_is_copied_and_referenced(repo, tmp_path):
     out, _ = repo
     lib = tmp_path / "libirpe_ort_ops.so"
@@ -167,6 +194,16 @@ def test_ort_ops_auto_references_the_build_only_if_it_runs_the_file(repo, tmp_pa
     assert libs == (["/models/d/libirpe_ort_ops.so"] if runs else [])
     assert (model / "libirpe_ort_ops.so").is_file() == runs
     assert len(seen) == int(DEFAULT_ORT_OPS.is_file() and not runs)  # warned when skipped
+    if runs:  # what the repository asks Triton to run computes what the plain file does
+        options = ort.SessionOptions()
+        options.register_custom_ops_library(str(model / "libirpe_ort_ops.so"))
+        feeds = {"images": np.random.default_rng(1).random((2, 3, 64, 96), dtype=np.float32),
+                 "sizes": np.array([[64, 96], [48, 80]], dtype=np.int64)}
+        with_lib = ort.InferenceSession(str(model / "1" / "model.onnx"), options,
+                                        providers=["CPUExecutionProvider"]).run(None, feeds)
+        plain = ort.InferenceSession(str(detr), providers=["CPUExecutionProvider"]).run(None, feeds)
+        for a, b in zip(with_lib, plain):
+            np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
 
 
 def _session_with(model: Path, lib: Path) -> bool:
