@@ -247,6 +247,8 @@ def test_eval_detector_checks_categories_and_maps_ids_by_name(det_dir, tmp_path,
     code, _ = _eval_det(three, tmp_path, "three")
     err = capsys.readouterr().err
     assert code == 2 and "differ from the model's classes" in err and "3 vs 8 classes" in err
+    with pytest.raises(ValueError, match=r"categories of instances_val.json differ .*3 vs 8"):
+        Trainer(_cfg(tmp_path, "detection", "detr_shapes_irpe", data=str(three)))
     permuted = _copy(det_dir, tmp_path / "permuted")
 
     def reverse_ids(data):  # same names, ids 1..8 reversed: labels must map by name
@@ -260,3 +262,6 @@ def test_eval_detector_checks_categories_and_maps_ids_by_name(det_dir, tmp_path,
     code, got = _eval_det(permuted, tmp_path, "permuted")
     # equal up to the order pycocotools averages the categories in
     assert code == 0 and got == pytest.approx(ref, abs=1e-12) and ref["AP50"] > 0
+    with pytest.raises(ValueError, match=r"differ from the training categories \(same names, "
+                       r"other order\)"):
+        Trainer(_cfg(tmp_path, "detection", "detr_shapes_irpe", data=str(permuted)))

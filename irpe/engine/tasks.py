@@ -107,9 +107,6 @@ class DetectionTask:
             self.val_set = CocoDetection(cfg.data, "val", preprocess)
             check_same_classes(self.val_set.categories, self.train_set.categories,
                                "categories of instances_val.json", "training categories")
-            if self.val_set.category_ids != self.train_set.category_ids:
-                raise ValueError("category ids of instances_val.json differ from "
-                                 "instances_train.json for the same names")
         classes = list(self.train_set.categories)
         # from scratch the ResNet needs trainable BatchNorm; in eval it equals the frozen one
         norm = "frozen" if cfg.init else "batch"
