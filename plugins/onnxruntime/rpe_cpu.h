@@ -1,7 +1,7 @@
 // CPU rows of RPEGather / RPEScatter: the same contract as the CUDA kernels (irpe_kernels.h):
 //   gather : out[j] = row[id[j]]                        (0 where id is outside [0, K))
-//   scatter: out[t] = sum over j with id[j] = t of a[j]  (fp32 accumulation, j order; ids
-//            outside [0, K) dropped)
+//   scatter: out[t] = sum over j with id[j] = t of a[j]  (fp32 accumulation in ascending j,
+//            through per-row bucket lists; ids outside [0, K) dropped)
 // One call handles ONE output row, so rows can go to different threads without any shared
 // writes: the result does not depend on the thread count (no atomics, fixed summation order).
 // On-the-fly ids come from irpe_bucket.h, the header the CUDA kernels use too.
@@ -41,20 +41,44 @@ inline void gather_row(const T* __restrict table_row, const I* __restrict ids, i
     }
 }
 
-// acc has k floats of scratch space.
-template <typename T, typename I>
-inline void scatter_row(const T* __restrict attn_row, const I* __restrict ids, int64_t lk,
-                        int64_t k, float* __restrict acc, T* __restrict out)
+// Bucket lists of one index row (CSR): the keys j with id t are pos[off[t] .. off[t+1]), in
+// ascending j; ids outside [0, K) are left out. Built once per query row, shared by all (b, h).
+template <typename I>
+inline void bucket_lists(const I* __restrict ids, int64_t lk, int64_t k, int32_t* __restrict off,
+                         int32_t* __restrict pos)
 {
-    std::memset(acc, 0, sizeof(float) * static_cast<size_t>(k));
+    std::memset(off, 0, sizeof(int32_t) * static_cast<size_t>(k + 1));
     for (int64_t j = 0; j < lk; ++j) {
         const int64_t t = static_cast<int64_t>(ids[j]);
         if (static_cast<uint64_t>(t) < static_cast<uint64_t>(k)) {
-            acc[t] += Acc<T>::load(attn_row[j]);
+            ++off[t + 1];
         }
     }
     for (int64_t t = 0; t < k; ++t) {
-        out[t] = Acc<T>::store(acc[t]);
+        off[t + 1] += off[t];
+    }
+    std::vector<int32_t> next(off, off + k);
+    for (int64_t j = 0; j < lk; ++j) {
+        const int64_t t = static_cast<int64_t>(ids[j]);
+        if (static_cast<uint64_t>(t) < static_cast<uint64_t>(k)) {
+            pos[next[static_cast<size_t>(t)]++] = static_cast<int32_t>(j);
+        }
+    }
+}
+
+// Each bucket's sum stays in a register (no store-to-load chain through an accumulator array
+// when neighbouring keys share a bucket) and is taken in ascending j: the order of a
+// sequential scatter-add, so the fp32 result equals PyTorch's CPU scatter_add_.
+template <typename T>
+inline void scatter_row(const T* __restrict attn_row, const int32_t* __restrict off,
+                        const int32_t* __restrict pos, int64_t k, T* __restrict out)
+{
+    for (int64_t t = 0; t < k; ++t) {
+        float s = 0.0f;
+        for (int32_t n = off[t]; n < off[t + 1]; ++n) {
+            s += Acc<T>::load(attn_row[pos[n]]);
+        }
+        out[t] = Acc<T>::store(s);
     }
 }
 

@@ -51,14 +51,36 @@ std::string node_name(const OrtApi& api, const OrtKernelInfo* info)
     return name;
 }
 
-// One ParallelFor job: rows [chunk * chunk_rows, ...) of the flattened (B*H*Lq) output.
+// One ParallelFor job: rows [chunk * chunk_rows, ...) of the flattened (B*H*Lq) output. The
+// scatter first builds the bucket lists of every index row (off, pos), in parallel too.
 struct Job {
     Problem p;
     const void* in = nullptr;
     const void* ids = nullptr;
     void* out = nullptr;
     int64_t total_rows = 0, chunk_rows = 1;
+    std::vector<int32_t> off, pos;
 };
+
+int64_t chunk_rows(int64_t rows, int64_t width)
+{
+    const int64_t by_work = std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(1, width));
+    return std::max(by_work, (rows + kMaxTasks - 1) / kMaxTasks);
+}
+
+template <typename I>
+void list_chunk(void* data, size_t chunk)
+{
+    Job& job = *static_cast<Job*>(data);
+    const Problem& p = job.p;
+    const int64_t rows = chunk_rows(p.lq, p.lk);
+    const int64_t begin = static_cast<int64_t>(chunk) * rows, end = std::min(begin + rows, p.lq);
+    const I* ids = static_cast<const I*>(job.ids);
+    for (int64_t i = begin; i < end; ++i) {
+        bucket_lists(ids + i * p.lk, p.lk, p.k, job.off.data() + i * (p.k + 1),
+                     job.pos.data() + i * p.lk);
+    }
+}
 
 template <typename T, typename I, bool kGather>
 void run_chunk(void* data, size_t chunk)
@@ -67,7 +89,6 @@ void run_chunk(void* data, size_t chunk)
     const Problem& p = job.p;
     const int64_t begin = static_cast<int64_t>(chunk) * job.chunk_rows;
     const int64_t end = std::min(begin + job.chunk_rows, job.total_rows);
-    std::vector<float> acc(kGather ? 0 : static_cast<size_t>(p.k));
     const T* in = static_cast<const T*>(job.in);
     const I* ids = static_cast<const I*>(job.ids);
     T* out = static_cast<T*>(job.out);
@@ -77,24 +98,34 @@ void run_chunk(void* data, size_t chunk)
             const int64_t table_row = (r / p.lq) * p.rows + (p.rows == 1 ? 0 : i);
             gather_row(in + table_row * p.k, ids + i * p.lk, p.lk, p.k, out + r * p.lk);
         } else {
-            scatter_row(in + r * p.lk, ids + i * p.lk, p.lk, p.k, acc.data(), out + r * p.k);
+            scatter_row(in + r * p.lk, job.off.data() + i * (p.k + 1), job.pos.data() + i * p.lk,
+                        p.k, out + r * p.k);
         }
+    }
+}
+
+void parallel(Ort::KernelContext& ctx, void (*fn)(void*, size_t), int64_t tasks, Job& job)
+{
+    if (tasks <= 1) {
+        fn(&job, 0);
+    } else {
+        ctx.ParallelFor(fn, static_cast<size_t>(tasks), 0, &job);
     }
 }
 
 template <typename T, typename I, bool kGather>
 void run_rows(Ort::KernelContext& ctx, Job& job)
 {
-    const int64_t width = kGather ? job.p.lk : std::max(job.p.lk, job.p.k);
-    const int64_t by_work = std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(1, width));
-    const int64_t by_count = (job.total_rows + kMaxTasks - 1) / kMaxTasks;
-    job.chunk_rows = std::max(by_work, by_count);
-    const int64_t tasks = (job.total_rows + job.chunk_rows - 1) / job.chunk_rows;
-    if (tasks <= 1) {
-        run_chunk<T, I, kGather>(&job, 0);
-        return;
+    const Problem& p = job.p;
+    if constexpr (!kGather) {
+        job.off.assign(static_cast<size_t>(p.lq * (p.k + 1)), 0);
+        job.pos.resize(static_cast<size_t>(p.lq * p.lk));
+        const int64_t rows = chunk_rows(p.lq, p.lk);
+        parallel(ctx, &list_chunk<I>, (p.lq + rows - 1) / rows, job);
     }
-    ctx.ParallelFor(&run_chunk<T, I, kGather>, static_cast<size_t>(tasks), 0, &job);
+    job.chunk_rows = chunk_rows(job.total_rows, kGather ? p.lk : std::max(p.lk, p.k));
+    parallel(ctx, &run_chunk<T, I, kGather>, (job.total_rows + job.chunk_rows - 1) / job.chunk_rows,
+             job);
 }
 
 template <typename T, bool kGather>
