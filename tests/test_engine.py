@@ -190,3 +190,38 @@ def test_soft_cross_entropy_matches_hard_labels():
     hard = torch.nn.functional.one_hot(labels, 5).float()
     assert torch.allclose(soft_cross_entropy(logits, hard),
                           torch.nn.functional.cross_entropy(logits, labels))
+
+
+def test_rank_shares_of_a_global_batch_are_the_one_process_batch():
+    from irpe.engine.distributed import Dist, ResumableSampler, ShardSampler
+    n, batch, world = 37, 4, 3
+    for epoch in (0, 1):
+        ranks = []
+        for r in range(world):
+            s = ResumableSampler(n, Dist(rank=r, world=world), seed=5)
+            s.set_epoch(epoch)
+            ranks.append(list(s))
+        single = ResumableSampler(n, Dist(), seed=5)
+        single.set_epoch(epoch)
+        one = list(single)
+        steps = n // (batch * world)
+        for step in range(steps):  # rank r's step-th batch are samples r, r + W, ... of it
+            part = slice(step * batch, (step + 1) * batch)
+            merged = sorted(i for r in range(world) for i in ranks[r][part])
+            assert merged == sorted(one[step * batch * world:(step + 1) * batch * world])
+    resumed = ResumableSampler(n, Dist(rank=1, world=world), seed=5)
+    resumed.set_epoch(1, start=batch)
+    assert list(resumed) == ranks[1][batch:] and len(resumed) == len(ranks[1]) - batch
+    shards = [list(ShardSampler(n, Dist(rank=r, world=world))) for r in range(world)]
+    assert sorted(i for s in shards for i in s) == list(range(n))  # once each, no padding
+
+
+def test_random_hflip_shares_the_global_coins():
+    from irpe.engine.distributed import Dist
+    from irpe.engine.tasks import random_hflip
+    images = torch.arange(8.0).view(8, 1, 1, 1).expand(8, 1, 2, 3).contiguous()
+    _, one = random_hflip(images, None, 0.5, torch.Generator().manual_seed(1))
+    for r in range(2):
+        _, part = random_hflip(images[r::2], None, 0.5, torch.Generator().manual_seed(1),
+                               Dist(rank=r, world=2))
+        assert torch.equal(part, one[r::2])

@@ -127,7 +127,8 @@ class DetectionTask:
         outputs = model(images.to(device), sizes.to(device))
         self.criterion.to(device)
         losses = self.criterion(outputs, targets)
-        return losses["loss"], {k: float(losses[k].detach()) for k in ("loss_ce", "loss_bbox", "loss_giou")}
+        parts = ("loss_ce", "loss_bbox", "loss_giou")
+        return losses["loss"], {k: float(losses[k].detach()) for k in parts}
 
     def evaluate(self, model: nn.Module, loader: DataLoader, device: str) -> Dict:
         return evaluate_detection(model, self.val_set, self.cfg.batch_size, device,
