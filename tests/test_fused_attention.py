@@ -13,7 +13,7 @@ import torch
 
 from irpe.attention import RPEAttention, rpe_attention, unfused_attention
 from irpe.fused import fused_rpe_attention, fused_supported, reference_forward, set_fused_attention
-from irpe.fused.op import check_inputs
+from irpe.fused.op import LAUNCHES, check_inputs
 from irpe.models.transformer import RPEMultiheadAttention
 from irpe.rpe import build_rpe, get_rpe_config, set_traceable
 
@@ -120,7 +120,9 @@ def test_model_block_uses_fused_and_matches(interpret):
     for p in (attn.rpe_q, attn.rpe_k, attn.rpe_v):
         torch.nn.init.normal_(p.lookup_table_weight, std=0.5)
     x = torch.randn(2, 17, 32)
+    before = LAUNCHES[0]
     fused = attn(x)
+    assert LAUNCHES[0] == before + 1
     set_fused_attention("unfused")
     _check(fused, attn(x), torch.float32)
 
@@ -189,7 +191,9 @@ def test_cpu_without_interpreter_takes_unfused(monkeypatch):
         set_fused_attention(mode)
         try:
             assert not fused_supported(q, k, *mods, 3, 3, None)
+            before = LAUNCHES[0]
             assert torch.equal(rpe_attention(q, k, v, 0.25, *mods, 3, 3), ref)
+            assert LAUNCHES[0] == before
         finally:
             set_fused_attention(None)
 
@@ -317,3 +321,23 @@ def test_kernel_lowers_to_cubin_without_gpu(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     size, has_loads = done.stdout.split()
     assert int(size) > 1000 and has_loads == "True"
+
+
+@needs_triton
+def test_detr_model_fused_matches_unfused(interpret):
+    """Whole detr_tiny_irpe, two images padded differently: the models dispatch to the kernel
+    (grid from the feature map, padding mask after the iRPE-K term) with unchanged logits."""
+    from irpe import create_model
+    net = create_model("detr_tiny_irpe").eval()
+    x, sizes = torch.randn(2, 3, 96, 128), torch.tensor([[96, 128], [64, 96]])
+    with torch.no_grad():
+        for name, p in net.named_parameters():
+            if "lookup_table" in name:
+                p.normal_(0, 0.5)
+        before = LAUNCHES[0]
+        fused = net(x, sizes)
+        assert LAUNCHES[0] > before  # the encoder layers ran the kernel
+        set_fused_attention("unfused")
+        ref = net(x, sizes)
+    _check(fused["pred_logits"], ref["pred_logits"], torch.float32)
+    _check(fused["pred_boxes"], ref["pred_boxes"], torch.float32)
