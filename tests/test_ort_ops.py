@@ -77,8 +77,8 @@ def op_model(op: str, dtype=TensorProto.FLOAT, index=TensorProto.INT64, **attrs)
     graph = helper.make_graph([node], "op", [helper.make_tensor_value_info("x", dtype, None),
                                              helper.make_tensor_value_info("index", index, None)],
                               [helper.make_tensor_value_info("out", dtype, None)])
-    function = gather_function(18) if op == "RPEGather" else scatter_function(18)
-    model = helper.make_model(graph, functions=[function], opset_imports=[
+    functions = {"RPEGather": [gather_function(18)], "RPEScatter": [scatter_function(18)]}
+    model = helper.make_model(graph, functions=functions.get(op, []), opset_imports=[
         helper.make_opsetid("", 18), helper.make_opsetid("irpe", 1)])
     model.ir_version = 9
     return model.SerializeToString()
@@ -165,7 +165,8 @@ def test_out_of_range_ids_follow_the_kernel_contract(ort_library):
 @pytest.mark.parametrize("method,height,width,skip", [("product", 4, 6, 1), ("euc", 5, 3, 0),
                                                       ("cross_rows", 3, 7, 1)])
 def test_on_the_fly_ids_equal_the_index_form(ort_library, method, height, width, skip):
-    """method/ratio/skip attributes: ids computed by irpe_bucket.h from input 1's (H, W)."""
+    """The *Grid forms (method/ratio/skip, as the TensorRT creators): ids computed by
+    irpe_bucket.h from input 1's (H, W)."""
     ratio = 1.9
     ids = bucket_ids(method, ratio, height, width, skip=skip).numpy()
     k = int(ids.max()) + 1
@@ -175,19 +176,17 @@ def test_on_the_fly_ids_equal_the_index_form(ort_library, method, height, width,
     attn = rng.random((2, 2, length, length), dtype=np.float32)
     grid = np.zeros((height, width), np.int64)
     fly = dict(ATTRS, method=method, ratio=ratio, skip=skip)
-    got = run(op_model("RPEGather", **fly), "on", x=table, index=grid)
+    got = run(op_model("RPEGatherGrid", **fly), "on", x=table, index=grid)
     assert np.array_equal(got, rpe_gather(torch.from_numpy(table), torch.from_numpy(ids)).numpy())
-    got = run(op_model("RPEScatter", num_buckets=k, **fly), "on", x=attn, index=grid)
+    got = run(op_model("RPEScatterGrid", num_buckets=k, **fly), "on", x=attn, index=grid)
     ref = rpe_scatter(torch.from_numpy(attn), torch.from_numpy(ids), k).numpy()
     assert np.abs(got - ref).max() <= 1e-6
 
 
-BAD_ATTRIBUTES = [  # (op, attributes, error; the function path can serve the node)
+BAD_ATTRIBUTES = [  # (op, attributes, error); the function path can serve these nodes
     ("RPEScatter", dict(ATTRS, plugin_version="2", num_buckets=50), "plugin_version' is '2'"),
     ("RPEGather", dict(ATTRS, plugin_namespace="other"), "plugin_namespace' is 'other'"),
     ("RPEGather", dict(ATTRS, num_buckets="fifty"), "'num_buckets' must be an int"),
-    ("RPEGather", dict(ATTRS, method="spiral", ratio=1.9), "unknown method 'spiral'"),
-    ("RPEGather", dict(ATTRS, method="product", ratio=0.0), "need ratio > 0"),
 ]
 
 
@@ -204,6 +203,30 @@ def test_bad_attribute_is_a_clear_error_or_a_logged_fallback(ort_library, op, at
     ids, table, attn = layer()
     x = table if op == "RPEGather" else attn
     assert session.run(None, {"x": x, "index": ids})[0].shape[:3] == (2, 3, 26)
+
+
+@pytest.mark.parametrize("op,attrs,message", [
+    ("RPEGatherGrid", dict(ATTRS, method="spiral", ratio=1.9), "unknown method 'spiral'"),
+    ("RPEGatherGrid", dict(ATTRS, method="product", ratio=0.0), "need ratio > 0"),
+    ("RPEScatterGrid", dict(ATTRS, ratio=1.9), "needs a method"),
+    ("RPEScatterGrid", dict(ATTRS, method="product", ratio=1.9, num_buckets=7),
+     "num_buckets 7 does not match method product"),
+])
+def test_bad_grid_attributes_name_the_node_and_field(ort_library, op, attrs, message):
+    """No function can serve a *Grid node: auto mode reports ONNX Runtime's own error."""
+    model = op_model(op, **attrs)
+    with pytest.raises(CustomOpsError, match=f"{op} node '': .*{message}"):
+        create_session(model, custom_ops="on")
+    with pytest.raises(Exception, match="RPE"):
+        create_session(model, custom_ops="auto")
+
+
+def test_plain_ops_ignore_grid_fields(ort_library):
+    """RPEGather reads num_buckets only (the TensorRT creator's one field), like the parser."""
+    ids, table, _ = layer()
+    model = op_model("RPEGather", num_buckets=50, method="spiral", **ATTRS)
+    assert np.array_equal(run(model, "on", x=table, index=ids), run(model, "off", x=table,
+                                                                     index=ids))
 
 
 @pytest.mark.parametrize("num_buckets", [None, -4])

@@ -119,7 +119,13 @@ std::string check(const RpeConfig& c)
 
 }  // namespace
 
-char const* op_name(Op op) { return op == Op::kGather ? "RPEGather" : "RPEScatter"; }
+char const* op_name(Op op, bool grid)
+{
+    if (op == Op::kGather) {
+        return grid ? "RPEGatherGrid" : "RPEGather";
+    }
+    return grid ? "RPEScatterGrid" : "RPEScatter";
+}
 
 int RpeConfig::method_id() const
 {
@@ -143,14 +149,19 @@ std::string read_config(const OrtApi& api, const OrtKernelInfo* info, RpeConfig&
     if (get_int(api, info, "num_buckets", c.num_buckets) == Attr::kWrongType) {
         return "attribute 'num_buckets' must be an int";
     }
-    if (get_string(api, info, "method", c.method) == Attr::kWrongType) {
-        return "attribute 'method' must be a string";
-    }
-    if (get_float(api, info, "ratio", c.ratio) == Attr::kWrongType) {
-        return "attribute 'ratio' must be a float";
-    }
-    if (get_int(api, info, "skip", c.skip) == Attr::kWrongType) {
-        return "attribute 'skip' must be an int";
+    if (c.grid) {  // the plain ops ignore these, as TensorRT's parser does (not their fields)
+        if (get_string(api, info, "method", c.method) == Attr::kWrongType) {
+            return "attribute 'method' must be a string";
+        }
+        if (c.method.empty()) {
+            return "needs a method (on-the-fly ids: euc, quant, product, cross_rows, cross_cols)";
+        }
+        if (get_float(api, info, "ratio", c.ratio) == Attr::kWrongType) {
+            return "attribute 'ratio' must be a float";
+        }
+        if (get_int(api, info, "skip", c.skip) == Attr::kWrongType) {
+            return "attribute 'skip' must be an int";
+        }
     }
     error = check(c);
     if (error.empty() && c.on_the_fly() && c.num_buckets == 0 && c.op == Op::kScatter) {
@@ -189,7 +200,7 @@ Problem make_problem(const RpeConfig& c, const std::vector<int64_t>& in,
                      const std::vector<int64_t>& index)
 {
     Problem p;
-    const char* what = op_name(c.op);
+    const char* what = op_name(c.op, c.grid);
     if (in.size() != 4) {
         p.error = std::string(what) + ": input 0 must be 4-D, got " + std::to_string(in.size()) +
                   "-D";

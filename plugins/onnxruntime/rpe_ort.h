@@ -18,9 +18,12 @@ namespace irpe_ort {
 
 enum class Op { kGather, kScatter };
 
-// The node's attributes: exactly the TensorRT plugin fields (plugins/tensorrt/README.md).
+// The node's attributes: exactly the fields the TensorRT creator of the same name advertises
+// (plugins/tensorrt/README.md): RPEGather/RPEScatter num_buckets; the *Grid forms (ids computed
+// on the fly from input 1's last two dims) method, ratio, skip and an optional num_buckets.
 struct RpeConfig {
     Op op = Op::kGather;
+    bool grid = false;
     int64_t num_buckets = 0;  // 0 = not set (RPEGather: the table's last dim)
     std::string method;       // "" = ids from input 1; else computed (on the fly)
     float ratio = 0.0f;
@@ -29,7 +32,7 @@ struct RpeConfig {
     int method_id() const;
 };
 
-char const* op_name(Op op);
+char const* op_name(Op op, bool grid = false);
 
 // Reads and checks the node's attributes; returns "" or what is wrong with them.
 std::string read_config(const OrtApi& api, const OrtKernelInfo* info, RpeConfig& config);

@@ -58,7 +58,7 @@ OrtStatusPtr cuda_compute(const OrtApi& api, const RpeConfig& c, Ort::KernelCont
     }
     irpe_dtype dtype;
     if (!kernel_dtype(in_info.GetElementType(), dtype)) {
-        return fail(api, ORT_INVALID_ARGUMENT, std::string(op_name(c.op)) + ": unsupported dtype");
+        return fail(api, ORT_INVALID_ARGUMENT, std::string(op_name(c.op, c.grid)) + ": unsupported dtype");
     }
     const bool gather = c.op == Op::kGather;
     auto out = ctx.GetOutput(0, {p.batch, p.heads, p.lq, gather ? p.lk : p.k});
@@ -75,7 +75,7 @@ OrtStatusPtr cuda_compute(const OrtApi& api, const RpeConfig& c, Ort::KernelCont
         const std::string error = grid_params(c, index_dims[index_dims.size() - 2],
                                               index_dims.back(), bp);
         if (!error.empty()) {
-            return fail(api, ORT_INVALID_ARGUMENT, std::string(op_name(c.op)) + ": " + error);
+            return fail(api, ORT_INVALID_ARGUMENT, std::string(op_name(c.op, c.grid)) + ": " + error);
         }
         status = gather ? irpe_gather_grid(&kp, dtype, x, &bp, y, stream)
                         : irpe_scatter_grid(&kp, dtype, x, &bp, y, stream);
@@ -83,7 +83,7 @@ OrtStatusPtr cuda_compute(const OrtApi& api, const RpeConfig& c, Ort::KernelCont
         const auto it = index_info.GetElementType();
         if (it != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 && it != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64) {
             return fail(api, ORT_INVALID_ARGUMENT,
-                        std::string(op_name(c.op)) + ": index must be int32 or int64");
+                        std::string(op_name(c.op, c.grid)) + ": index must be int32 or int64");
         }
         const irpe_index_dtype idt = it == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 ? IRPE_INT64
                                                                               : IRPE_INT32;
@@ -95,7 +95,7 @@ OrtStatusPtr cuda_compute(const OrtApi& api, const RpeConfig& c, Ort::KernelCont
         return nullptr;
     }
     return fail(api, status == IRPE_ERR_ARGUMENT ? ORT_INVALID_ARGUMENT : ORT_EP_FAIL,
-                std::string(op_name(c.op)) + " CUDA kernel: " +
+                std::string(op_name(c.op, c.grid)) + " CUDA kernel: " +
                     (status == IRPE_ERR_ARGUMENT ? "invalid argument" : irpe_last_error()));
 }
 

@@ -174,7 +174,7 @@ struct RpeKernel {
 #endif
             return compute_cpu(ctx);
         } catch (const std::exception& e) {
-            return fail(std::string(op_name(config.op)) + ": " + e.what());
+            return fail(std::string(op_name(config.op, config.grid)) + ": " + e.what());
         }
     }
 
@@ -196,14 +196,14 @@ struct RpeKernel {
             irpe_bucket_params bp;
             const std::string error = grid_params(config, dims[dims.size() - 2], dims.back(), bp);
             if (!error.empty()) {
-                return fail(std::string(op_name(config.op)) + ": " + error);
+                return fail(std::string(op_name(config.op, config.grid)) + ": " + error);
             }
             grid = grid_cache.get(bp);
             job.ids = grid->data();
             index_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
         } else if (index_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 &&
                    index_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64) {
-            return fail(std::string(op_name(config.op)) + ": index must be int32 or int64");
+            return fail(std::string(op_name(config.op, config.grid)) + ": index must be int32 or int64");
         } else {
             job.ids = index.GetTensorRawData();
         }
@@ -225,7 +225,8 @@ struct RpeKernel {
 // One registration per (op, EP, value type); input 1 accepts any type (checked when run:
 // an index must be int32/int64; on the fly only its shape is read).
 struct RpeOp : Ort::CustomOpBase<RpeOp, RpeKernel, true> {
-    RpeOp(Op op, bool cuda, ONNXTensorElementDataType type) : op_(op), cuda_(cuda), type_(type)
+    RpeOp(Op op, bool grid, bool cuda, ONNXTensorElementDataType type)
+        : op_(op), grid_(grid), cuda_(cuda), type_(type)
     {
         OrtCustomOp::InferOutputShapeFn = &RpeOp::infer_shape;
     }
@@ -234,10 +235,11 @@ struct RpeOp : Ort::CustomOpBase<RpeOp, RpeKernel, true> {
     {
         auto kernel = std::make_unique<RpeKernel>();
         kernel->config.op = op_;
+        kernel->config.grid = grid_;
         kernel->cuda = cuda_;
         const std::string error = read_config(api, info, kernel->config);
         if (!error.empty()) {
-            return api.CreateStatus(ORT_INVALID_ARGUMENT, (std::string(op_name(op_)) + " node '" +
+            return api.CreateStatus(ORT_INVALID_ARGUMENT, (std::string(GetName()) + " node '" +
                                                            node_name(api, info) + "': " + error)
                                                               .c_str());
         }
@@ -245,7 +247,7 @@ struct RpeOp : Ort::CustomOpBase<RpeOp, RpeKernel, true> {
         return nullptr;
     }
 
-    const char* GetName() const { return op_name(op_); }
+    const char* GetName() const { return op_name(op_, grid_); }
     const char* GetExecutionProviderType() const
     {
         return cuda_ ? "CUDAExecutionProvider" : "CPUExecutionProvider";
@@ -263,6 +265,7 @@ struct RpeOp : Ort::CustomOpBase<RpeOp, RpeKernel, true> {
     static OrtStatusPtr ORT_API_CALL infer_shape(const OrtCustomOp* self, OrtShapeInferContext* c);
 
     Op op_;
+    bool grid_;
     bool cuda_;
     ONNXTensorElementDataType type_;
 };
@@ -274,7 +277,7 @@ OrtStatusPtr ORT_API_CALL RpeOp::infer_shape(const OrtCustomOp* self, OrtShapeIn
         Ort::ShapeInferContext ctx(&Ort::GetApi(), c);
         const auto in = ctx.GetInputShape(0);
         const auto index = ctx.GetInputShape(1);
-        if (in.size() != 4 || index.size() != 2) {
+        if (op.grid_ || in.size() != 4 || index.size() != 2) {
             return nullptr;  // on the fly or unknown rank: the kernel checks at run time
         }
         using Dim = Ort::ShapeInferContext::SymbolicInteger;
@@ -315,8 +318,10 @@ void make_ops()
         }
 #endif
         for (Op op : {Op::kGather, Op::kScatter}) {
-            for (auto type : kTypes) {
-                g_ops.push_back(std::make_unique<RpeOp>(op, cuda, type));
+            for (bool grid : {false, true}) {
+                for (auto type : kTypes) {
+                    g_ops.push_back(std::make_unique<RpeOp>(op, grid, cuda, type));
+                }
             }
         }
     }
