@@ -11,6 +11,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 
 import irpe
+from irpe.idcache import BUCKET_IDS
 
 from .config import ServeSettings
 from .docs import install_docs
@@ -60,6 +61,8 @@ def create_app(settings: ServeSettings) -> FastAPI:
     """An app serving ``settings.models``; models load in the background after startup."""
     metrics = Metrics()
     state = AppState(settings, build_models(settings, metrics), metrics)
+    if settings.bucket_cache_mib is not None:  # one cache per process (irpe.idcache)
+        BUCKET_IDS.set_limit(int(settings.bucket_cache_mib * (1 << 20)))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -93,6 +93,9 @@ class ServeSettings(BaseSettings):
     log_format: Literal["json", "text"] = "json"
     shutdown_timeout_s: float = Field(30.0, gt=0, description="drain time on SIGTERM")
     cache_dir: Optional[Path] = Field(None, description="demo ONNX files (default irpe cache)")
+    bucket_cache_mib: Optional[float] = Field(
+        None, ge=0, description="torch backend: bucket-id cache limit in MiB, process-wide LRU "
+        "(default: $IRPE_BUCKET_CACHE_MIB or 256)")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings,

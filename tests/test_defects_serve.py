@@ -160,6 +160,19 @@ def test_bucket_cache_bounded_and_shown_in_metrics(url, client):
         BUCKET_IDS.set_limit(limit)
 
 
+def test_bucket_cache_limit_from_settings():
+    from pydantic import ValidationError
+    from serve.app import create_app
+    limit = BUCKET_IDS.max_bytes
+    try:
+        create_app(ServeSettings(bucket_cache_mib=0.5, models=[{"name": "m", "path": CLS}]))
+        assert BUCKET_IDS.max_bytes == 1 << 19
+    finally:
+        BUCKET_IDS.set_limit(limit)
+    with pytest.raises(ValidationError, match="bucket_cache_mib"):
+        ServeSettings(bucket_cache_mib=-1)
+
+
 def _prepare(tmp_path, extra: str):
     repo = tmp_path / "repo.yaml"
     repo.write_text(f"models:\n  - name: shapes\n    path: {CLS}\n{extra}")
