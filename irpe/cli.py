@@ -19,6 +19,8 @@ DEFAULT_CHECK_MODEL = "deit_tiny_patch16_224_ctx_product_50_shared_k"
 
 # Subcommands defined next to the code they drive; each module has ``add_parser(subparsers)``
 # and must import only light modules at import time (heavy ones inside the command function).
+# top-level packages the wheel installs beside irpe (generic names: see _foreign_package)
+SHIPPED_BESIDE = ("export", "serve")
 EXTENSIONS = ("irpe.data.cli", "irpe.weights", "irpe.engine.cli", "export.cli", "serve.cli",
               "benchmarks.cli")
 
@@ -135,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_extension(sub: argparse._SubParsersAction, module: str) -> None:
     """Register the subcommands of ``module`` if that module exists in this checkout."""
     import importlib
+    foreign = _foreign_package(module.partition(".")[0])
+    if foreign:
+        print(f"irpe: warning: {foreign} hides irpe-deploy's package of that name; its "
+              "commands are not available (see docs/DECISIONS.md, install footprint)",
+              file=sys.stderr)
+        return
     try:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as exc:
@@ -142,6 +150,21 @@ def _add_extension(sub: argparse._SubParsersAction, module: str) -> None:
             return  # the package that would define these commands is not part of this build
         raise
     mod.add_parser(sub)
+
+
+def _foreign_package(top: str) -> Optional[str]:
+    """Where another distribution's top-level ``export``/``serve`` package was found first on
+    sys.path (ours sit beside irpe/), or None; nothing is imported."""
+    import importlib.util
+    from pathlib import Path
+    if top not in SHIPPED_BESIDE:
+        return None
+    spec = importlib.util.find_spec(top)
+    if spec is None:
+        return None
+    found = Path(next(iter(spec.submodule_search_locations or []), spec.origin or ""))
+    ours = Path(__file__).resolve().parents[1]
+    return None if found.resolve().parent == ours else str(found)
 
 
 def number(kind: type = int, minimum: float = 1) -> Callable[[str], float]:

@@ -1,8 +1,14 @@
 """Facts that live in one place: method ids (Python table vs the C/C++ tables), registered model
-names (spelled out in the source), what the wheel ships."""
+names (spelled out in the source), what the wheel ships and how a name clash shows."""
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -58,3 +64,48 @@ def test_every_registered_model_name_is_spelled_out_in_the_source():
 def test_deit_names_outside_the_scheme_are_refused(name):
     with pytest.raises(ValueError, match="not a DeiT model name"):
         _deit_config(name)
+
+
+def _tracked_copy(dest: Path) -> Path:
+    """The checkout's tracked files (working-tree contents) copied to ``dest``."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                                check=True).stdout.decode().split("\0")
+    except (OSError, subprocess.CalledProcessError) as exc:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(f"not a git checkout: {exc}")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    return dest
+
+
+def test_wheel_ships_irpe_export_serve_and_not_benchmarks(tmp_path):
+    """`pip wheel .` (no build isolation: the installed setuptools) lists only the product."""
+    if importlib.util.find_spec("setuptools") is None and os.environ.get("CI") != "true":
+        pytest.skip("setuptools is not installed (pip install setuptools)")
+    src = _tracked_copy(tmp_path / "src")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "-q",
+                    "--no-build-isolation", "-w", str(tmp_path / "dist")], check=True, timeout=300)
+    (wheel,) = (tmp_path / "dist").glob("irpe_deploy-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"irpe", "export", "serve"}
+    for shipped in ("irpe/demo/deit_shapes_irpe.safetensors", "irpe/deploy/contract.py",
+                    "export/onnx.py", "serve/app.py"):
+        assert shipped in names
+
+
+def test_a_foreign_serve_package_is_reported_not_silently_dropped(tmp_path):
+    """Another distribution's top-level `serve` first on sys.path: `irpe` says so (exit 2)."""
+    (tmp_path / "serve").mkdir()
+    (tmp_path / "serve" / "__init__.py").write_text("# another project's serve\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    run = subprocess.run([sys.executable, "-c", "import sys; from irpe.cli import main; "
+                          "sys.exit(main(['serve', '--help']))"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert f"irpe: warning: {tmp_path / 'serve'} hides irpe-deploy's package" in run.stderr
+    assert "invalid choice: 'serve'" in run.stderr
