@@ -64,15 +64,22 @@ class InjectedFault(RuntimeError):
 
 
 class FaultBackend(Backend):
-    """A real inner backend plus a sleep per batch, a slow load, or an error on every batch."""
+    """A real inner backend plus a sleep per batch, a slow load, an error on every batch, or a
+    ``gate`` (threading.Event) that loading and every served batch wait for: tests open it
+    when they are ready, instead of guessing a duration."""
 
     platform = "fault_injection"
 
     def __init__(self, cfg, threads: int = 0, inner: str = "torch", delay_s: float = 0.0,
-                 load_delay_s: float = 0.0, fail: bool = False) -> None:
-        self.inner_name, self.delay_s, self.load_delay_s, self.fail = (
-            inner, delay_s, load_delay_s, fail)
+                 load_delay_s: float = 0.0, fail: bool = False,
+                 gate: Optional[threading.Event] = None) -> None:
+        self.inner_name, self.delay_s, self.load_delay_s, self.fail, self.gate = (
+            inner, delay_s, load_delay_s, fail, gate)
         super().__init__(cfg, threads)
+
+    def _pass_gate(self) -> None:
+        if self.gate is not None and not self.gate.wait(120):
+            raise InjectedFault(f"gate of model {self.cfg.name} not opened within 120 s")
 
     def read_spec(self) -> ModelSpec:
         self.inner = create_backend(self.cfg.model_copy(update={"backend": self.inner_name}),
@@ -80,6 +87,7 @@ class FaultBackend(Backend):
         return self.inner.spec
 
     def load(self) -> None:
+        self._pass_gate()
         time.sleep(self.load_delay_s)  # the fault itself: a slow load, not synchronisation
         self.inner.load()
 
@@ -87,6 +95,7 @@ class FaultBackend(Backend):
         return self.inner.warmup(images, sizes)  # faults apply to served batches only
 
     def infer(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
+        self._pass_gate()
         time.sleep(self.delay_s)  # the fault: a slow batch
         if self.fail:
             raise InjectedFault(f"injected failure (model {self.cfg.name})")
@@ -97,11 +106,12 @@ class FaultBackend(Backend):
 
 
 def fault_backend(delay_s: float = 0.0, load_delay_s: float = 0.0, fail: bool = False,
-                  inner: str = "torch") -> str:
+                  inner: str = "torch", gate: Optional[threading.Event] = None) -> str:
     """Register a FaultBackend with these options; returns its backend name for configs."""
-    name = f"fault-{inner}-d{delay_s:g}-l{load_delay_s:g}" + ("-fail" if fail else "")
+    name = f"fault-{inner}-d{delay_s:g}-l{load_delay_s:g}" + ("-fail" if fail else "") + (
+        f"-gate{id(gate):x}" if gate is not None else "")
     register_backend(name, lambda cfg, threads: FaultBackend(
-        cfg, threads, inner, delay_s, load_delay_s, fail))
+        cfg, threads, inner, delay_s, load_delay_s, fail, gate))
     return name
 
 
@@ -191,3 +201,13 @@ def metric(url: str, name: str, **labels: str) -> float:
     pattern = rf"^{name}{{{want}}} (\S+)$" if labels else rf"^{name} (\S+)$"
     found = re.search(pattern, text, re.M)
     return float(found.group(1)) if found else 0.0
+
+
+def wait_for_log(proc: subprocess.Popen, message: str) -> List[dict]:
+    """Read the process's JSON log lines until one has ``message``; the entries read."""
+    seen = []
+    for line in proc.stderr:
+        seen.append(json.loads(line))
+        if seen[-1]["message"] == message:
+            return seen
+    raise AssertionError(f"process exited ({proc.wait()}) without logging {message!r}")

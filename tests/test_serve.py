@@ -17,7 +17,7 @@ from irpe.artifact import load_trained
 from irpe.data.shapes import SHAPE_CLASSES, render_classification, render_detection
 from irpe.data.transforms import load_image
 from irpe.models import PostProcess
-from tests.helpers import encode, shape_png
+from tests.helpers import encode, shape_png, wait_until
 
 torch.set_num_threads(1)
 
@@ -258,7 +258,7 @@ def test_concurrent_requests_are_batched(client, url):
                   status="200") >= 16
 
 
-def test_overload_gives_503_with_retry_after_then_recovers(url, client):
+def test_overload_gives_503_with_retry_after_then_recovers(url, client, gates):
     blob = shape_png(6)
 
     def one(_):
@@ -266,10 +266,23 @@ def test_overload_gives_503_with_retry_after_then_recovers(url, client):
                        headers={"content-type": "image/png"})
         return r.status_code, r.headers.get("retry-after"), r.json()
 
-    with ThreadPoolExecutor(10) as pool:
-        results = list(pool.map(one, range(10)))
+    def batches() -> float:  # batches of tiny taken from its queue so far
+        return _count(client.get("/metrics").text, "irpe_queue_seconds_count", model="tiny")
+
+    gates["tiny"].clear()  # batches of tiny (1 image, queue of 2) wait until it opens
+    try:
+        with ThreadPoolExecutor(10) as pool:
+            taken = batches()
+            first = pool.submit(one, 0)
+            wait_until(lambda: batches() > taken, 30, "tiny's first batch is held")
+            rest = [pool.submit(one, i) for i in range(1, 10)]
+            wait_until(lambda: sum(f.done() for f in rest) == 7, 30, "7 requests refused")
+            gates["tiny"].set()
+            results = [first.result()] + [f.result() for f in rest]
+    finally:
+        gates["tiny"].set()
     codes = [c for c, _, _ in results]
-    assert 200 in codes and 503 in codes and set(codes) <= {200, 503}
+    assert sorted(codes) == [200] * 3 + [503] * 7  # computing 1 + queued 2; the rest refused
     for code, retry, body in results:
         if code == 503:
             assert retry == "1" and "queue of model tiny is full" in body["error"]

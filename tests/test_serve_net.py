@@ -14,16 +14,16 @@ def test_listen_socket_is_tcp_and_accepted_connections_get_nodelay():
     seen = []
 
     async def main():
+        done = asyncio.Event()
+
         def accepted(reader, writer):
             seen.append(writer.get_extra_info("socket").getsockopt(
                 socket.IPPROTO_TCP, socket.TCP_NODELAY))
             writer.close()
+            done.set()
         server = await asyncio.start_server(accepted, sock=sock)
         _, writer = await asyncio.open_connection("127.0.0.1", port)
-        for _ in range(100):
-            if seen:
-                break
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(done.wait(), 30)  # the server side saw the connection
         writer.close()
         server.close()
         await server.wait_closed()

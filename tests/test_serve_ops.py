@@ -32,8 +32,9 @@ def _auth(token: str = TOKEN) -> dict:
 
 
 def test_readiness_only_after_warmup_and_cors_when_configured(cls_file):
+    loading = threading.Event()  # model late loads once the test opens this gate
     settings = ServeSettings(threads=1, cors_origins=["http://example.com"], models=[
-        {"name": "late", "path": cls_file, "backend": fault_backend(load_delay_s=1.5)}])
+        {"name": "late", "path": cls_file, "backend": fault_backend(gate=loading)}])
     with running_server(settings, ready=False) as base, httpx.Client(base_url=base) as c:
         assert c.get("/v2/health/live").status_code == 200
         r = c.get("/v2/health/ready")
@@ -42,6 +43,7 @@ def test_readiness_only_after_warmup_and_cors_when_configured(cls_file):
         assert c.get("/v2/models/late/ready").json() == {"error": "model late is loading"}
         r = c.post("/v1/models/late/classify", content=shape_png(0), headers=PNG)
         assert r.status_code == 503 and "loading" in r.json()["error"]
+        loading.set()
         wait_ready(base)
         r = c.post("/v1/models/late/classify", content=shape_png(0),
                    headers={**PNG, "origin": "http://example.com"})

@@ -194,11 +194,13 @@ def test_network_failures_leave_nothing(server, cache, sub, cause):
 
 
 def test_refused_connection(cache):
-    with socket.socket() as s:
+    with socket.socket() as s:  # bound, never listening: refused, and no one else can take it
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(WeightsError, match=f"cannot download http://127.0.0.1:{port}/{FILE}: .*refused"):
-        weights.download(NAME, base_url=f"http://127.0.0.1:{port}", progress=False, timeout=5)
+        with pytest.raises(WeightsError,
+                           match=f"cannot download http://127.0.0.1:{port}/{FILE}: .*refused"):
+            weights.download(NAME, base_url=f"http://127.0.0.1:{port}", progress=False,
+                             timeout=5)
     assert files(cache) == []
 
 
