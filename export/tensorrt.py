@@ -19,7 +19,10 @@ from irpe.deploy.trt_common import (TensorRTUnavailable, import_tensorrt, is_rtx
 from irpe.deploy.contract import sidecar_path, write_sidecar
 from irpe.deploy.trt_runtime import TRTRunner
 
-__all__ = ["build_engine", "TRTRunner", "TensorRTUnavailable", "parse_compute_capability",
+from .trt_isolate import EngineBuildError
+
+__all__ = ["build_engine", "TRTRunner", "TensorRTUnavailable", "EngineBuildError",
+           "parse_compute_capability",
            "sidecar_path", "default_ranges", "PRECISIONS"]
 
 PRECISIONS = ("fp32", "tf32", "fp16")
@@ -191,7 +194,7 @@ def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision:
     cache = _timing_cache(trt, config, timing_cache)
     plan = builder.build_serialized_network(network, config)
     if plan is None:
-        raise RuntimeError(f"TensorRT failed to build {engine_path.name}: "
+        raise EngineBuildError(f"TensorRT failed to build {engine_path.name}: "
                            f"{'; '.join(logger.messages[-3:]) or 'see log above'}")
     _write(engine_path, bytes(plan))
     if cache is not None:

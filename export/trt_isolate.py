@@ -17,12 +17,21 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List
 
-__all__ = ["build_in_subprocess", "link_unversioned", "wheel_library_dirs"]
+__all__ = ["EngineBuildError", "build_in_subprocess", "link_unversioned", "wheel_library_dirs"]
 
 ROOT = Path(__file__).resolve().parents[1]
 _WHEEL_LIBS = ("tensorrt_rtx_libs", "tensorrt_libs")
-# exception types a child may report; anything else arrives as RuntimeError
-_ERRORS = {c.__name__: c for c in (ValueError, FileNotFoundError, OSError, RuntimeError)}
+
+
+class EngineBuildError(RuntimeError):
+    """TensorRT did not produce an engine (or the build process died)."""
+
+
+def _errors() -> Dict[str, type]:
+    """Exception types a child's error is re-raised as (the first one in its MRO)."""
+    from irpe.deploy.trt_common import TensorRTUnavailable
+    kinds = (EngineBuildError, TensorRTUnavailable, FileNotFoundError, ValueError, OSError)
+    return {c.__name__: c for c in kinds}
 
 
 def wheel_library_dirs() -> List[Path]:
@@ -79,10 +88,12 @@ def build_in_subprocess(kwargs: Dict) -> Dict:
                               text=True, stdin=subprocess.DEVNULL)
         sys.stderr.write(proc.stderr)
         if not result.is_file():
-            raise RuntimeError(_died(proc.returncode, proc.stderr))
+            raise EngineBuildError(_died(proc.returncode, proc.stderr))
         answer = json.loads(result.read_text())
     if not answer["ok"]:
-        raise _ERRORS.get(answer["type"], RuntimeError)(answer["message"])
+        kinds = _errors()
+        kind = next((kinds[n] for n in answer["types"] if n in kinds), EngineBuildError)
+        raise kind(answer["message"])
     return answer["sidecar"]
 
 
@@ -92,7 +103,8 @@ def _main(argv: List[str]) -> int:
     try:
         answer = {"ok": True, "sidecar": build_engine(**kwargs, isolate=False)}
     except Exception as exc:  # reported to the parent, which re-raises it
-        answer = {"ok": False, "type": type(exc).__name__, "message": str(exc)}
+        answer = {"ok": False, "types": [c.__name__ for c in type(exc).__mro__],
+                  "message": str(exc)}
     result.write_text(json.dumps(answer))
     return 0 if answer["ok"] else 1
 

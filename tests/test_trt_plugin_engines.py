@@ -93,7 +93,9 @@ def test_qkv_engine_gathers_and_scatters(plugin, onnx_files, tmp_path):
     engine = tmp_path / "qkv.engine"
     side = build_engine(onnx_files["qkv"], engine, batch=(1, 2, 4), plugins=[plugin], **AOT)
     found = _check_plugin_engine(engine, side, gathers=4, scatters=2)
-    print(found["plugin_layers"])
+    # the iRPE-Q term: a gather of the 1-row table, outside the rpe_k / rpe_v modules
+    q_terms = [n for n in found["plugin_layers"] if n.endswith("/attn/RPEGather")]
+    assert len(q_terms) == 2, found["plugin_layers"]
     print(f"QKV: {engine.stat().st_size / 1e6:.1f} MB, {side['build_seconds']} s, "
           f"warnings {len(side['build_warnings'])}")
 
@@ -150,15 +152,26 @@ def test_library_for_another_major_is_refused(plugin, onnx_files, tmp_path):
 
 def test_aborting_build_is_one_error_line(plugin, onnx_files, tmp_path, monkeypatch, capsys):
     """Without the libtensorrt_rtx.so link the parser's dlopen aborts the build process: the
-    caller survives and gets one RuntimeError naming the signal."""
+    caller survives: EngineBuildError naming the signal, through the CLI one line, exit 1."""
     import export.trt_isolate as isolate
     monkeypatch.setattr(isolate, "wheel_library_dirs", lambda: [])
-    with pytest.raises(RuntimeError, match=r"^the TensorRT build process died \(signal SIGABRT\)"):
-        build_engine(onnx_files["k"], tmp_path / "a.engine", plugins=[plugin], **AOT)
-    assert not (tmp_path / "a.engine").exists()
     from irpe.cli import main
     code = main(["build-engine", str(onnx_files["k"]), "-o", str(tmp_path / "b.engine"),
                  "--plugin", plugin, "--compute-capability", "SM89"])
     errors = [line for line in capsys.readouterr().err.splitlines()
               if line.startswith("irpe build-engine: error:")]
-    assert code == 1 and len(errors) == 1 and "SIGABRT" in errors[0]
+    assert code == 1 and len(errors) == 1, errors
+    assert errors[0].startswith("irpe build-engine: error: the TensorRT build process died "
+                                "(signal SIGABRT)"), errors[0]
+    assert not (tmp_path / "b.engine").exists()
+
+
+def test_isolated_build_errors_keep_their_type(plugin, onnx_files, tmp_path):
+    """Errors raised in the build process reach the caller as the same kind of exception."""
+    with pytest.raises(ValueError, match="strongly typed networks"):
+        build_engine(onnx_files["k"], tmp_path / "e", precision="fp16", plugins=[plugin], **AOT)
+    with pytest.raises(FileNotFoundError, match="plugin library not found"):
+        build_engine(onnx_files["k"], tmp_path / "e", plugins=[str(tmp_path / "no.so")], **AOT)
+    with pytest.raises(ValueError, match="not found"):  # the ONNX file, checked in the child
+        build_engine(tmp_path / "none.onnx", tmp_path / "e", plugins=[plugin], **AOT)
+    assert not (tmp_path / "e").exists()
