@@ -2,7 +2,7 @@
 
 Bucket ids are (L, L) int64 per grid size, per device: 8.8 MB for DETR's 25x42 grid at
 800x1333. A server fed images of many sizes would keep every grid it ever saw, so the cache
-holds at most ``IRPE_BUCKET_CACHE_MIB`` MiB (default 256; 0 disables caching) and drops the
+holds at most ``IRPE_BUCKET_CACHE_MIB`` MiB (default 64; 0 disables caching) and drops the
 least recently used grids first. Serving shows its size as the ``irpe_bucket_cache_bytes`` gauge.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 __all__ = ["TensorLRU", "BUCKET_IDS", "DEFAULT_MIB", "limit_from_env"]
 
-DEFAULT_MIB = 256
+DEFAULT_MIB = 64
 ENV = "IRPE_BUCKET_CACHE_MIB"
 
 

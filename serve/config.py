@@ -12,7 +12,8 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, SecretStr, field_validator,
+                      model_validator)
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -49,6 +50,13 @@ class ModelConfig(BaseModel):
     metadata: Optional[Path] = Field(
         None, description="tensorrt: .onnx or .safetensors holding the irpe metadata "
         "(default: the engine path with suffix .onnx)")
+    precision: Optional[Literal["fp32", "fp16", "bf16"]] = Field(
+        None, description="torch backend: weights and inputs cast to this dtype, outputs back "
+        "to fp32; default fp16 on cuda, fp32 on cpu (other backends: fp32 only)")
+    cuda_graphs: bool = Field(False, description="torch backend on cuda, classification: "
+                              "capture CUDA graphs at batch sizes 1, 2, 4, ... max_batch_size")
+    instances: int = Field(1, ge=1, le=64, description="model replicas (each with its own "
+                           "inference thread) draining this model's one queue")
 
     @field_validator("backend")
     @classmethod
@@ -65,6 +73,29 @@ class ModelConfig(BaseModel):
         if not _DEVICE.match(value):
             raise ValueError(f"device must be cpu, cuda or cuda:N, got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _check_runtime_options(self) -> "ModelConfig":
+        """Refuse precision / CUDA-graph settings the configured backend and device cannot run."""
+        precision = self.precision or "fp32"
+        if precision != "fp32" and self.backend in ("onnxruntime", "tensorrt"):
+            where = ("set when the engine is built (irpe build-engine --precision)"
+                     if self.backend == "tensorrt" else "the ONNX file runs as exported")
+            raise ValueError(f"precision {precision} needs the torch backend; for "
+                             f"{self.backend} the precision is {where}")
+        if precision == "fp16" and self.device == "cpu":
+            raise ValueError("precision fp16 is not supported on cpu (slower than fp32 "
+                             "there); use bf16 or fp32")
+        if self.cuda_graphs and (self.backend != "torch" or not self.device.startswith("cuda")):
+            raise ValueError("cuda_graphs needs backend torch and device cuda, got "
+                             f"{self.backend} on {self.device}")
+        return self
+
+    def run_precision(self) -> str:
+        """The precision the model runs in: the configured one, else fp16 on cuda, fp32."""
+        if self.precision is not None:
+            return self.precision
+        return "fp16" if self.device.startswith("cuda") and self.backend == "torch" else "fp32"
 
     def class_names(self) -> Optional[List[str]]:
         """Configured labels (a list, or read from the labels file), or None."""
@@ -95,7 +126,7 @@ class ServeSettings(BaseSettings):
     cache_dir: Optional[Path] = Field(None, description="demo ONNX files (default irpe cache)")
     bucket_cache_mib: Optional[float] = Field(
         None, ge=0, description="torch backend: bucket-id cache limit in MiB, process-wide LRU "
-        "(default: $IRPE_BUCKET_CACHE_MIB or 256)")
+        "(default: $IRPE_BUCKET_CACHE_MIB or 64)")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings,
