@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from irpe.attention import RPEAttention, rpe_attention, unfused_attention
-from irpe.fused import fused_rpe_attention, fused_supported, reference_forward, set_fused_attention
+from irpe.fused import (fused_rpe_attention, fused_supported, reference_forward,
+                        set_fused_attention, set_fused_ids)
 from irpe.fused.op import LAUNCHES, check_inputs
 from irpe.models.transformer import RPEMultiheadAttention
 from irpe.rpe import build_rpe, get_rpe_config, set_traceable
@@ -37,6 +38,7 @@ def interpret(monkeypatch):
     set_fused_attention("fused")
     yield
     set_fused_attention(None)
+    set_fused_ids("table")
 
 
 def _modules(method, on, mode="ctx", skip=0, heads=2, head_dim=16, shared=True, dtype=None):
@@ -78,6 +80,35 @@ def test_fused_matches_unfused_fp32(interpret, method, on, mode, skip, h, w, sha
     assert fused_supported(q, k, *mods, h, w, None)
     out = rpe_attention(q, k, v, 0.25, *mods, h, w)
     _check(out, unfused_attention(q, k, v, 0.25, *mods, h, w), torch.float32)
+
+
+@needs_triton
+@pytest.mark.parametrize("case", [CASES[0], CASES[6], CASES[8]])
+def test_fused_id_matrix_mode(interpret, case):
+    """The second id mode: (L, L) id matrices read per tile instead of offset tables."""
+    method, on, mode, skip, h, w, shared = case
+    set_fused_ids("matrix")
+    mods = _modules(method, on, mode, skip, shared=shared)
+    q, k, v = _inputs(1, 2, skip + h * w, 16)
+    out = rpe_attention(q, k, v, 0.25, *mods, h, w)
+    _check(out, unfused_attention(q, k, v, 0.25, *mods, h, w), torch.float32)
+
+
+@pytest.mark.parametrize("method,ratio", [("product", 1.9), ("euc", 1.9), ("quant", 33),
+                                          ("cross_rows", 20), ("cross_cols", 2.0)])
+@pytest.mark.parametrize("traceable", [False, True])
+def test_offset_tables_expand_to_exact_ids(method, ratio, traceable):
+    """Relative-offset id tables (O(L)) expand to exactly the unfused path's (L, L) ids."""
+    from irpe.bucket import bucket_ids
+    from irpe.fused.dispatch import _offset_ids
+    from irpe.fused.reference import expand_ids
+    from irpe.rpe import iRPE
+    for h, w, skip in ((1, 1, 0), (3, 5, 1), (7, 4, 0), (14, 14, 1), (5, 31, 0)):
+        m = iRPE(4, 1, "ctx", method, ratio, skip)
+        table = _offset_ids(m, h, w, skip, traceable)[None]
+        assert table.shape == (1, (2 * h - 1) * (2 * w - 1) + 1)
+        ids = expand_ids(table, [h, w, skip], skip + h * w)[0]
+        assert torch.equal(ids, bucket_ids(method, ratio, h, w, skip)), (h, w, skip)
 
 
 @needs_triton
@@ -179,6 +210,14 @@ def test_op_rejects_bad_input():
         check_inputs(q, k, v, None, None, None, None, None, 0, torch.zeros(1, 5, dtype=bool))
     with pytest.raises(ValueError, match="unknown fused attention mode"):
         set_fused_attention("fast")
+    with pytest.raises(ValueError, match="unknown fused id mode"):
+        set_fused_ids("onthefly")
+    table = torch.zeros(1, 5 * 3 + 1, dtype=torch.int32)  # grid 3x2 + 0 skip = 6 tokens
+    check_inputs(q, k, v, None, None, None, None, table, 3, None, [3, 2, 0])
+    with pytest.raises(ValueError, match="grid must be"):
+        check_inputs(q, k, v, None, None, None, None, table, 3, None, [3, 3, 0])
+    with pytest.raises(ValueError, match=r"ids_v must be \(1\|2, 16\)"):
+        check_inputs(q, k, v, None, None, None, None, ids, 3, None, [3, 2, 0])
 
 
 def test_cpu_without_interpreter_takes_unfused(monkeypatch):

@@ -26,7 +26,7 @@ def _signature(params, dtype: str, constexprs: Dict) -> Dict[str, str]:
 
 def compile_variant(dtype: torch.dtype = torch.float16, head_dim: int = 64, k_term: bool = True,
                     q_term: bool = False, v_buckets: int = 0, mask: bool = False, planes: int = 1,
-                    arch: int = 90, num_warps: int = 4):
+                    id_table: bool = True, arch: int = 90, num_warps: int = 4):
     """triton.compile one kernel variant for sm_``arch``; returns the CompiledKernel (cubin in
     ``.asm["cubin"]``). Raises whatever Triton raises when the kernel does not lower."""
     import triton
@@ -38,7 +38,7 @@ def compile_variant(dtype: torch.dtype = torch.float16, head_dim: int = 64, k_te
     if getattr(kernel, "fn", None) is None or triton.knobs.runtime.interpret:
         raise RuntimeError("compile_variant needs TRITON_INTERPRET unset")
     block_m, block_n = block_sizes(dtype, head_dim, v_buckets > 0, "cuda")
-    cx = dict(HAS_TK=k_term, HAS_TQ=q_term, HAS_V=v_buckets > 0, HAS_MASK=mask, NIDK=planes,
+    cx = dict(ID_TABLE=id_table, HAS_TK=k_term, HAS_TQ=q_term, HAS_V=v_buckets > 0, HAS_MASK=mask, NIDK=planes,
               NIDQ=planes, NIDV=planes, BLOCK_M=block_m, BLOCK_N=block_n,
               BLOCK_D=_pow2(head_dim), BLOCK_T=_pow2(v_buckets) if v_buckets else 16,
               IEEE=dtype == torch.float32, DOT_F32=False)

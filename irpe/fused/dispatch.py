@@ -13,11 +13,13 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from ..bucket import bucket_ids, bucket_ids_traceable
+from ..bucket import (_ids_from_offsets, _piecewise_traceable, bucket_ids, bucket_ids_traceable,
+                      coefficients, num_buckets, piecewise_index)
 from ..rpe import iRPE, iRPECross
 from .op import MAX_BUCKETS_V, MAX_HEAD_DIM, fused_rpe_attention, kernel_available
 
-__all__ = ["set_fused_attention", "fused_mode", "fused_supported", "fused_attention"]
+__all__ = ["set_fused_attention", "set_fused_ids", "fused_mode", "fused_supported",
+           "fused_attention"]
 
 _MODES = {"auto": "auto", "1": "fused", "fused": "fused", "0": "unfused", "unfused": "unfused"}
 _override: Optional[str] = None
@@ -85,44 +87,68 @@ def fused_supported(q: Tensor, k: Tensor, rpe_q, rpe_k, rpe_v, height, width,
 
 _IDS: Dict[tuple, Tensor] = {}
 _IDS_MAX = 8
+_ID_MODES = ("table", "matrix")
+_id_mode = ["table"]
 
 
-def _ids_stack(parts: List[iRPE], length: int, height, width, device) -> Tensor:
-    """(NID, L, L) int32 ids on ``device``, planes offset by the previous parts' bucket counts.
+def set_fused_ids(mode: str) -> None:
+    """Bucket ids for the kernel: "table" (default; relative-offset tables, O(L) memory) or
+    "matrix" (the (L, L) id matrices of the unfused path, int32)."""
+    if mode not in _ID_MODES:
+        raise ValueError(f"unknown fused id mode {mode!r}; expected table or matrix")
+    _id_mode[0] = mode
 
-    Cached once per (methods, grid, skip, device) for all layers (int32, no int64 L x L copy on
-    the device); the least recently used of 8 entries is dropped.
-    """
-    hh, ww, skip = parts[0].grid(length, height, width)
-    parts[0]._skip(skip)
-    key = (tuple((m.method, m.ratio) for m in parts), hh, ww, skip, str(device))
-    ids = _IDS.get(key)  # a warm hit is plain dict code: torch.compile traces it, no break
-    if ids is None and torch.compiler.is_compiling():  # cold under compile: ids in-graph
-        return _ids_in_graph(parts, hh, ww, skip, device)
+
+def _offset_ids(m: iRPE, height: int, width: int, skip: int, traceable: bool) -> Tensor:
+    """Ids of every relative offset (dr, dc) of the grid, row-major over (2h-1, 2w-1), then the
+    skip bucket: the same piecewise math as the unfused ids (so exact for every method)."""
+    dr = torch.arange(1 - height, height).view(-1, 1).expand(-1, 2 * width - 1)
+    dc = torch.arange(1 - width, width).view(1, -1).expand(2 * height - 1, -1)
+    if traceable:
+        coef = coefficients(m.ratio)
+        ids = _ids_from_offsets(m.method, dr.float(), dc.float(), m.ratio,
+                                lambda x: _piecewise_traceable(x, coef))
+    else:
+        ids = _ids_from_offsets(m.method, dr, dc, m.ratio, lambda x: piecewise_index(x, m.ratio))
+    extra = num_buckets(m.method, m.ratio, 0) if skip > 0 else 0
+    return torch.cat([ids.reshape(-1), ids.new_full((1,), extra)])
+
+
+def _build_ids(parts: List[iRPE], grid: Tuple[int, int, int], device, traceable: bool) -> Tensor:
+    height, width, skip = grid
+    planes, offset = [], 0
+    for m in parts:
+        if _id_mode[0] == "table":
+            ids = _offset_ids(m, height, width, skip, traceable)
+        elif traceable:
+            ids = bucket_ids_traceable(m.method, m.ratio, height, width, skip)
+        else:
+            ids = bucket_ids(m.method, m.ratio, height, width, skip)
+        planes.append(ids.to(torch.int32) + offset)
+        offset += m.num_buckets
+    return torch.stack(planes).to(device)
+
+
+def _ids_stack(parts: List[iRPE], grid: Tuple[int, int, int], device) -> Tensor:
+    """int32 ids on ``device`` (relative-offset tables or (L, L) matrices, one plane per part,
+    offset by the previous parts' bucket counts), cached per (mode, methods, grid, device) for
+    all layers; the oldest of 8 entries is dropped. Under torch.compile a cold entry is built
+    in-graph (the cache stays plain dict code: no graph break)."""
+    key = (_id_mode[0], tuple((m.method, m.ratio) for m in parts), grid, str(device))
+    ids = _IDS.get(key)
+    if ids is None and torch.compiler.is_compiling():
+        return _build_ids(parts, grid, device, traceable=True)
     if ids is None:
-        planes, offset = [], 0
-        for m in parts:
-            planes.append(bucket_ids(m.method, m.ratio, hh, ww, skip).to(torch.int32) + offset)
-            offset += m.num_buckets
-        ids = torch.stack(planes).to(device)
+        ids = _build_ids(parts, grid, device, traceable=False)
         _IDS[key] = ids
         while len(_IDS) > _IDS_MAX:
             del _IDS[next(iter(_IDS))]
     return ids
 
 
-def _ids_in_graph(parts: List[iRPE], height: int, width: int, skip: int, device) -> Tensor:
-    planes, offset = [], 0
-    for m in parts:
-        ids = bucket_ids_traceable(m.method, m.ratio, height, width, skip, device=device)
-        planes.append(ids.to(torch.int32) + offset)
-        offset += m.num_buckets
-    return torch.stack(planes)
-
-
-def _term(module, x: Optional[Tensor], length: int, height, width, device
+def _term(module, x: Optional[Tensor], length: int, grid: Tuple[int, int, int], device
           ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-    """(table (B|1,H|1,L,K_total), ids (NID,L,L) int32) of a K or Q term; cross is concatenated."""
+    """(table (B|1,H|1,L,K_total), int32 ids) of a K or Q term; cross is concatenated."""
     parts = _parts(module)
     if not parts:
         return None, None
@@ -137,22 +163,24 @@ def _term(module, x: Optional[Tensor], length: int, height, width, device
         heads = max(t.shape[1] for t in tables)
         tables = [t.expand(t.shape[0], heads, length, -1) for t in tables]
     table = tables[0] if len(tables) == 1 else torch.cat(tables, dim=-1)
-    return table, _ids_stack(parts, length, height, width, device)
+    return table, _ids_stack(parts, grid, device)
 
 
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q, rpe_k, rpe_v,
                     height, width, key_padding_mask: Optional[Tensor]) -> Tensor:
     """rpe_attention's result through the fused op (q, k, v (B, H, L, D))."""
     length, device = q.shape[2], q.device
+    first = (_parts(rpe_k) + _parts(rpe_q) + _parts(rpe_v))[0]
+    grid = first.grid(length, height, width)
+    first._skip(grid[2])
     qs = q * scale
-    table_k, ids_k = _term(rpe_k, qs, length, height, width, device)
-    table_q, ids_q = _term(rpe_q, k * scale if rpe_q is not None else None, length, height,
-                           width, device)
+    table_k, ids_k = _term(rpe_k, qs, length, grid, device)
+    table_q, ids_q = _term(rpe_q, k * scale if rpe_q is not None else None, length, grid, device)
     parts_v = _parts(rpe_v)
-    ids_v = _ids_stack(parts_v, length, height, width, device) if parts_v else None
+    ids_v = _ids_stack(parts_v, grid, device) if parts_v else None
     nbv = sum(m.num_buckets for m in parts_v)
     out, s = fused_rpe_attention(qs, k, v, table_k, ids_k, table_q, ids_q, ids_v, nbv,
-                                 key_padding_mask)
+                                 key_padding_mask, list(grid) if _id_mode[0] == "table" else None)
     if parts_v:
         weight_v = torch.cat([m.lookup_table_weight for m in parts_v], dim=-2)
         out = out + torch.matmul(s.to(q.dtype), weight_v.unsqueeze(0).to(q.dtype))

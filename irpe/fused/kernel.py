@@ -5,7 +5,9 @@ L x L tensor is written. Per tile: logits = q_scaled @ k^T (fp32), + K-term tabl
 queries gathered at ids_k[i, j], + Q-term table rows of the keys gathered at ids_q[j, i], then
 the key padding mask (after the RPE terms, as DETR), online softmax, acc += p @ v and, for the
 V term, bucket sums s[i, t] += sum_j p[i, j] [ids_v[i, j] == t] with the same rescaling.
-Every id input is a stack of NID planes (cross: rows and cols, cols offset by their bucket count).
+Every id input is a stack of NID planes (cross: rows and cols, cols offset by their bucket count),
+either (L, L) id matrices or, with ID_TABLE, tables over the relative offsets (dr, dc) of the
+GH x GW grid plus one skip-bucket entry: O(L) ids, exact for every method.
 """
 from __future__ import annotations
 
@@ -22,8 +24,8 @@ def _rpe_attention_fwd(
         sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
         stkb, stkh, stkl, stqb, stqh, stql, smb,
         sob, soh, sol, ssb, ssh, ssl,
-        H, L, D, NBV,
-        HAS_TK: tl.constexpr, HAS_TQ: tl.constexpr, HAS_V: tl.constexpr,
+        H, L, D, NBV, GH, GW, SKIP, PLANE,
+        ID_TABLE: tl.constexpr, HAS_TK: tl.constexpr, HAS_TQ: tl.constexpr, HAS_V: tl.constexpr,
         HAS_MASK: tl.constexpr, NIDK: tl.constexpr, NIDQ: tl.constexpr, NIDV: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_T: tl.constexpr, IEEE: tl.constexpr, DOT_F32: tl.constexpr):
@@ -45,11 +47,25 @@ def _rpe_attention_fwd(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     s_acc = tl.zeros([BLOCK_M, BLOCK_T], tl.float32)
     offs_t = tl.arange(0, BLOCK_T)
-    plane = L * L
+    # ID_TABLE: ids from the (2GH-1, 2GW-1) table of relative offsets (+1 entry: skip bucket)
+    pos_m = tl.maximum(offs_m - SKIP, 0)
+    r_m = pos_m // GW
+    c_m = pos_m % GW
+    rel_w = 2 * GW - 1
     for start_n in range(0, L, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         col_ok = offs_n < L
         tile_ok = row_ok[:, None] & col_ok[None, :]
+        if ID_TABLE:
+            pos_n = tl.maximum(offs_n - SKIP, 0)
+            dr = r_m[:, None] - (pos_n // GW)[None, :]
+            dc = c_m[:, None] - (pos_n % GW)[None, :]
+            grid_pair = (offs_m >= SKIP)[:, None] & (offs_n >= SKIP)[None, :]
+            idx_ij = tl.where(grid_pair, (dr + GH - 1) * rel_w + dc + GW - 1, PLANE - 1)
+            idx_ji = tl.where(grid_pair, (GH - 1 - dr) * rel_w + GW - 1 - dc, PLANE - 1)
+        else:  # the (L, L) id matrix
+            idx_ij = offs_m[:, None] * L + offs_n[None, :]
+            idx_ji = offs_n[None, :] * L + offs_m[:, None]
         kt = tl.load(K + b * skb + h * skh + offs_n[None, :] * skl + offs_d[:, None],
                      mask=col_ok[None, :] & d_ok[:, None], other=0.0)
         if DOT_F32:
@@ -60,14 +76,12 @@ def _rpe_attention_fwd(
             qk = tl.dot(q, kt)
         if HAS_TK:  # table rows of the queries, bucket ids_k[i, j]
             for p in tl.static_range(NIDK):
-                ids = tl.load(IDK + p * plane + offs_m[:, None] * L + offs_n[None, :],
-                              mask=tile_ok, other=0)
+                ids = tl.load(IDK + p * PLANE + idx_ij, mask=tile_ok, other=0)
                 qk += tl.load(TK + b * stkb + h * stkh + offs_m[:, None] * stkl + ids,
                               mask=tile_ok, other=0.0).to(tl.float32)
         if HAS_TQ:  # table rows of the keys, bucket ids_q[j, i] (the transposed term)
             for p in tl.static_range(NIDQ):
-                ids = tl.load(IDQ + p * plane + offs_n[None, :] * L + offs_m[:, None],
-                              mask=tile_ok, other=0)
+                ids = tl.load(IDQ + p * PLANE + idx_ji, mask=tile_ok, other=0)
                 qk += tl.load(TQ + b * stqb + h * stqh + offs_n[None, :] * stql + ids,
                               mask=tile_ok, other=0.0).to(tl.float32)
         keep = col_ok
@@ -91,8 +105,7 @@ def _rpe_attention_fwd(
         if HAS_V:  # bucket sums with the same online-softmax rescaling
             s_acc = s_acc * alpha[:, None]
             for p in tl.static_range(NIDV):
-                ids = tl.load(IDV + p * plane + offs_m[:, None] * L + offs_n[None, :],
-                              mask=tile_ok, other=-1)
+                ids = tl.load(IDV + p * PLANE + idx_ij, mask=tile_ok, other=-1)
                 hit = ids[:, :, None] == offs_t[None, None, :]
                 s_acc += tl.sum(tl.where(hit, p_ij[:, :, None], 0.0), 1)
         m_i = m_new

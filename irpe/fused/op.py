@@ -8,7 +8,7 @@ anything else takes the torch reference, so the op never fails for lack of a ker
 from __future__ import annotations
 
 import os
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -66,12 +66,15 @@ def block_sizes(dtype: torch.dtype, head_dim: int, has_v: bool, device_type: str
 LAUNCHES = [0]  # kernel launches in this process (tests check that the kernel really ran)
 
 
-def _launch(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask):
+def _launch(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask, grid):
     from .kernel import get_kernel
     LAUNCHES[0] += 1
 
     b, h, length, d = q.shape
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    id_any = next(i for i in (ids_k, ids_q, ids_v, q.new_zeros((1, 1))) if i is not None)
+    gh, gw, skip = grid if grid is not None else (1, 1, 0)
+    plane = id_any[0].numel() if grid is not None else length * length
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     has_v = ids_v is not None
     s = q.new_empty((b, h, length, num_buckets_v if has_v else 0), dtype=torch.float32)
@@ -80,8 +83,8 @@ def _launch(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask)
     dummy = q.new_zeros(1, dtype=torch.int32)
     mask_i8 = None if mask is None else mask.to(torch.int8).contiguous()
     block_m, block_n = block_sizes(q.dtype, d, has_v, q.device.type)
-    grid = (triton_cdiv(length, block_m), b * h)
-    get_kernel()[grid](
+    launch = (triton_cdiv(length, block_m), b * h)
+    get_kernel()[launch](
         q, k, v, tables[0] if tables[0] is not None else dummy,
         tables[1] if tables[1] is not None else dummy,
         *(i if i is not None else dummy for i in ids),
@@ -89,7 +92,7 @@ def _launch(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask)
         *_strides(q), *_strides(k), *_strides(v), *_strides(tables[0]), *_strides(tables[1]),
         0 if mask_i8 is None else mask_i8.stride(0),
         *_strides(out), *_strides(s if has_v else None),
-        h, length, d, num_buckets_v,
+        h, length, d, num_buckets_v, gh, gw, skip, plane, ID_TABLE=grid is not None,
         HAS_TK=table_k is not None, HAS_TQ=table_q is not None, HAS_V=has_v,
         HAS_MASK=mask is not None,
         NIDK=1 if ids[0] is None else ids[0].shape[0],
@@ -108,7 +111,8 @@ def triton_cdiv(a: int, b: int) -> int:
 
 def check_inputs(q: Tensor, k: Tensor, v: Tensor, table_k: Optional[Tensor],
                  ids_k: Optional[Tensor], table_q: Optional[Tensor], ids_q: Optional[Tensor],
-                 ids_v: Optional[Tensor], num_buckets_v: int, mask: Optional[Tensor]) -> None:
+                 ids_v: Optional[Tensor], num_buckets_v: int, mask: Optional[Tensor],
+                 grid: Optional[List[int]] = None) -> None:
     """Raise ValueError with the offending shape for inputs the op does not define."""
     if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
         raise ValueError(f"fused_rpe_attention: q, k, v must share one (B,H,L,D) shape, got "
@@ -121,11 +125,17 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, table_k: Optional[Tensor],
                                   or table.shape[0] not in (1, b) or table.shape[1] not in (1, h)):
             raise ValueError(f"fused_rpe_attention: {name} must be (B|1,H|1,{length},K), got "
                              f"{tuple(table.shape)}")
+    want = (length, length)
+    if grid is not None:
+        if len(grid) != 3 or min(grid) < 0 or min(grid[:2]) < 1 or grid[2] + grid[0] * grid[1] \
+                != length:
+            raise ValueError(f"fused_rpe_attention: grid must be [h, w, skip] with skip + h*w = "
+                             f"{length}, got {list(grid)}")
+        want = ((2 * grid[0] - 1) * (2 * grid[1] - 1) + 1,)
     for name, ids in (("ids_k", ids_k), ("ids_q", ids_q), ("ids_v", ids_v)):
-        if ids is not None and (ids.dim() != 3 or tuple(ids.shape[1:]) != (length, length)
-                                or ids.shape[0] not in (1, 2)):
-            raise ValueError(f"fused_rpe_attention: {name} must be (1|2,{length},{length}), got "
-                             f"{tuple(ids.shape)}")
+        if ids is not None and (tuple(ids.shape[1:]) != want or ids.shape[0] not in (1, 2)):
+            raise ValueError(f"fused_rpe_attention: {name} must be (1|2, {', '.join(map(str, want))})"
+                             f", got {tuple(ids.shape)}")
     if mask is not None and tuple(mask.shape) != (b, length):
         raise ValueError(f"fused_rpe_attention: key_padding_mask must be ({b},{length}), got "
                          f"{tuple(mask.shape)}")
@@ -137,9 +147,15 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, table_k: Optional[Tensor],
 def fused_rpe_attention(q: Tensor, k: Tensor, v: Tensor, table_k: Optional[Tensor],
                         ids_k: Optional[Tensor], table_q: Optional[Tensor],
                         ids_q: Optional[Tensor], ids_v: Optional[Tensor], num_buckets_v: int,
-                        key_padding_mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-    """Attention of scaled q with iRPE K/Q logits terms -> (out, V-term bucket sums s fp32)."""
-    args = (q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, key_padding_mask)
+                        key_padding_mask: Optional[Tensor], grid: Optional[List[int]] = None
+                        ) -> Tuple[Tensor, Tensor]:
+    """Attention of scaled q with iRPE K/Q logits terms -> (out, V-term bucket sums s fp32).
+
+    ids: (NID, L, L) matrices, or with ``grid`` = [h, w, skip] relative-offset tables
+    (NID, (2h-1)(2w-1)+1) whose last entry is the skip bucket.
+    """
+    args = (q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, key_padding_mask,
+            grid)
     check_inputs(*args)
     if kernel_available(q.device) and q.shape[-1] <= MAX_HEAD_DIM:
         return _launch(*args)
@@ -147,23 +163,24 @@ def fused_rpe_attention(q: Tensor, k: Tensor, v: Tensor, table_k: Optional[Tenso
 
 
 @fused_rpe_attention.register_fake
-def _fake(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, key_padding_mask):
+def _fake(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, key_padding_mask,
+          grid=None):
     b, h, length, _ = q.shape
     nb = num_buckets_v if ids_v is not None else 0
     return torch.empty_like(q), q.new_empty((b, h, length, nb), dtype=torch.float32)
 
 
 def _setup(ctx, inputs, output) -> None:
-    q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask = inputs
+    q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask, grid = inputs
     ctx.save_for_backward(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, mask)
-    ctx.num_buckets_v = num_buckets_v
+    ctx.num_buckets_v, ctx.grid = num_buckets_v, grid
 
 
 def _backward(ctx, grad_out, grad_s):
     q, k, v, table_k, ids_k, table_q, ids_q, ids_v, mask = ctx.saved_tensors
-    inputs = (q, k, v, table_k, ids_k, table_q, ids_q, ids_v, ctx.num_buckets_v, mask)
+    inputs = (q, k, v, table_k, ids_k, table_q, ids_q, ids_v, ctx.num_buckets_v, mask, ctx.grid)
     dq, dk, dv, dtk, dtq = reference_backward(inputs, grad_out, grad_s)
-    return dq, dk, dv, dtk, None, dtq, None, None, None, None
+    return dq, dk, dv, dtk, None, dtq, None, None, None, None, None
 
 
 fused_rpe_attention.register_autograd(_backward, setup_context=_setup)

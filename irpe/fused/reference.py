@@ -1,16 +1,17 @@
 """Unfused torch reference of the fused iRPE attention op (and its explicit backward).
 
 Same inputs as ``irpe::fused_rpe_attention``: q already scaled, tables (Bt|1, Ht|1, L, K) that
-broadcast over batch/heads, id stacks (NID, L, L) whose planes are summed. It materialises
+broadcast over batch/heads, id stacks (NID, L, L) whose planes are summed (or relative-offset
+tables with ``grid``, expanded here). It materialises
 L x L tensors; used where the kernel cannot run, for the backward and in tests.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
-__all__ = ["reference_logits", "reference_forward", "reference_backward"]
+__all__ = ["expand_ids", "reference_logits", "reference_forward", "reference_backward"]
 
 Tensor = torch.Tensor
 
@@ -35,6 +36,22 @@ def _scatter_rows(x: Tensor, ids: Tensor, num_buckets: int) -> Tensor:
     return out
 
 
+def expand_ids(ids: Tensor, grid: List[int], length: int) -> Tensor:
+    """Relative-offset id tables (NID, (2h-1)(2w-1)+1) -> the (NID, L, L) id matrices."""
+    gh, gw, skip = grid
+    tokens = torch.arange(length, device=ids.device)
+    pos = (tokens - skip).clamp(min=0)
+    rows, cols = pos // gw, pos % gw
+    idx = (rows[:, None] - rows[None, :] + gh - 1) * (2 * gw - 1) + cols[:, None] - cols[None, :]
+    inside = (tokens >= skip)[:, None] & (tokens >= skip)[None, :]
+    idx = torch.where(inside, idx + gw - 1, ids.shape[1] - 1)
+    return ids[:, idx]
+
+
+def _matrices(length: int, grid: Optional[List[int]], *ids: Optional[Tensor]) -> list:
+    return [i if i is None or grid is None else expand_ids(i, grid, length) for i in ids]
+
+
 def reference_logits(q: Tensor, k: Tensor, table_k: Optional[Tensor], ids_k: Optional[Tensor],
                      table_q: Optional[Tensor], ids_q: Optional[Tensor],
                      key_padding_mask: Optional[Tensor]) -> Tensor:
@@ -52,8 +69,10 @@ def reference_logits(q: Tensor, k: Tensor, table_k: Optional[Tensor], ids_k: Opt
 def reference_forward(q: Tensor, k: Tensor, v: Tensor, table_k: Optional[Tensor],
                       ids_k: Optional[Tensor], table_q: Optional[Tensor], ids_q: Optional[Tensor],
                       ids_v: Optional[Tensor], num_buckets_v: int,
-                      key_padding_mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                      key_padding_mask: Optional[Tensor], grid: Optional[List[int]] = None
+                      ) -> Tuple[Tensor, Tensor]:
     """(out (B,H,L,D) in q's dtype, bucket sums s (B,H,L,num_buckets_v) fp32)."""
+    ids_k, ids_q, ids_v = _matrices(q.shape[2], grid, ids_k, ids_q, ids_v)
     p = reference_logits(q, k, table_k, ids_k, table_q, ids_q, key_padding_mask).softmax(-1)
     out = (p @ v.to(torch.float32)).to(q.dtype)
     if ids_v is None:
@@ -71,7 +90,8 @@ def _reduce_to(grad: Tensor, like: Tensor) -> Tensor:
 
 def reference_backward(inputs: tuple, grad_out: Tensor, grad_s: Optional[Tensor]) -> tuple:
     """Gradients of (q, k, v, table_k, table_q) by the explicit softmax/gather/scatter adjoints."""
-    q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask = inputs
+    q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask, grid = inputs
+    ids_k, ids_q, ids_v = _matrices(q.shape[2], grid, ids_k, ids_q, ids_v)
     p = reference_logits(q, k, table_k, ids_k, table_q, ids_q, mask).softmax(-1)
     g = grad_out.to(torch.float32)
     dv = (p.transpose(-2, -1) @ g).to(v.dtype)
