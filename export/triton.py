@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from irpe.deploy.contract import read_sidecar, sidecar_path
+
 __all__ = ["RepoOptions", "TensorInfo", "onnx_io", "write_repository", "config_text",
            "ort_library_problem", "DEFAULT_ORT_OPS", "ENGINE_SUFFIXES"]
 
@@ -221,14 +223,12 @@ def _from_engine(path: Path, options: RepoOptions) -> _Model:
 
 
 def _sidecar(path: Path) -> Dict:
-    side = Path(f"{path}.json")
-    if not side.is_file():
-        raise ValueError(f"no sidecar {side}: build the engine with `irpe build-engine`, which "
-                         "records the ONNX file, profiles and plugin use beside it")
     try:
-        return json.loads(side.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{side} is not valid JSON: {exc}") from None
+        return read_sidecar(path)
+    except FileNotFoundError:
+        raise ValueError(f"no sidecar {sidecar_path(path)}: build the engine with `irpe "
+                         "build-engine`, which records the ONNX file, profiles and plugin use "
+                         "beside it") from None
 
 
 def _engine_onnx(path: Path, side: Dict) -> Path:

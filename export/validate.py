@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from irpe.artifact import spec_from_metadata
+from irpe.deploy.contract import read_sidecar, sidecar_path
 
 from .inputs import Batch, make_batches
 from .pair import check_pair
@@ -56,9 +57,8 @@ def _onnx_runner(path: str, custom_ops: Optional[str] = None
 
 
 def _engine_runner(path: str) -> Tuple[Runner, Dict[str, str], str]:
-    from .tensorrt import TRTRunner, sidecar_path
-    side = sidecar_path(path)
-    props = json.loads(side.read_text()).get("onnx_metadata", {}) if side.is_file() else {}
+    from .tensorrt import TRTRunner
+    props = read_sidecar(path).get("onnx_metadata", {}) if sidecar_path(path).is_file() else {}
     runner = TRTRunner(path)
 
     def run(feeds: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
