@@ -11,7 +11,7 @@ import torch
 
 from irpe import create_model
 from irpe.attention import rpe_attention, unfused_attention
-from irpe.fused import fused_supported, set_fused_attention
+from irpe.fused import fused_supported, set_fused_attention, set_fused_ids
 from irpe.rpe import build_rpe, get_rpe_config
 
 pytestmark = [
@@ -35,6 +35,7 @@ LAYERS = {
 def _restore_mode():
     yield
     set_fused_attention(None)
+    set_fused_ids("table")
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -67,6 +68,18 @@ def test_layer_fused_vs_unfused(name, on, dtype):
         f32 = [m.float() if m is not None else None for m in mods]
         ref = unfused_attention(q.float(), k.float(), v.float(), scale, *f32, gh, gw, mask)
     assert _rel(out, ref) <= LAYER_TOL[dtype]
+
+
+@pytest.mark.parametrize("name", ["deit_s", "detr_2150"])
+def test_id_matrix_mode_fp16(name):
+    """The second id mode ((L, L) int32 matrices) against the unfused path."""
+    set_fused_ids("matrix")
+    mods, (q, k, v), (gh, gw), mask, scale = _layer(name, "qkv", torch.float16)
+    with torch.no_grad():
+        out = rpe_attention(q, k, v, scale, *mods, gh, gw, mask)
+        f32 = [m.float() for m in mods]
+        ref = unfused_attention(q.float(), k.float(), v.float(), scale, *f32, gh, gw, mask)
+    assert _rel(out, ref) <= LAYER_TOL[torch.float16]
 
 
 @pytest.mark.parametrize("method,mode", [("cross", "ctx"), ("quant", "ctx"), ("euc", "bias")])
