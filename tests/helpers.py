@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
+import pytest
 import torch
 
 from irpe.artifact import ModelSpec, default_spec, save_trained
@@ -211,3 +212,58 @@ def wait_for_log(proc: subprocess.Popen, message: str) -> List[dict]:
         if seen[-1]["message"] == message:
             return seen
     raise AssertionError(f"process exited ({proc.wait()}) without logging {message!r}")
+
+
+# ------------------------------------------------------------------------ ORT custom-op library
+
+ORT_SOURCE = ROOT / "plugins" / "onnxruntime"
+SHARED_ORT_HEADERS = ROOT.parent / "shared" / "third_party" / "onnxruntime-1.23"
+
+
+def ort_headers() -> Optional[Path]:
+    """The ORT headers the library build will use, or None."""
+    import os
+    for root in (os.environ.get("ORT_ROOT"), os.environ.get("ONNXRUNTIME_ROOT"),
+                 SHARED_ORT_HEADERS):
+        if root and any((Path(root) / s / "onnxruntime_cxx_api.h").is_file()
+                        for s in ("include", "include/onnxruntime")):
+            return Path(root)
+    return None
+
+
+def build_ort_library(out: Path, *extra: str) -> Path:
+    """Build plugins/onnxruntime with CMake into ``out``; skips without headers or cmake,
+    except under CI=true, where it fails."""
+    import os
+    import shutil
+    root = ort_headers()
+    if root is None or shutil.which("cmake") is None:
+        why = ("ONNX Runtime C/C++ headers not found (set ORT_ROOT, or check out ../shared)"
+               if root is None else "cmake not found")
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must build the ORT custom-op library: {why}")
+        pytest.skip(why)
+    build = out / "cmake"
+    subprocess.run(["cmake", "-S", str(ORT_SOURCE), "-B", str(build), "-DIRPE_REQUIRE_ORT=ON",
+                    f"-DORT_ROOT={root}", f"-DIRPE_ORT_OUTPUT_DIR={out}", *extra],
+                   check=True, capture_output=True, text=True)
+    done = subprocess.run(["cmake", "--build", str(build), "-j", "2"], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "warning" not in done.stdout.lower() + done.stderr.lower(), done.stdout + done.stderr
+    return out / "libirpe_ort_ops.so"
+
+
+@pytest.fixture(scope="session")
+def ort_library(tmp_path_factory) -> Path:
+    """The CPU custom-op library, built once per test session (import into the module)."""
+    return build_ort_library(tmp_path_factory.mktemp("ort_ops"))
+
+
+@pytest.fixture(autouse=True)
+def ort_library_env(request, monkeypatch):
+    """Point irpe.deploy.ort at the freshly built library (mode from the test); autouse in the
+    modules that import it."""
+    monkeypatch.delenv("IRPE_ORT_CUSTOM_OPS", raising=False)
+    if "ort_library" in request.fixturenames:
+        monkeypatch.setenv("IRPE_ORT_OPS_LIBRARY", str(request.getfixturevalue("ort_library")))

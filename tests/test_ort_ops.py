@@ -8,7 +8,6 @@ Model-level tests: tests/test_ort_ops_models.py."""
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import subprocess
 from pathlib import Path
