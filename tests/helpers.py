@@ -218,6 +218,26 @@ def wait_for_log(proc: subprocess.Popen, message: str) -> List[dict]:
 
 ORT_SOURCE = ROOT / "plugins" / "onnxruntime"
 SHARED_ORT_HEADERS = ROOT.parent / "shared" / "third_party" / "onnxruntime-1.23"
+ORT_ATTRS = dict(plugin_namespace="irpe", plugin_version="1")
+
+
+def ort_op_model(op: str, dtype: Optional[int] = None, index: Optional[int] = None,
+                 **attrs) -> bytes:
+    """One irpe node (x, index) -> out with its local function, as a serialized model
+    (dtype / index: onnx TensorProto types, default FLOAT / INT64)."""
+    from onnx import TensorProto, helper
+    from export.functions import gather_function, scatter_function
+    dtype = TensorProto.FLOAT if dtype is None else dtype
+    index = TensorProto.INT64 if index is None else index
+    node = helper.make_node(op, ["x", "index"], ["out"], domain="irpe", **attrs)
+    graph = helper.make_graph([node], "op", [helper.make_tensor_value_info("x", dtype, None),
+                                             helper.make_tensor_value_info("index", index, None)],
+                              [helper.make_tensor_value_info("out", dtype, None)])
+    functions = {"RPEGather": [gather_function(18)], "RPEScatter": [scatter_function(18)]}
+    model = helper.make_model(graph, functions=functions.get(op, []), opset_imports=[
+        helper.make_opsetid("", 18), helper.make_opsetid("irpe", 1)])
+    model.ir_version = 9
+    return model.SerializeToString()
 
 
 def ort_headers() -> Optional[Path]:

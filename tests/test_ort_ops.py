@@ -18,29 +18,16 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from export.functions import gather_function, scatter_function
 from irpe import bucket_ids, rpe_gather, rpe_scatter
 from irpe.deploy.ort import CustomOpsError, create_session
+from tests.helpers import ORT_ATTRS as ATTRS
 from tests.helpers import ORT_SOURCE as SOURCE
 from tests.helpers import build_ort_library as _build
 from tests.helpers import ort_headers as headers
 from tests.helpers import ort_library, ort_library_env  # noqa: F401 (fixtures)
+from tests.helpers import ort_op_model as op_model
 
 ROOT = Path(__file__).resolve().parents[1]
-ATTRS = dict(plugin_namespace="irpe", plugin_version="1")
-
-
-def op_model(op: str, dtype=TensorProto.FLOAT, index=TensorProto.INT64, **attrs) -> bytes:
-    """One irpe node (x, index) -> out with its local function, as a serialized model."""
-    node = helper.make_node(op, ["x", "index"], ["out"], domain="irpe", **attrs)
-    graph = helper.make_graph([node], "op", [helper.make_tensor_value_info("x", dtype, None),
-                                             helper.make_tensor_value_info("index", index, None)],
-                              [helper.make_tensor_value_info("out", dtype, None)])
-    functions = {"RPEGather": [gather_function(18)], "RPEScatter": [scatter_function(18)]}
-    model = helper.make_model(graph, functions=functions.get(op, []), opset_imports=[
-        helper.make_opsetid("", 18), helper.make_opsetid("irpe", 1)])
-    model.ir_version = 9
-    return model.SerializeToString()
 
 
 def run(model: bytes, mode: str, threads: int = 1, **feeds) -> np.ndarray:

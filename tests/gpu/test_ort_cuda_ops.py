@@ -11,7 +11,8 @@ import torch
 
 from irpe import bucket_ids, rpe_gather, rpe_scatter
 from irpe.deploy.ort import find_library
-from tests.test_ort_ops import ATTRS, op_model
+from tests.helpers import ORT_ATTRS as ATTRS
+from tests.helpers import ort_op_model as op_model
 
 ort = pytest.importorskip("onnxruntime")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
