@@ -8,4 +8,5 @@ from .op import fused_rpe_attention, interpreter_enabled, kernel_available
 from .reference import reference_forward
 
 __all__ = ["fused_attention", "fused_mode", "fused_supported", "set_fused_attention",
-           "set_fused_ids", "fused_rpe_attention", "interpreter_enabled", "kernel_available", "reference_forward"]
+           "set_fused_ids", "fused_rpe_attention", "interpreter_enabled", "kernel_available",
+           "reference_forward"]

@@ -38,9 +38,10 @@ def compile_variant(dtype: torch.dtype = torch.float16, head_dim: int = 64, k_te
     if getattr(kernel, "fn", None) is None or triton.knobs.runtime.interpret:
         raise RuntimeError("compile_variant needs TRITON_INTERPRET unset")
     block_m, block_n = block_sizes(dtype, head_dim, v_buckets > 0, "cuda")
-    cx = dict(ID_TABLE=id_table, HAS_TK=k_term, HAS_TQ=q_term, HAS_V=v_buckets > 0, HAS_MASK=mask, NIDK=planes,
-              NIDQ=planes, NIDV=planes, BLOCK_M=block_m, BLOCK_N=block_n,
-              BLOCK_D=_pow2(head_dim), BLOCK_T=_pow2(v_buckets) if v_buckets else 16,
+    cx = dict(ID_TABLE=id_table, HAS_TK=k_term, HAS_TQ=q_term, HAS_V=v_buckets > 0,
+              HAS_MASK=mask, NIDK=planes, NIDQ=planes, NIDV=planes, BLOCK_M=block_m,
+              BLOCK_N=block_n, BLOCK_D=_pow2(head_dim),
+              BLOCK_T=_pow2(v_buckets) if v_buckets else 16,
               IEEE=dtype == torch.float32, DOT_F32=False)
     params = list(inspect.signature(kernel.fn).parameters)
     src = ASTSource(fn=kernel, signature=_signature(params, _TRITON_DTYPES[dtype], cx),

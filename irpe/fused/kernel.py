@@ -16,8 +16,6 @@ import triton.language as tl
 
 __all__ = ["get_kernel"]
 
-_LOG2E = 1.4426950408889634
-
 
 def _rpe_attention_fwd(
         Q, K, V, TK, TQ, IDK, IDQ, IDV, MASK, OUT, S,

@@ -69,7 +69,6 @@ LAUNCHES = [0]  # kernel launches in this process (tests check that the kernel r
 def _launch(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask, grid):
     from .kernel import get_kernel
     LAUNCHES[0] += 1
-
     b, h, length, d = q.shape
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     id_any = next(i for i in (ids_k, ids_q, ids_v, q.new_zeros((1, 1))) if i is not None)
@@ -134,8 +133,9 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, table_k: Optional[Tensor],
         want = ((2 * grid[0] - 1) * (2 * grid[1] - 1) + 1,)
     for name, ids in (("ids_k", ids_k), ("ids_q", ids_q), ("ids_v", ids_v)):
         if ids is not None and (tuple(ids.shape[1:]) != want or ids.shape[0] not in (1, 2)):
-            raise ValueError(f"fused_rpe_attention: {name} must be (1|2, {', '.join(map(str, want))})"
-                             f", got {tuple(ids.shape)}")
+            shape = ", ".join(map(str, want))
+            raise ValueError(f"fused_rpe_attention: {name} must be (1|2, {shape}), got "
+                             f"{tuple(ids.shape)}")
     if mask is not None and tuple(mask.shape) != (b, length):
         raise ValueError(f"fused_rpe_attention: key_padding_mask must be ({b},{length}), got "
                          f"{tuple(mask.shape)}")
