@@ -45,16 +45,21 @@ def _differences(path: str, props: Dict[str, str], src: Source) -> List[str]:
     source_classes = getattr(src.model, "num_classes", len(src.spec.class_names))
     if classes and classes != source_classes:
         out.append(f"classes: file {classes}, source {source_classes}")
-    dims, side = file_dims(path).get("images", []), _source_side(src)
-    if side is not None and len(dims) == 4 and None not in dims[2:] \
-            and tuple(dims[2:]) != (side, side):
-        out.append(f"input size: file {dims[2]}x{dims[3]}, source {side}x{side}")
+    dims = file_dims(path)
+    images, side = dims.get("images", []), _source_side(src)
+    if side is not None and len(images) == 4 and None not in images[2:] \
+            and tuple(images[2:]) != (side, side):
+        out.append(f"input size: file {images[2]}x{images[3]}, source {side}x{side}")
+    queries = (dims.get("pred_logits") or [None, None])[1]
+    source_queries = getattr(src.model, "num_queries", None)
+    if None not in (queries, source_queries) and queries != source_queries:
+        out.append(f"queries: file {queries}, source {source_queries}")
     return out
 
 
 def check_pair(path: str, props: Dict[str, str], src: Source, name: str) -> None:
-    """ValueError naming every difference (task, class count, input size) between the file
-    (its irpe metadata and ONNX input dims) and the source model."""
+    """ValueError naming every difference (task, class count, input size, DETR queries)
+    between the file (its irpe metadata and ONNX tensor dims) and the source model."""
     differ = _differences(path, props, src)
     if differ:
         raise ValueError(f"{path} and source {name} do not match ({'; '.join(differ)}); "

@@ -93,3 +93,29 @@ def test_check_on_a_detector_passes_every_step(name, capsys):
     out = capsys.readouterr().out
     assert code == 0 and "6 passed, 0 failed" in out, out  # main: 3 of 6 FAIL
     assert "pred_logits (1, " in out and "padded pair" in out
+
+
+def _detector_stub(path: Path, queries: int) -> dict:
+    """A real (tiny) ONNX file with a DETR's tensor names and dims, and its irpe metadata."""
+    import onnx
+    from onnx import TensorProto, helper
+    from irpe.artifact import default_spec
+    x = helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, "h", "w"])
+    logits = helper.make_tensor_value_info("pred_logits", TensorProto.FLOAT,
+                                           ["batch", queries, 9])
+    graph = helper.make_graph([helper.make_node("ReduceMean", ["images"], ["pred_logits"])],
+                              "stub", [x], [logits])
+    props = default_spec("detr_tiny_irpe", [f"c{i}" for i in range(8)]).metadata()
+    onnx.save(helper.make_model(graph), path)
+    return props
+
+
+def test_pair_check_names_a_detector_query_mismatch(tmp_path):
+    from export.pair import check_pair
+    from export.source import load_source
+    with pytest.warns(UserWarning, match="RANDOM"):
+        src = load_source("detr_tiny_irpe")  # 20 queries, 8 classes
+    props = _detector_stub(tmp_path / "d16.onnx", 16)
+    with pytest.raises(ValueError, match=r"\(queries: file 16, source 20\)"):
+        check_pair(str(tmp_path / "d16.onnx"), props, src, "detr_tiny_irpe")
+    check_pair(str(tmp_path / "d20.onnx"), _detector_stub(tmp_path / "d20.onnx", 20), src, "x")
