@@ -81,3 +81,17 @@ def test_detector_over_many_sizes_stays_under_the_limit_and_exact():
         assert bucket_ids("product", 2.0, 3, 3) is bucket_ids("product", 2.0, 3, 3)
     finally:
         BUCKET_IDS.set_limit(limit)
+
+
+def test_device_copies_share_the_bounded_cache():
+    """Ids for another device (CUDA in serving; the meta device here) are cached in the same
+    LRU, keyed by device, and counted in its bytes."""
+    from irpe.rpe import iRPE
+    rpe = iRPE(8, 2, "contextual", "product", 1.9, skip=1)
+    cpu = rpe.bucket_ids(1 + 12, 3, 4)
+    meta = rpe.bucket_ids(1 + 12, 3, 4, device=torch.device("meta"))
+    assert meta.device.type == "meta" and meta.shape == cpu.shape == (13, 13)
+    assert rpe.bucket_ids(1 + 12, 3, 4, device=torch.device("meta")) is meta
+    assert rpe.bucket_ids(1 + 12, 3, 4, device=torch.device("cpu")) is cpu
+    keys = [k for k in BUCKET_IDS._items if k[-1] == torch.device("meta")]
+    assert len(keys) == 1 and BUCKET_IDS.nbytes >= 2 * 13 * 13 * 8
