@@ -28,20 +28,21 @@ def server(request, files):
         yield base, request.param
 
 
-def st_run(url: str, token) -> subprocess.CompletedProcess:
-    """`st run URL/openapi.json --checks all` with the repository's schemathesis settings."""
+def st_run(url: str, token, cwd) -> subprocess.CompletedProcess:
+    """`st run URL/openapi.json --checks all` with the repository's schemathesis settings
+    (its state folder .schemathesis/ goes to ``cwd``)."""
     cmd = [sys.executable, "-m", "schemathesis.cli", "--config-file", str(CONFIG), "run",
            f"{url}/openapi.json", "--checks", "all", "-n", str(EXAMPLES),
            "--generation-deterministic", "--no-color"]
     if token:
         cmd += ["-H", f"Authorization: Bearer {token}"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=cwd)
 
 
-def test_schemathesis_all_checks_zero_failures(server):
+def test_schemathesis_all_checks_zero_failures(server, tmp_path):
     pytest.importorskip("schemathesis")
     url, token = server
-    done = st_run(url, token)
+    done = st_run(url, token, tmp_path)
     summary = re.search(r"(\d+) generated, (\d+) passed", done.stdout)
     assert done.returncode == 0 and summary, done.stdout[-6000:] + done.stderr[-2000:]
     generated, passed = map(int, summary.groups())
