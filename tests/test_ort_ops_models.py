@@ -125,3 +125,21 @@ def test_serve_backend_uses_the_library_and_logs_it(ort_library, qkv_file, caplo
     assert np.abs(outputs["on"] - outputs["off"]).max() <= 1e-5
     logged = [r.irpe_ops for r in caplog.records if hasattr(r, "irpe_ops")]
     assert logged[0].startswith("iRPE ops: custom-op library") and "functions" in logged[1]
+
+
+def test_serve_backend_required_library_missing(qkv_file, tmp_path, monkeypatch):
+    """ort_custom_ops: on without the library: the load fails with one clear error (the server
+    marks that model failed, 503); auto serves through the functions."""
+    from serve.backends import create_backend
+    from serve.config import ModelConfig
+    from irpe.deploy.ort import CustomOpsError
+    monkeypatch.setenv("IRPE_ORT_OPS_LIBRARY", str(tmp_path / "gone.so"))
+    path, _ = qkv_file
+    cfg = ModelConfig(name="m", path=path, backend="onnxruntime", ort_custom_ops="on")
+    with pytest.raises(CustomOpsError, match="no custom-op library at .*gone.so"):
+        create_backend(cfg).load()
+    backend = create_backend(cfg.model_copy(update={"ort_custom_ops": "auto"}))
+    backend.load()
+    assert not backend.ops_path.custom_ops
+    images = np.zeros((1, 3, 40, 40), np.float32)
+    assert backend.infer(images, None)["logits"].shape == (1, 10)
