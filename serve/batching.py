@@ -3,7 +3,8 @@
 Requests add one item per image. The worker takes the oldest item, waits until
 ``max_batch_size`` items with the same key (same tensor shape; detection uses one key and pads)
 are queued or ``max_queue_delay`` after the oldest item's arrival has passed, then runs the batch
-in the model's single inference thread, never on the event loop. A full queue answers 503 with
+in an inference thread, never on the event loop. A model with N instances has N workers, each
+with its own thread and replica, taking batches from the one queue. A full queue answers 503 with
 Retry-After; a request not answered within its timeout gets 504 and its items are skipped.
 """
 from __future__ import annotations
@@ -13,12 +14,14 @@ import logging
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Hashable, List, Optional, Sequence
+from typing import Any, Callable, Deque, Hashable, List, Optional, Sequence, Union
 
 from .errors import ServeError, unavailable
 from .metrics import Metrics
 
 __all__ = ["Batcher"]
+
+RunBatch = Callable[[List[Any]], List[Any]]
 
 log = logging.getLogger("irpe.serve")
 
@@ -32,27 +35,34 @@ class _Item:
 
 
 class Batcher:
-    """Queue + worker task of one model; ``run_batch(payloads) -> results`` runs in a thread."""
+    """Queue + worker tasks of one model; ``run_batch(payloads) -> results`` runs in a thread
+    (a list of them: one worker, thread and callable per model instance)."""
 
-    def __init__(self, name: str, run_batch: Callable[[List[Any]], List[Any]],
+    def __init__(self, name: str, run_batch: Union[RunBatch, Sequence[RunBatch]],
                  max_batch_size: int, max_delay_s: float, max_queue_size: int,
                  metrics: Metrics) -> None:
-        self.name, self.run_batch = name, run_batch
+        runs = list(run_batch) if isinstance(run_batch, (list, tuple)) else [run_batch]
+        self.name, self.runs = name, runs
         self.max_batch_size, self.max_delay_s = max_batch_size, max_delay_s
         self.max_queue_size, self.metrics = max_queue_size, metrics
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"infer-{name}")
+        self.executors = [ThreadPoolExecutor(1, thread_name_prefix=f"infer-{name}-{i}")
+                          for i in range(len(runs))]
+        self.executor = self.executors[0]
         self._items: Deque[_Item] = deque()
         self._wake = asyncio.Event()
         self._closing = False
-        self._task: Optional[asyncio.Task] = None
+        self._tasks: List[asyncio.Task] = []
 
     def start(self) -> None:
-        """Start the worker task (call from the event loop)."""
-        self._task = asyncio.get_running_loop().create_task(self._worker(), name=self.name)
+        """Start one worker task per instance (call from the event loop)."""
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._worker(i), name=f"{self.name}-{i}")
+                       for i in range(len(self.runs))]
 
-    async def in_thread(self, fn: Callable, *args) -> Any:
-        """Run ``fn(*args)`` in this model's inference thread (loading, warmup)."""
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+    async def in_thread(self, fn: Callable, *args, instance: int = 0) -> Any:
+        """Run ``fn(*args)`` in an instance's inference thread (loading, warmup)."""
+        return await asyncio.get_running_loop().run_in_executor(self.executors[instance], fn,
+                                                                 *args)
 
     def check_room(self, count: int) -> None:
         """400 if ``count`` items can never fit, 503 (Retry-After) if the queue is full now."""
@@ -87,20 +97,20 @@ class Batcher:
         """Refuse new work, finish every queued item, stop the worker and its thread."""
         self._closing = True
         self._wake.set()
-        if self._task is not None:
-            await self._task
-        self.executor.shutdown(wait=True)
+        await asyncio.gather(*self._tasks)
+        for executor in self.executors:
+            executor.shutdown(wait=True)
 
     def _changed(self) -> None:
         self.metrics.queue_depth.labels(self.name).set(len(self._items))
         self._wake.set()
 
-    async def _worker(self) -> None:
+    async def _worker(self, instance: int) -> None:
         while True:
             batch = await self._next_batch()
             if batch is None:
                 return
-            await self._run(batch)
+            await self._run(batch, instance)
 
     async def _next_batch(self) -> Optional[List[_Item]]:
         """The next non-empty batch, or None once closing with nothing queued."""
@@ -147,13 +157,13 @@ class Batcher:
         self._changed()
         return batch
 
-    async def _run(self, batch: List[_Item]) -> None:
+    async def _run(self, batch: List[_Item], instance: int = 0) -> None:
         loop = asyncio.get_running_loop()
         start = loop.time()
         for item in batch:
             self.metrics.queue_time.labels(self.name).observe(start - item.enqueued)
         try:
-            results = await loop.run_in_executor(self.executor, self.run_batch,
+            results = await loop.run_in_executor(self.executors[instance], self.runs[instance],
                                                  [i.payload for i in batch])
         except Exception as exc:  # any backend failure fails this batch's requests only
             log.error("inference failed", extra={"model": self.name, "error": repr(exc)})

@@ -19,6 +19,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="backend of the demo models (default: onnxruntime)")
     p.add_argument("--device", default="cpu", help="device of the demo models: cpu, cuda, "
                    "cuda:N (onnxruntime-gpu / CUDA torch)")
+    p.add_argument("--precision", choices=("fp32", "fp16", "bf16"), help="precision of every "
+                   "torch-backend model (overrides the repository; default fp16 on cuda, fp32 "
+                   "on cpu; fp16 needs cuda)")
     p.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="TCP port (default 8000; 0 = any free port)")
     p.add_argument("--threads", type=int, help="torch/onnxruntime CPU threads (0 = default)")
@@ -36,6 +39,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     setup_logging(settings.log_level, settings.log_format)
     if args.demo or not settings.models:  # after logging: a first start logs the ONNX export
         settings = _user_errors(_with_demo, settings, args)
+    if args.precision:
+        settings = _user_errors(_with_precision, settings, args.precision)
     from .app import create_app
     app = create_app(settings)
     if args.prepare:
@@ -68,6 +73,14 @@ def _with_demo(settings, args: argparse.Namespace):
     from .demo import demo_models
     demo = demo_models(args.backend, settings.cache_dir, args.device)
     return settings.model_copy(update={"models": settings.models + demo})
+
+
+def _with_precision(settings, precision: str):
+    """Every torch-backend model at ``precision`` (re-validated: fp16 on cpu is refused)."""
+    from .config import ModelConfig
+    models = [ModelConfig.model_validate({**m.model_dump(), "precision": precision})
+              if m.backend == "torch" else m for m in settings.models]
+    return settings.model_copy(update={"models": models})
 
 
 def _prepare(app) -> int:

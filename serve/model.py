@@ -1,13 +1,17 @@
-"""A served model: backend + batcher + the artifact's preprocessing; lifecycle and readiness."""
+"""A served model: backend instances + batcher + the artifact's preprocessing; lifecycle and
+readiness. Images are decoded (serve.preprocess_pool) to uint8 model inputs; the backend
+normalises them (on its device for torch)."""
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from irpe.data.transforms import ImageError, Preprocess, load_image
+from irpe.data.transforms import ImageError, Preprocess
 from irpe.models import pad_images
 
 from .backends import Backend, create_backend
@@ -15,20 +19,23 @@ from .batching import Batcher
 from .config import ModelConfig
 from .errors import ServeError, unavailable
 from .metrics import Metrics
+from .preprocess_pool import decode_u8, map_images
 
 __all__ = ["ServedModel", "Prepared"]
 
 log = logging.getLogger("irpe.serve")
 
-Prepared = Tuple[np.ndarray, Tuple[int, int]]  # (3, H, W) float32 input, original (h, w)
+Prepared = Tuple[np.ndarray, Tuple[int, int]]  # (3, H, W) uint8 input, original (h, w)
 
 
 class ServedModel:
-    """One configured model; ``ready`` only after its backend loaded and ran a warmup batch."""
+    """One configured model; ``ready`` only after every instance loaded and ran a warmup batch."""
 
     def __init__(self, cfg: ModelConfig, metrics: Metrics, threads: int = 0) -> None:
         self.cfg, self.name = cfg, cfg.name
-        self.backend: Backend = create_backend(cfg, threads)
+        self.backends: List[Backend] = [create_backend(cfg, threads)
+                                        for _ in range(cfg.instances)]
+        self.backend = self.backends[0]
         self.spec = self.backend.spec
         self.task = self.spec.task
         if cfg.task is not None and cfg.task != self.task:
@@ -38,7 +45,9 @@ class ServedModel:
         self.preprocess: Preprocess = self.spec.transform()
         self.state, self.error = "loading", ""
         self.output_shapes: Dict[str, Tuple[int, ...]] = {}
-        self.batcher = Batcher(cfg.name, self._run_batch, cfg.max_batch_size,
+        self.instance_batches = [0] * cfg.instances  # batches run by each instance
+        runs = [functools.partial(self._run_batch, i) for i in range(cfg.instances)]
+        self.batcher = Batcher(cfg.name, runs, cfg.max_batch_size,
                                cfg.max_queue_delay_ms / 1000.0, cfg.max_queue_size, metrics)
 
     def _labels(self, configured: Optional[List[str]]) -> List[str]:
@@ -56,11 +65,12 @@ class ServedModel:
         return self.state == "ready"
 
     async def start(self) -> None:
-        """Start the worker, load the backend and warm it up, all in the inference thread."""
+        """Start the workers; load and warm up every instance in its own inference thread."""
         self.batcher.start()
         try:
-            await self.batcher.in_thread(self.backend.load)
-            out = await self.batcher.in_thread(self.backend.warmup, *self._warmup_batch())
+            outs = await asyncio.gather(*(self._start_instance(i)
+                                          for i in range(len(self.backends))))
+            out = outs[0]
         except Exception as exc:  # a model that cannot load stays not-ready; others serve
             self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
             log.error("model failed to load", extra={"model": self.name, "error": self.error})
@@ -68,14 +78,21 @@ class ServedModel:
         self.output_shapes = {k: tuple(v.shape) for k, v in out.items()}
         self.state = "ready"
         log.info("model ready", extra={"model": self.name, "backend": self.cfg.backend,
-                                       "task": self.task})
+                                       "task": self.task, "instances": len(self.backends),
+                                       "precision": self.cfg.run_precision()})
+
+    async def _start_instance(self, i: int) -> Dict[str, np.ndarray]:
+        backend = self.backends[i]
+        await self.batcher.in_thread(backend.load, instance=i)
+        return await self.batcher.in_thread(backend.warmup, *self._warmup_batch(), instance=i)
 
     async def stop(self) -> None:
         """Finish queued work, then release the backend."""
         if self.state == "ready":
             self.state = "stopping"
         await self.batcher.close()
-        self.backend.close()
+        for backend in self.backends:
+            backend.close()
 
     def check_ready(self) -> None:
         """503 unless ready (with the load error when loading failed)."""
@@ -90,51 +107,58 @@ class ServedModel:
         self.batcher.check_room(count)
 
     def prepare(self, blobs: Sequence[bytes]) -> List[Prepared]:
-        """Decode and preprocess images (the artifact's Preprocess); runs in a worker thread."""
-        out = []
-        for i, blob in enumerate(blobs):
+        """Decode and resize images (the artifact's Preprocess, minus normalisation) to uint8;
+        several images of one request decode in the host-sized pool. Runs in a worker thread."""
+        def one(i: int, blob: bytes) -> Prepared:
             try:
-                image = load_image(blob)
+                return decode_u8(blob, self.preprocess)
             except ImageError as exc:
                 raise ImageError(f"image {i}: {exc}" if len(blobs) > 1 else str(exc)) from None
-            out.append((self.preprocess(image).numpy(), (image.height, image.width)))
-        return out
+        return map_images(one, blobs)
 
     async def infer(self, images: Sequence[np.ndarray],
                     sizes: Optional[Sequence[Tuple[int, int]]] = None,
                     timeout_s: Optional[float] = None) -> List[Dict[str, np.ndarray]]:
         """Per-image model outputs through the batcher; ``sizes`` = valid (h, w) (detection)."""
         self.check_ready()
-        if self.task == "classification":
-            payloads, keys = [(im, None) for im in images], [im.shape for im in images]
+        if self.task == "classification":  # uint8 (decoded) and float (v2) batch apart
+            payloads = [(im, None) for im in images]
+            keys = [(im.shape, im.dtype.str) for im in images]
         else:
             sizes = sizes or [im.shape[-2:] for im in images]
-            payloads, keys = list(zip(images, sizes)), ["detection"] * len(images)
+            payloads = list(zip(images, sizes))
+            keys = [("detection", im.dtype.str) for im in images]
         return await self.batcher.submit(payloads, keys, timeout_s or self.cfg.timeout_s)
 
-    def _run_batch(self, payloads: List[Tuple[np.ndarray, Optional[Tuple[int, int]]]]
+    def _run_batch(self, instance: int,
+                   payloads: List[Tuple[np.ndarray, Optional[Tuple[int, int]]]]
                    ) -> List[Dict[str, np.ndarray]]:
+        backend, sizes = self.backends[instance], None
         if self.task == "classification":
-            out = self.backend.infer(np.stack([p[0] for p in payloads]), None)
+            batch = np.stack([p[0] for p in payloads])
         else:
-            batch, _ = pad_images([torch.from_numpy(p[0]) for p in payloads])
+            batch = pad_images([torch.from_numpy(p[0]) for p in payloads])[0].numpy()
             sizes = np.asarray([p[1] for p in payloads], dtype=np.int64)
-            out = self.backend.infer(batch.numpy(), sizes)
+        infer = backend.infer_uint8 if batch.dtype == np.uint8 else backend.infer
+        out = infer(batch, sizes)
+        self.instance_batches[instance] += 1
         return [{k: v[i] for k, v in out.items()} for i in range(len(payloads))]
 
     def _warmup_batch(self) -> Tuple[np.ndarray, Optional[np.ndarray]]:
-        p = self.preprocess
-        if self.task == "classification":
-            return np.zeros((1, 3, p.size, p.size), np.float32), None
-        return (np.zeros((1, 3, p.min_size, p.min_size), np.float32),
-                np.asarray([[p.min_size, p.min_size]], np.int64))
+        """A fixed pseudo-random batch of one image (the fp16/bf16 check compares on it)."""
+        p, rng = self.preprocess, np.random.default_rng(0)
+        side = p.size if self.task == "classification" else p.min_size
+        images = rng.standard_normal((1, 3, side, side), dtype=np.float32)
+        sizes = None if self.task == "classification" else np.asarray([[side, side]], np.int64)
+        return images, sizes
 
     def describe(self) -> Dict:
         """Summary for listings (/v1/models)."""
         return {"name": self.name, "task": self.task, "backend": self.cfg.backend,
                 "platform": self.backend.platform, "model": self.spec.model_name,
                 "state": self.state, "num_classes": len(self.labels),
-                "max_batch_size": self.cfg.max_batch_size}
+                "max_batch_size": self.cfg.max_batch_size, "instances": len(self.backends),
+                "precision": self.cfg.run_precision()}
 
 
 def validate_count(count: int, limit: int) -> None:

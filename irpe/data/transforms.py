@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import numbers
 from dataclasses import asdict, dataclass, field
-from typing import Dict, Tuple, Union
+from typing import Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -24,6 +24,11 @@ IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF", "PPM")
 # classification resizes the whole image before cropping; past this many pixels (an extreme
 # aspect ratio) only the crop's source region is resized, so memory stays bounded
 MAX_RESIZED_PIXELS = 1 << 24
+# JPEG draft decoding (DCT scaling by 1/2, 1/4 or 1/8) keeps at least this many times the
+# resize target on each side, so the final resize still averages over the reduced image
+DRAFT_MARGIN = 2
+_TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
+DraftRequest = Callable[[int, int], Optional[Tuple[int, int]]]
 
 
 class ImageError(ValueError):
@@ -36,6 +41,19 @@ class ImageTooLargeError(ImageError):
 
 def load_image(source: Union[bytes, str], max_pixels: int = MAX_IMAGE_PIXELS):
     """Decode bytes or a file path to an RGB PIL image; refuse undecodable input and bombs."""
+    return _decode(source, max_pixels, None)[0]
+
+
+def load_image_for(source: Union[bytes, str], preprocess: "Preprocess",
+                   max_pixels: int = MAX_IMAGE_PIXELS):
+    """Decode for ``preprocess``: a JPEG much larger than the model input is decoded reduced
+    (draft mode). Returns (RGB image, upright (width, height) of the full image); give that
+    size to ``preprocess(image, size)`` so geometry (and detection boxes) match a full decode."""
+    return _decode(source, max_pixels, preprocess.draft_request)
+
+
+def _decode(source: Union[bytes, str], max_pixels: int, draft: Optional[DraftRequest]):
+    """(RGB image, upright full (width, height)); JPEGs reduced to ``draft(w, h)`` if given."""
     from PIL import Image
     if isinstance(source, (bytes, bytearray)) and not source:
         raise ImageError("empty image data")
@@ -46,8 +64,12 @@ def load_image(source: Union[bytes, str], max_pixels: int = MAX_IMAGE_PIXELS):
             if width * height > max_pixels:
                 raise ImageTooLargeError(f"image of {width}x{height} pixels is over the limit "
                                          f"of {max_pixels} pixels")
+            orientation = image.getexif().get(0x0112, 1)
+            full = (height, width) if orientation in _TRANSPOSED else (width, height)
+            if draft is not None and image.format == "JPEG":
+                _draft(image, draft(*full), orientation in _TRANSPOSED)
             image.load()
-            return to_rgb8(_upright(image))
+            return to_rgb8(_upright(image)), full
     except (ImageError, FileNotFoundError):
         raise
     except Image.DecompressionBombError as exc:  # over PIL's own limit, found in the header
@@ -55,6 +77,12 @@ def load_image(source: Union[bytes, str], max_pixels: int = MAX_IMAGE_PIXELS):
             from None
     except Exception as exc:  # PIL raises many types (UnidentifiedImageError, OSError, ...)
         raise ImageError(f"cannot decode image: {exc}") from None
+
+
+def _draft(image, request: Optional[Tuple[int, int]], transposed: bool) -> None:
+    """Let the JPEG decoder scale by 1/2..1/8 while staying at least ``request`` (upright)."""
+    if request is not None:
+        image.draft(image.mode, request[::-1] if transposed else request)
 
 
 def _upright(image):
@@ -148,16 +176,30 @@ class Preprocess:
         if min(self.std) <= 0:
             raise ValueError(f"std must be positive, got {self.std}")
 
-    def __call__(self, image) -> torch.Tensor:
-        """PIL image -> normalised (3, H, W) tensor for this model."""
+    def __call__(self, image, source_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        """PIL image -> normalised (3, H, W) tensor for this model; ``source_size`` = (w, h)
+        of the full image when ``image`` is a reduced (draft) decode of it."""
+        return to_tensor(self.resized(image, source_size), self.mean, self.std)
+
+    def resized(self, image, source_size: Optional[Tuple[int, int]] = None):
+        """The RGB PIL image the model sees, before normalisation (geometry from
+        ``source_size`` when given, so a draft decode gives a full decode's shape)."""
         from PIL import Image
         image = to_rgb8(image)
+        size = tuple(source_size) if source_size is not None else image.size
         if self.task == "classification":
-            image = _resize_crop(image, int(self.size / self.crop_pct), self.size)
+            return _resize_crop(image, int(self.size / self.crop_pct), self.size, size)
+        return image.resize(resize_shorter(size, self.min_size, self.max_size), Image.BILINEAR)
+
+    def draft_request(self, width: int, height: int) -> Optional[Tuple[int, int]]:
+        """Smallest (w, h) a JPEG of ``width`` x ``height`` may be decoded at: DRAFT_MARGIN x
+        the resize target; None when no reduction is possible (image under 2x that)."""
+        if self.task == "classification":
+            target = resize_shorter((width, height), int(self.size / self.crop_pct))
         else:
-            scaled = resize_shorter(image.size, self.min_size, self.max_size)
-            image = image.resize(scaled, Image.BILINEAR)
-        return to_tensor(image, self.mean, self.std)
+            target = resize_shorter((width, height), self.min_size, self.max_size)
+        request = (target[0] * DRAFT_MARGIN, target[1] * DRAFT_MARGIN)
+        return request if width >= 2 * request[0] and height >= 2 * request[1] else None
 
     def fits(self, height: int, width: int) -> bool:
         """Whether a (height, width) input is one this preprocessing can produce (the served
@@ -185,10 +227,11 @@ def _is_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value
 
 
-def _resize_crop(image, shorter: int, crop: int):
-    """Resize the shorter side to ``shorter`` (bicubic), then centre crop ``crop`` x ``crop``."""
+def _resize_crop(image, shorter: int, crop: int, size: Optional[Tuple[int, int]] = None):
+    """Resize the shorter side to ``shorter`` (bicubic), then centre crop ``crop`` x ``crop``;
+    geometry from ``size`` (the full image's (w, h)) when given."""
     from PIL import Image
-    scaled = resize_shorter(image.size, shorter)
+    scaled = resize_shorter(size or image.size, shorter)
     box = center_crop_box(scaled, crop)
     if scaled[0] * scaled[1] <= MAX_RESIZED_PIXELS:
         return image.resize(scaled, Image.BICUBIC).crop(box)

@@ -52,6 +52,14 @@ class Backend(ABC):
     def infer(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
         """Run one batch; see the module docstring for names, shapes and types."""
 
+    def infer_uint8(self, images: np.ndarray, sizes: Optional[np.ndarray]
+                    ) -> Dict[str, np.ndarray]:
+        """One batch of uint8 (B, 3, H, W) pixels (decoded images, padding 0): normalised with
+        the artifact's mean/std here on the host; the torch backend does it on its device."""
+        from ..preprocess_pool import normalize
+        pre = self.spec.transform()
+        return self.infer(normalize(images, pre.mean, pre.std, sizes), sizes)
+
     def warmup(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
         """First batch after loading (allocations, kernel selection); readiness waits for it."""
         return self.infer(images, sizes)

@@ -1,6 +1,15 @@
-"""PyTorch backend: a trained-model .safetensors file on CPU or CUDA."""
+"""PyTorch backend: a trained-model .safetensors file on CPU or CUDA, in fp32, fp16 or bf16.
+
+Weights and inputs are cast to the model's precision and outputs come back as fp32. A reduced
+precision is checked against an fp32 copy of the model on the warmup batch before the model is
+ready (tolerances: PRECISION_TOLERANCE). uint8 batches are normalised on the device; on CUDA
+they travel through pinned host memory with a non-blocking copy. ``cuda_graphs: true``
+replays CUDA graphs captured at load time (serve.backends.cuda_graphs).
+"""
 from __future__ import annotations
 
+import copy
+import logging
 from typing import Dict, Optional
 
 import numpy as np
@@ -10,13 +19,28 @@ from irpe.artifact import ModelSpec, load_trained, read_spec
 
 from . import Backend, output_names
 
-__all__ = ["TorchBackend"]
+__all__ = ["DTYPES", "PRECISION_TOLERANCE", "TorchBackend", "precision_error"]
+
+log = logging.getLogger("irpe.serve")
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# largest |output - fp32 output| / max(1, max |fp32 output|) accepted at warmup, per precision
+PRECISION_TOLERANCE = {"fp16": 2e-2, "bf16": 5e-2}
+
+
+def precision_error(out: Dict[str, torch.Tensor], ref: Dict[str, torch.Tensor]) -> float:
+    """Largest |out - ref| over all outputs, relative to max(1, largest |ref|)."""
+    worst = 0.0
+    for key, value in ref.items():
+        diff = (out[key].float() - value.float()).abs().max().item()
+        worst = max(worst, diff / max(1.0, value.float().abs().max().item()))
+    return worst
 
 
 class TorchBackend(Backend):
     """``irpe.artifact.load_trained`` + eval-mode forward under ``torch.inference_mode``."""
 
     platform = "pytorch_libtorch"
+    graphs = None
 
     def read_spec(self) -> ModelSpec:
         return read_spec(str(self.cfg.path))[0]
@@ -29,16 +53,81 @@ class TorchBackend(Backend):
         if self.threads:
             torch.set_num_threads(self.threads)
         model, _ = load_trained(str(self.cfg.path))
-        self.model, self.device = model.to(device), device
+        self.precision = self.cfg.run_precision()
+        self.dtype = DTYPES[self.precision]
+        self.reference = copy.deepcopy(model).to(device) if self.precision != "fp32" else None
+        self.model, self.device = model.to(device=device, dtype=self.dtype), device
+        pre = self.spec.transform()
+        self.mean = torch.tensor(pre.mean, dtype=torch.float32, device=device).view(1, 3, 1, 1)
+        self.std = torch.tensor(pre.std, dtype=torch.float32, device=device).view(1, 3, 1, 1)
+        if self.cfg.cuda_graphs:
+            self._capture(pre.size)
+
+    def _capture(self, size: int) -> None:
+        """CUDA graphs at every bucket (classification; the config refuses other cases)."""
+        from .cuda_graphs import GraphedClassifier
+        if self.spec.task != "classification":
+            raise RuntimeError(f"model {self.cfg.name}: cuda_graphs supports classification "
+                               "models only")
+        with torch.inference_mode():
+            try:
+                self.graphs = GraphedClassifier(self.model, (3, size, size), self.dtype,
+                                                self.device, self.cfg.max_batch_size)
+            except RuntimeError as exc:  # a model whose forward cannot be captured
+                log.warning("cuda graphs not captured; running eager", extra={
+                    "model": self.cfg.name, "error": str(exc).splitlines()[0][:300]})
+                self.graphs = None
+                torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
     def infer(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
-        x = torch.from_numpy(images).to(self.device)
+        x = torch.from_numpy(images).to(self.device, dtype=self.dtype)
+        return self._outputs(self._forward(self.model, x, sizes, self.graphs))
+
+    @torch.inference_mode()
+    def infer_uint8(self, images: np.ndarray, sizes: Optional[np.ndarray]
+                    ) -> Dict[str, np.ndarray]:
+        """uint8 batch -> device (pinned + non-blocking on CUDA) -> normalised there."""
+        x = torch.from_numpy(images)
+        if self.device.type == "cuda":
+            x = x.pin_memory().to(self.device, non_blocking=True)
+        x = (x.to(torch.float32) / 255.0 - self.mean) / self.std
+        if sizes is not None:
+            rows = torch.arange(x.shape[2], device=self.device).view(1, -1, 1)
+            cols = torch.arange(x.shape[3], device=self.device).view(1, 1, -1)
+            hw = torch.from_numpy(sizes).to(self.device)
+            inside = (rows < hw[:, 0].view(-1, 1, 1)) & (cols < hw[:, 1].view(-1, 1, 1))
+            x = x * inside.unsqueeze(1)
+        x = x.to(self.dtype)
+        return self._outputs(self._forward(self.model, x, sizes, self.graphs))
+
+    def warmup(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
+        """First batch; in fp16/bf16 also compared with the fp32 model (RuntimeError past the
+        tolerance), and the fp32 copy is released."""
+        out = self.infer(images, sizes)
+        if self.reference is None:
+            return out
+        with torch.inference_mode():
+            ref = self._forward(self.reference, torch.from_numpy(images).to(self.device), sizes)
+        self.reference = None
+        got = {k: torch.from_numpy(v) for k, v in out.items()}
+        error, limit = precision_error(got, {k: ref[k].cpu() for k in out}), \
+            PRECISION_TOLERANCE[self.precision]
+        log.info("precision check", extra={"model": self.cfg.name, "precision": self.precision,
+                                           "rel_error": round(error, 6), "tolerance": limit})
+        if not error <= limit:
+            raise RuntimeError(f"{self.precision} outputs differ from fp32 by {error:.3g} "
+                               f"(relative; tolerance {limit:g}): use precision fp32")
+        return out
+
+    def _forward(self, model, x: torch.Tensor, sizes: Optional[np.ndarray],
+                 graphs=None) -> Dict[str, torch.Tensor]:
         if self.spec.task == "classification":
-            out = {"logits": self.model(x)}
-        else:
-            out = self.model(x, torch.from_numpy(sizes).to(self.device))
+            return {"logits": graphs(x) if graphs is not None else model(x)}
+        return model(x, torch.from_numpy(sizes).to(self.device))
+
+    def _outputs(self, out: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
         return {k: out[k].float().cpu().numpy() for k in output_names(self.spec.task)}
 
     def close(self) -> None:
-        self.model = None
+        self.model = self.reference = self.graphs = None

@@ -1,0 +1,72 @@
+"""Image decode + resize for serving: a process-wide thread pool sized to the host, uint8 output.
+
+Threads, not processes: PIL releases the GIL while decoding and resampling, and a thread returns
+its array without pickling it (figures in docs/serve.md, "GPU serving"). Normalisation is not
+done here: the uint8 (3, H, W) arrays go to the backend, which normalises on its device (torch)
+or on the host just before the runtime (others), see :func:`normalize`.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, List, Optional, Sequence, Tuple, TypeVar
+
+import numpy as np
+
+from irpe.data.transforms import ImageError, Preprocess, load_image_for
+
+__all__ = ["decode_u8", "host_workers", "map_images", "normalize"]
+
+T = TypeVar("T")
+_lock = threading.Lock()
+_pool: Optional[ThreadPoolExecutor] = None
+
+
+def host_workers() -> int:
+    """Decode threads: the CPUs this process may run on (``IRPE_SERVE_DECODE_THREADS`` wins)."""
+    env = os.environ.get("IRPE_SERVE_DECODE_THREADS", "").strip()
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"IRPE_SERVE_DECODE_THREADS must be a positive integer, got {env!r}")
+        return int(env)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _shared_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(host_workers(), thread_name_prefix="decode")
+        return _pool
+
+
+def map_images(fn: Callable[[int, bytes], T], blobs: Sequence[bytes]) -> List[T]:
+    """``[fn(i, blob)]`` in order; one image runs in the calling thread, several in the pool."""
+    if len(blobs) <= 1:
+        return [fn(i, b) for i, b in enumerate(blobs)]
+    return list(_shared_pool().map(fn, range(len(blobs)), blobs))
+
+
+def decode_u8(blob: bytes, preprocess: Preprocess) -> Tuple[np.ndarray, Tuple[int, int]]:
+    """One encoded image -> (uint8 (3, H, W) model input before normalisation, original (h, w));
+    large JPEGs are decoded reduced (draft mode) with the full decode's geometry."""
+    image, (width, height) = load_image_for(blob, preprocess)
+    pixels = np.asarray(preprocess.resized(image, (width, height)), dtype=np.uint8)
+    if pixels.ndim != 3 or pixels.shape[2] != 3:
+        raise ImageError(f"expected an RGB image, got array shape {pixels.shape}")
+    return np.ascontiguousarray(pixels.transpose(2, 0, 1)), (height, width)
+
+
+def normalize(batch: np.ndarray, mean: Sequence[float], std: Sequence[float],
+              sizes: Optional[np.ndarray] = None) -> np.ndarray:
+    """uint8 (B, 3, H, W) -> float32 (x / 255 - mean) / std, as ``irpe.data.transforms.to_tensor``
+    computes it (bit for bit); padding outside ``sizes`` (detection) stays 0."""
+    out = batch.astype(np.float32) / np.float32(255.0)
+    out -= np.asarray(mean, np.float32).reshape(1, 3, 1, 1)
+    out /= np.asarray(std, np.float32).reshape(1, 3, 1, 1)
+    if sizes is not None:
+        for i, (h, w) in enumerate(np.asarray(sizes)):
+            out[i, :, h:, :] = 0.0
+            out[i, :, :, w:] = 0.0
+    return out

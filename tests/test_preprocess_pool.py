@@ -1,0 +1,114 @@
+"""Serving preprocessing: JPEG draft decoding (bounded difference, full-decode geometry, original
+size kept), uint8 inputs normalised like Preprocess bit for bit, the decode pool."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from irpe.data.transforms import (ImageError, Preprocess, load_image, load_image_for,
+                                  resize_shorter)
+from serve import preprocess_pool
+from serve.preprocess_pool import decode_u8, map_images, normalize
+
+CLS = Preprocess()
+DET = Preprocess(task="detection", min_size=200, max_size=333)
+# draft vs full decode, in 0..255 levels of the resized image (measured: mean <= 1.2, max 12)
+MEAN_BOUND, MAX_BOUND = 2.0, 16.0
+
+
+def _photo(width: int, height: int, exif_orientation: int = 1, fmt: str = "JPEG") -> bytes:
+    """A smooth gradient image with mild noise (JPEG-like content), encoded."""
+    rng = np.random.default_rng(width * 7 + height)
+    y, x = np.mgrid[0:height, 0:width]
+    rgb = np.stack([(np.sin(x / 37) + np.cos(y / 23)) * 60 + 128, x * 255 / width,
+                    y * 255 / height], -1)
+    image = Image.fromarray(np.clip(rgb + rng.normal(0, 12, rgb.shape), 0, 255).astype(np.uint8))
+    buf, kw = io.BytesIO(), {}
+    if exif_orientation != 1:
+        exif = Image.Exif()
+        exif[0x0112] = exif_orientation
+        kw["exif"] = exif.tobytes()
+    image.save(buf, fmt, **({"quality": 90} if fmt == "JPEG" else {}), **kw)
+    return buf.getvalue()
+
+
+def _levels(a: torch.Tensor, b: torch.Tensor, pre: Preprocess) -> torch.Tensor:
+    """|a - b| of two normalised tensors in 0..255 pixel levels."""
+    return (a - b).abs() * torch.tensor(pre.std).view(3, 1, 1) * 255
+
+
+@pytest.mark.parametrize("pre", [CLS, DET], ids=["classification", "detection"])
+@pytest.mark.parametrize("size,orientation", [((2000, 1333), 1), ((1333, 2000), 1),
+                                              ((3001, 2001), 1), ((2000, 1200), 6)])
+def test_draft_decode_is_reduced_with_full_geometry_and_bounded_difference(pre, size,
+                                                                           orientation):
+    blob = _photo(*size, exif_orientation=orientation)
+    full_image = load_image(blob)
+    image, full = load_image_for(blob, pre)
+    assert full == full_image.size  # upright size of the full decode (EXIF 6 swaps w and h)
+    assert image.width <= -(-full[0] // 2) and image.height <= -(-full[1] // 2)  # reduced
+    target = resize_shorter(full, int(pre.size / pre.crop_pct) if pre is CLS else pre.min_size,
+                            0 if pre is CLS else pre.max_size)
+    assert image.width >= 2 * target[0] and image.height >= 2 * target[1]  # DRAFT_MARGIN
+    reference, reduced = pre(full_image), pre(image, full)
+    assert reference.shape == reduced.shape
+    diff = _levels(reference, reduced, pre)
+    assert diff.mean() <= MEAN_BOUND and diff.max() <= MAX_BOUND
+
+
+def test_no_draft_for_small_jpegs_or_other_formats():
+    small = _photo(451, 300)
+    image, full = load_image_for(small, CLS)
+    assert full == (451, 300) and image.size == (451, 300)
+    assert torch.equal(CLS(image, full), CLS(load_image(small)))
+    png = _photo(2000, 1333, fmt="PNG")
+    image, full = load_image_for(png, CLS)
+    assert image.size == full == (2000, 1333)
+    assert CLS.draft_request(451, 300) is None and CLS.draft_request(2000, 1333) is not None
+
+
+@pytest.mark.parametrize("pre", [CLS, DET], ids=["classification", "detection"])
+def test_uint8_then_normalize_equals_preprocess_bit_for_bit(pre):
+    blob = _photo(451, 300)
+    pixels, (h, w) = decode_u8(blob, pre)
+    assert pixels.dtype == np.uint8 and (h, w) == (300, 451)
+    expected = pre(load_image(blob)).numpy()
+    assert np.array_equal(normalize(pixels[None], pre.mean, pre.std)[0], expected)
+
+
+def test_normalize_keeps_detection_padding_zero():
+    batch = np.full((2, 3, 6, 8), 200, np.uint8)
+    out = normalize(batch, DET.mean, DET.std, np.array([[6, 8], [4, 5]]))
+    assert (out[1, :, 4:, :] == 0).all() and (out[1, :, :, 5:] == 0).all()
+    assert (out[1, :, :4, :5] != 0).all() and (out[0] != 0).all()
+
+
+def test_map_images_keeps_order_and_names_the_bad_image(files):
+    from serve.config import ModelConfig
+    from serve.metrics import Metrics
+    from serve.model import ServedModel
+    blobs = [_photo(120 + 10 * i, 90) for i in range(5)]
+    assert map_images(lambda i, b: (i, len(b)), blobs) == [(i, len(b)) for i, b in
+                                                            enumerate(blobs)]
+    model = ServedModel(ModelConfig(name="d", path=files["det"]), Metrics())
+    prepared = model.prepare(blobs)
+    assert [p[1] for p in prepared] == [(90, 120 + 10 * i) for i in range(5)]  # original (h, w)
+    with pytest.raises(ImageError, match=r"^image 2: cannot decode image"):
+        model.prepare(blobs[:2] + [b"not an image"] + blobs[3:])
+    with pytest.raises(ImageError, match="empty image data"):
+        model.prepare([b""])
+
+
+def test_decode_threads_from_env(monkeypatch):
+    monkeypatch.setenv("IRPE_SERVE_DECODE_THREADS", "3")
+    assert preprocess_pool.host_workers() == 3
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("IRPE_SERVE_DECODE_THREADS", bad)
+        with pytest.raises(ValueError, match="IRPE_SERVE_DECODE_THREADS must be a positive"):
+            preprocess_pool.host_workers()
+    monkeypatch.delenv("IRPE_SERVE_DECODE_THREADS")
+    assert preprocess_pool.host_workers() >= 1
