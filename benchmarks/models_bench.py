@@ -121,15 +121,14 @@ def _export(value: Entry, path: Path) -> None:
 
 
 def ort_runner(value: Entry, inputs, cache: Path, threads: int) -> Runner:
-    """An onnxruntime CPU session of a model exported by export.onnx (cached per model)."""
-    import onnxruntime as ort
+    """An onnxruntime CPU session of a model exported by export.onnx (cached per model); the
+    iRPE custom-op library when built (irpe.deploy.ort, $IRPE_ORT_CUSTOM_OPS=off: functions)."""
     from export.onnx import io_spec
+    from irpe.deploy.ort import create_session
     path = cache / (label(value).replace(" ", "_").replace("=", "-").strip("()") + ".onnx")
     if not path.is_file():
         _export(value, path)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    sess, _ = create_session(path, threads=threads)
     task = "detection" if len(inputs) == 2 else "classification"
     feeds = {n: t.cpu().numpy() for n, t in zip(io_spec(task)[0], inputs)}
     return lambda: sess.run(None, feeds)
