@@ -147,15 +147,16 @@ def test_bucket_cache_bounded_and_shown_in_metrics(url, client):
     limit = BUCKET_IDS.max_bytes
     assert metric(url, "irpe_bucket_cache_limit_bytes") == limit
     try:
-        BUCKET_IDS.set_limit(40_000)  # ~1 grid of the demo detector at 256x256 (8x8: 32 KiB)
+        BUCKET_IDS.set_limit(100_000)
+        BUCKET_IDS.clear()
         before = BUCKET_IDS.evictions
-        for side in (256, 224, 192, 160):  # four distinct grids
-            image = Image.new("RGB", (side, side), (30, 60, 90))
+        for width in (208, 176, 144, 128):  # grids 8x13, 8x11, 8x9, 8x8: 86.5, 62, 41.5, 33 kB
+            image = Image.new("RGB", (width, 128), (30, 60, 90))
             assert client.post("/v1/detect", content=png(image),
                                headers={"content-type": "image/png"}).status_code == 200
         shown = metric(url, "irpe_bucket_cache_bytes")
-        assert 0 < shown <= 40_000 and shown == BUCKET_IDS.nbytes
-        assert BUCKET_IDS.evictions > before
+        assert 0 < shown <= 100_000 and shown == BUCKET_IDS.nbytes
+        assert BUCKET_IDS.evictions > before  # older grids dropped while serving
     finally:
         BUCKET_IDS.set_limit(limit)
 
