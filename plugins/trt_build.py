@@ -66,7 +66,8 @@ def _source_key(extra: Sequence[str]) -> str:
 
 
 def build_plugins(build_dir: Path, *, archs: str = "89", runtime_major: Optional[int] = None,
-                  targets: Sequence[str] = ("irpe_trt_plugins", "irpe_kernels"),
+                  targets: Sequence[str] = ("irpe_trt_plugins", "irpe_trt_plugins_static",
+                                            "irpe_kernels"),
                   ) -> Dict[str, object]:
     """Configure + build for TensorRT-RTX; reuses ``build_dir/<source hash>`` when present.
 

@@ -109,6 +109,31 @@ def test_detr_engine_dynamic_hw(plugin, onnx_files, tmp_path):
     print(f"DETR: {engine.stat().st_size / 1e6:.1f} MB, {side['build_seconds']} s")
 
 
+_STATIC = """
+import ctypes, sys
+from irpe.deploy.trt_common import import_tensorrt
+registry = import_tensorrt().get_plugin_registry()
+before = {(c.name, c.plugin_namespace) for c in registry.all_creators}
+lib = ctypes.CDLL(sys.argv[1])
+print(sorted(f"{ns}::{n}" for n, ns in {(c.name, c.plugin_namespace)
+                                        for c in registry.all_creators} - before))
+print(hasattr(lib, "getCreators"), hasattr(lib, "setLoggerFinder"),
+      hasattr(lib, "irpe_trt_plugin_abi"), hasattr(lib, "irpe_gather"))
+"""
+
+
+def test_static_library_registers_on_load(plugin):
+    """libirpe_trt_plugins_static.so (same CMake build) registers its creators under irpe when
+    loaded with ctypes (trtexec --staticPlugins, polygraphy --plugins); exported C symbols."""
+    static = str(Path(plugin).with_name("libirpe_trt_plugins_static.so"))
+    res = subprocess.run([sys.executable, "-c", _STATIC, static], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [
+        "['irpe::RPEGather', 'irpe::RPEGatherGrid', 'irpe::RPEScatter', 'irpe::RPEScatterGrid']",
+        "True True True True"], res.stdout
+
+
 def test_function_inlined_engine_has_no_plugin_layer(onnx_files, tmp_path):
     require(_rtx_reason())
     engine = tmp_path / "fn.engine"
