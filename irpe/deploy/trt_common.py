@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import List, Optional, Sequence
 
 __all__ = ["TensorRTUnavailable", "import_tensorrt", "is_rtx", "make_logger", "load_plugins",
-           "MODULES"]
+           "abi_mismatch", "MODULES"]
 
 MODULES = ("tensorrt", "tensorrt_rtx_bindings", "tensorrt_rtx")
 INSTALL_HINT = ("install TensorRT (`pip install tensorrt`, GPU machines) or TensorRT-RTX "
