@@ -143,3 +143,15 @@ def test_serve_backend_required_library_missing(qkv_file, tmp_path, monkeypatch)
     assert not backend.ops_path.custom_ops
     images = np.zeros((1, 3, 40, 40), np.float32)
     assert backend.infer(images, None)["logits"].shape == (1, 10)
+
+
+def test_export_benchmark_custom_op_rows(ort_library, tmp_path):
+    """benchmarks.export_ort times the library's sessions beside the function ones."""
+    from benchmarks import export_ort
+    assert export_ort.main(["--quick", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "export_ort.json").read_text())
+    assert set(data["results"]) == {"plain", "irpe_k", "irpe_k_ops"}
+    assert data["results"]["irpe_k_ops"]["goal"] == 0.98
+    assert data["custom_op_library"] == str(ort_library)
+    assert "| irpe_k_ops | deit_tiny_patch16_224_ctx_product_50_shared_k |" in \
+        (tmp_path / "export_ort.md").read_text()
