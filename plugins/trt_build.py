@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-__all__ = ["find_headers", "rtx_library_dir", "build_plugins", "unavailable_reason", "CI_HEADERS"]
+__all__ = ["find_headers", "rtx_library_dir", "tensorrt_library_dir", "build_plugins",
+           "unavailable_reason", "CI_HEADERS"]
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = ROOT / "plugins"
@@ -43,6 +44,18 @@ def rtx_library_dir() -> Optional[Path]:
     return None
 
 
+def tensorrt_library_dir() -> Optional[Path]:
+    """Folder of full TensorRT's libnvinfer (the tensorrt wheel's or a system install), or None."""
+    spec = importlib.util.find_spec("tensorrt_libs")
+    folders = [Path(f) for f in (spec.submodule_search_locations or [])] if spec else []
+    env = os.environ.get("TENSORRT_ROOT")
+    folders += [Path(env) / "lib"] if env else []
+    for folder in folders + [Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib/aarch64-linux-gnu")]:
+        if any(folder.glob("libnvinfer.so*")):
+            return folder
+    return None
+
+
 def unavailable_reason(need_runtime: bool = True) -> Optional[str]:
     """Why the plugin cannot be built (and loaded) here, or None."""
     missing = [tool for tool in ("cmake", "g++") if shutil.which(tool) is None]
@@ -65,18 +78,22 @@ def _source_key(extra: Sequence[str]) -> str:
     return digest.hexdigest()[:12]
 
 
-def build_plugins(build_dir: Path, *, archs: str = "89", runtime_major: Optional[int] = None,
+def build_plugins(build_dir: Path, *, archs: str = "89", runtime: str = "tensorrt_rtx",
+                  runtime_major: Optional[int] = None,
                   targets: Sequence[str] = ("irpe_trt_plugins", "irpe_trt_plugins_static",
                                             "irpe_kernels"),
                   ) -> Dict[str, object]:
-    """Configure + build for TensorRT-RTX; reuses ``build_dir/<source hash>`` when present.
+    """Configure + build for ``runtime`` (tensorrt_rtx or tensorrt = libnvinfer); reuses
+    ``build_dir/<source hash>`` when present.
 
     Returns {"library": path, "seconds": build time (0 when reused), "log": configure+build log}.
     """
-    headers, libdir = find_headers(), rtx_library_dir()
+    rtx = runtime == "tensorrt_rtx"
+    headers, libdir = find_headers(), rtx_library_dir() if rtx else tensorrt_library_dir()
     if headers is None or libdir is None:
-        raise RuntimeError(unavailable_reason() or "TensorRT headers or runtime missing")
-    args = [f"-DTENSORRT_ROOT={headers.parent}", "-DIRPE_TRT_LIBRARY_NAME=tensorrt_rtx",
+        raise RuntimeError(unavailable_reason() or f"TensorRT headers or {runtime} missing")
+    args = [f"-DTENSORRT_ROOT={headers.parent}",
+            f"-DIRPE_TRT_LIBRARY_NAME={'tensorrt_rtx' if rtx else 'nvinfer'}",
             f"-DTENSORRT_LIBRARY_DIR={libdir}", f"-DCMAKE_CUDA_ARCHITECTURES={archs}",
             "-DIRPE_REQUIRE_TENSORRT=ON"]
     if runtime_major is not None:
