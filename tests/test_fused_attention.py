@@ -177,6 +177,31 @@ def test_backward_matches_unfused(interpret):
             _check(g_fused, g_ref, torch.float32)
 
 
+def test_reference_in_row_chunks_matches_one_chunk(monkeypatch):
+    """The torch fallback/backward works in query-row chunks (O(rows x L) memory): forcing
+    chunks of 5 rows gives the single-chunk results, both id layouts, grads included."""
+    import irpe.fused.reference as ref
+    from irpe.bucket import bucket_ids
+    from irpe.fused.dispatch import _offset_ids
+    from irpe.rpe import iRPE
+    q, k, v = _inputs(2, 2, 13, 16)
+    mask = torch.zeros(2, 13, dtype=torch.bool)
+    mask[1, -3:] = True
+    m = iRPE(16, 1, "ctx", "product", 1.9, 1)
+    layouts = [(bucket_ids("product", 1.9, 3, 4, 1).to(torch.int32)[None], None),
+               (_offset_ids(m, 3, 4, 1, False).to(torch.int32)[None], [3, 4, 1])]
+    tk, tq = torch.randn(2, 2, 13, 50), torch.randn(1, 1, 13, 50)
+    for ids, grid in layouts:
+        args = (q, k, v, tk, ids, tq, ids, ids, 50, mask, grid)
+        g_out, g_s = torch.randn(2, 2, 13, 16), torch.randn(2, 2, 13, 50)
+        whole = ref.reference_forward(*args), ref.reference_backward(args, g_out, g_s)
+        monkeypatch.setattr(ref, "CHUNK_ELEMS", 5 * 2 * 2 * 13)
+        parts = ref.reference_forward(*args), ref.reference_backward(args, g_out, g_s)
+        monkeypatch.setattr(ref, "CHUNK_ELEMS", 1 << 24)
+        for a, b in zip([*whole[0], *whole[1]], [*parts[0], *parts[1]]):
+            assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
 @needs_triton
 def test_op_direct_and_reference(interpret):
     """The op on the interpreter equals its torch reference (broadcast tables, two id planes)."""

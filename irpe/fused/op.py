@@ -1,7 +1,7 @@
 """``irpe::fused_rpe_attention``: the custom op around the Triton kernel (torch.library).
 
 Registered with a fake impl so torch.compile(fullgraph=True) traces through it, and an autograd
-formula (explicit adjoints recomputed by :func:`reference_backward`; O(L^2) memory, see
+formula (explicit adjoints recomputed by :func:`reference_backward` in query-row chunks, see
 docs/kernels.md). The kernel runs on CUDA tensors, or on CPU tensors under TRITON_INTERPRET=1;
 anything else takes the torch reference, so the op never fails for lack of a kernel.
 """

@@ -1,69 +1,83 @@
-"""Unfused torch reference of the fused iRPE attention op (and its explicit backward).
+"""Torch reference of the fused iRPE attention op and its explicit backward, in row chunks.
 
 Same inputs as ``irpe::fused_rpe_attention``: q already scaled, tables (Bt|1, Ht|1, L, K) that
-broadcast over batch/heads, id stacks (NID, L, L) whose planes are summed (or relative-offset
-tables with ``grid``, expanded here). It materialises
-L x L tensors; used where the kernel cannot run, for the backward and in tests.
+broadcast over batch/heads, id stacks whose planes are summed: (NID, L, L) matrices, or with
+``grid`` relative-offset tables (NID, (2h-1)(2w-1)+1). Work goes in chunks of query rows so
+memory stays O(rows x L) (about CHUNK_ELEMS fp32 values per temporary), not O(L^2). Used where
+the kernel cannot run, for the backward and in tests.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 
-__all__ = ["expand_ids", "reference_logits", "reference_forward", "reference_backward"]
+__all__ = ["ids_block", "expand_ids", "reference_forward", "reference_backward", "CHUNK_ELEMS"]
 
 Tensor = torch.Tensor
+CHUNK_ELEMS = 1 << 24  # fp32 values per (B, H, rows, L) temporary: 64 MB
 
 
-def _gather_rows(table: Tensor, ids: Tensor, shape) -> Tensor:
-    """sum over planes p of table[b, h, i, ids[p, i, j]] -> (B, H, L, L) in fp32."""
-    b, h, length, _ = shape
-    t = table.to(torch.float32).expand(b, h, length, table.shape[-1])
+def ids_block(ids: Tensor, grid: Optional[List[int]], length: int, rows: Tensor,
+              cols: Tensor) -> Tensor:
+    """Ids (NID, len(rows), len(cols)) of the pairs (rows x cols), from either id layout."""
+    if grid is None:
+        return ids[:, rows[:, None], cols[None, :]]
+    gh, gw, skip = grid
+    pr, pc = (rows - skip).clamp(min=0), (cols - skip).clamp(min=0)
+    idx = ((pr // gw)[:, None] - (pc // gw)[None, :] + gh - 1) * (2 * gw - 1) \
+        + (pr % gw)[:, None] - (pc % gw)[None, :] + gw - 1
+    inside = (rows >= skip)[:, None] & (cols >= skip)[None, :]
+    return ids[:, torch.where(inside, idx, ids.shape[1] - 1)]
+
+
+def expand_ids(ids: Tensor, grid: Optional[List[int]], length: int) -> Tensor:
+    """The full (NID, L, L) id matrices (tests; O(L^2))."""
+    tokens = torch.arange(length, device=ids.device)
+    return ids_block(ids, grid, length, tokens, tokens)
+
+
+def _gather(table: Tensor, ids: Tensor, shape) -> Tensor:
+    """out[b,h,r,c] = sum over planes p of table[b,h,r,ids[p,r,c]] in fp32; shape (B,H,R,C)."""
+    b, h, r, c = shape
+    t = table.to(torch.float32).expand(b, h, r, table.shape[-1])
     out = torch.zeros(shape, dtype=torch.float32, device=table.device)
     for plane in ids:
-        idx = plane.to(torch.long).expand(b, h, length, length)
-        out = out + torch.gather(t, 3, idx)
+        out = out + torch.gather(t, 3, plane.to(torch.long).expand(b, h, r, c))
     return out
 
 
-def _scatter_rows(x: Tensor, ids: Tensor, num_buckets: int) -> Tensor:
-    """s[b, h, i, t] = sum over planes and j with ids[p, i, j] = t of x[b, h, i, j] (fp32)."""
-    b, h, length, _ = x.shape
-    out = torch.zeros((b, h, length, num_buckets), dtype=torch.float32, device=x.device)
+def _scatter(x: Tensor, ids: Tensor, num_buckets: int) -> Tensor:
+    """s[b,h,r,t] = sum over planes and c with ids[p,r,c] = t of x[b,h,r,c] (fp32)."""
+    b, h, r, c = x.shape
+    out = torch.zeros((b, h, r, num_buckets), dtype=torch.float32, device=x.device)
     for plane in ids:
-        out.scatter_add_(3, plane.to(torch.long).expand(b, h, length, length), x.to(torch.float32))
+        out.scatter_add_(3, plane.to(torch.long).expand(b, h, r, c), x.to(torch.float32))
     return out
 
 
-def expand_ids(ids: Tensor, grid: List[int], length: int) -> Tensor:
-    """Relative-offset id tables (NID, (2h-1)(2w-1)+1) -> the (NID, L, L) id matrices."""
-    gh, gw, skip = grid
-    tokens = torch.arange(length, device=ids.device)
-    pos = (tokens - skip).clamp(min=0)
-    rows, cols = pos // gw, pos % gw
-    idx = (rows[:, None] - rows[None, :] + gh - 1) * (2 * gw - 1) + cols[:, None] - cols[None, :]
-    inside = (tokens >= skip)[:, None] & (tokens >= skip)[None, :]
-    idx = torch.where(inside, idx + gw - 1, ids.shape[1] - 1)
-    return ids[:, idx]
+def _chunks(q: Tensor) -> Iterator[Tensor]:
+    b, h, length, _ = q.shape
+    size = max(1, min(length, CHUNK_ELEMS // max(1, b * h * length)))
+    for start in range(0, length, size):
+        yield torch.arange(start, min(start + size, length), device=q.device)
 
 
-def _matrices(length: int, grid: Optional[List[int]], *ids: Optional[Tensor]) -> list:
-    return [i if i is None or grid is None else expand_ids(i, grid, length) for i in ids]
-
-
-def reference_logits(q: Tensor, k: Tensor, table_k: Optional[Tensor], ids_k: Optional[Tensor],
-                     table_q: Optional[Tensor], ids_q: Optional[Tensor],
-                     key_padding_mask: Optional[Tensor]) -> Tensor:
-    """fp32 logits q @ k^T + K term + Q term, padding keys set to -inf after the terms."""
-    logits = q.to(torch.float32) @ k.to(torch.float32).transpose(-2, -1)
+def _probs(inputs: tuple, rows: Tensor, cols: Tensor) -> Tensor:
+    """Softmax rows (B, H, R, L) fp32: q k^T + K term + Q term, padding -inf after the terms."""
+    q, k, _, table_k, ids_k, table_q, ids_q, _, _, mask, grid = inputs
+    length = k.shape[2]
+    logits = q[:, :, rows].to(torch.float32) @ k.to(torch.float32).transpose(-2, -1)
     if table_k is not None:
-        logits = logits + _gather_rows(table_k, ids_k, logits.shape)
+        logits = logits + _gather(table_k[:, :, rows], ids_block(ids_k, grid, length, rows, cols),
+                                  logits.shape)
     if table_q is not None:  # term[i, j] = table_q[j, ids_q[j, i]]
-        logits = logits + _gather_rows(table_q, ids_q, logits.shape).transpose(-2, -1)
-    if key_padding_mask is not None:
-        logits = logits.masked_fill(key_padding_mask[:, None, None, :].bool(), float("-inf"))
-    return logits
+        shape = (*logits.shape[:2], length, len(rows))
+        logits = logits + _gather(table_q, ids_block(ids_q, grid, length, cols, rows),
+                                  shape).transpose(-2, -1)
+    if mask is not None:
+        logits = logits.masked_fill(mask[:, None, None, :].bool(), float("-inf"))
+    return logits.softmax(-1)
 
 
 def reference_forward(q: Tensor, k: Tensor, v: Tensor, table_k: Optional[Tensor],
@@ -72,12 +86,19 @@ def reference_forward(q: Tensor, k: Tensor, v: Tensor, table_k: Optional[Tensor]
                       key_padding_mask: Optional[Tensor], grid: Optional[List[int]] = None
                       ) -> Tuple[Tensor, Tensor]:
     """(out (B,H,L,D) in q's dtype, bucket sums s (B,H,L,num_buckets_v) fp32)."""
-    ids_k, ids_q, ids_v = _matrices(q.shape[2], grid, ids_k, ids_q, ids_v)
-    p = reference_logits(q, k, table_k, ids_k, table_q, ids_q, key_padding_mask).softmax(-1)
-    out = (p @ v.to(torch.float32)).to(q.dtype)
-    if ids_v is None:
-        return out, p.new_zeros((*p.shape[:3], 0))
-    return out, _scatter_rows(p, ids_v, num_buckets_v)
+    inputs = (q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, key_padding_mask,
+              grid)
+    b, h, length, _ = q.shape
+    cols = torch.arange(length, device=q.device)
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    s = q.new_zeros((b, h, length, num_buckets_v if ids_v is not None else 0),
+                    dtype=torch.float32)
+    for rows in _chunks(q):
+        p = _probs(inputs, rows, cols)
+        out[:, :, rows] = p @ v.to(torch.float32)
+        if ids_v is not None:
+            s[:, :, rows] = _scatter(p, ids_block(ids_v, grid, length, rows, cols), num_buckets_v)
+    return out.to(q.dtype), s
 
 
 def _reduce_to(grad: Tensor, like: Tensor) -> Tensor:
@@ -89,21 +110,35 @@ def _reduce_to(grad: Tensor, like: Tensor) -> Tensor:
 
 
 def reference_backward(inputs: tuple, grad_out: Tensor, grad_s: Optional[Tensor]) -> tuple:
-    """Gradients of (q, k, v, table_k, table_q) by the explicit softmax/gather/scatter adjoints."""
-    q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask, grid = inputs
-    ids_k, ids_q, ids_v = _matrices(q.shape[2], grid, ids_k, ids_q, ids_v)
-    p = reference_logits(q, k, table_k, ids_k, table_q, ids_q, mask).softmax(-1)
-    g = grad_out.to(torch.float32)
-    dv = (p.transpose(-2, -1) @ g).to(v.dtype)
-    dp = g @ v.to(torch.float32).transpose(-2, -1)
-    if ids_v is not None and grad_s is not None and grad_s.numel():
-        dp = dp + _gather_rows(grad_s, ids_v, dp.shape)
-    dz = p * (dp - (p * dp).sum(-1, keepdim=True))
-    dq = (dz @ k.to(torch.float32)).to(q.dtype)
-    dk = (dz.transpose(-2, -1) @ q.to(torch.float32)).to(k.dtype)
-    dtk = dtq = None
-    if table_k is not None:
-        dtk = _reduce_to(_scatter_rows(dz, ids_k, table_k.shape[-1]), table_k)
-    if table_q is not None:
-        dtq = _reduce_to(_scatter_rows(dz.transpose(-2, -1), ids_q, table_q.shape[-1]), table_q)
-    return dq, dk, dv, dtk, dtq
+    """Gradients of (q, k, v, table_k, table_q) by the explicit softmax/gather/scatter adjoints,
+    recomputing the probabilities chunk by chunk."""
+    q, k, v, table_k, ids_k, table_q, ids_q, ids_v, _, _, grid = inputs
+    b, h, length, _ = q.shape
+    cols = torch.arange(length, device=q.device)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    dq, dk, dv = (torch.zeros(x.shape, **f32) for x in (q, k, v))
+    if grad_out is None:
+        grad_out = torch.zeros(q.shape, **f32)
+    dtk = None if table_k is None else torch.zeros((b, h, length, table_k.shape[-1]), **f32)
+    dtq = None if table_q is None else torch.zeros((b, h, length, table_q.shape[-1]), **f32)
+    k32, v32 = k.to(torch.float32), v.to(torch.float32)
+    for rows in _chunks(q):
+        p = _probs(inputs, rows, cols)
+        g = grad_out[:, :, rows].to(torch.float32)
+        dv += p.transpose(-2, -1) @ g
+        dp = g @ v32.transpose(-2, -1)
+        if ids_v is not None and grad_s is not None and grad_s.numel():
+            dp = dp + _gather(grad_s[:, :, rows], ids_block(ids_v, grid, length, rows, cols),
+                              dp.shape)
+        dz = p * (dp - (p * dp).sum(-1, keepdim=True))
+        dq[:, :, rows] = dz @ k32
+        dk += dz.transpose(-2, -1) @ q[:, :, rows].to(torch.float32)
+        if dtk is not None:
+            dtk[:, :, rows] = _scatter(dz, ids_block(ids_k, grid, length, rows, cols),
+                                       dtk.shape[-1])
+        if dtq is not None:
+            dtq += _scatter(dz.transpose(-2, -1).contiguous(),
+                            ids_block(ids_q, grid, length, cols, rows), dtq.shape[-1])
+    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
+            None if dtk is None else _reduce_to(dtk, table_k),
+            None if dtq is None else _reduce_to(dtq, table_q))
