@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 __all__ = ["find_headers", "rtx_library_dir", "tensorrt_library_dir", "build_plugins",
            "unavailable_reason", "CI_HEADERS"]
@@ -111,8 +111,3 @@ def build_plugins(build_dir: Path, *, archs: str = "89", runtime: str = "tensorr
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd[:2])} failed:\n{logs[-1][-4000:]}")
     return {"library": library, "seconds": time.perf_counter() - start, "log": "\n".join(logs)}
-
-
-def built_libraries(build: Dict[str, object]) -> List[str]:
-    """The .so files next to the built library."""
-    return sorted(p.name for p in Path(str(build["library"])).parent.glob("*.so"))
