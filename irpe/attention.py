@@ -7,16 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .fused.dispatch import fused_attention, fused_supported
+from .fused.dispatch import exporting, fused_attention, fused_supported
 from .rpe import RPEConfig, build_rpe
 
 __all__ = ["RPEAttention", "rpe_attention", "unfused_attention"]
-
-
-def _exporting() -> bool:
-    """True while torch.onnx / jit tracing / torch.export record a graph (keep the manual path)."""
-    return (torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
-            or torch.jit.is_scripting() or torch.compiler.is_exporting())
 
 
 def _plain_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -40,7 +34,7 @@ def rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     Without iRPE terms it runs SDPA (except while exporting: the graph keeps the manual ops);
     with them, the fused Triton kernel where :func:`irpe.fused.fused_supported` says so.
     """
-    if rpe_q is None and rpe_k is None and rpe_v is None and not _exporting():
+    if rpe_q is None and rpe_k is None and rpe_v is None and not exporting():
         return _plain_sdpa(q, k, v, scale, key_padding_mask, dropout)
     if (rpe_q is not None or rpe_k is not None or rpe_v is not None) and fused_supported(
             q, k, rpe_q, rpe_k, rpe_v, height, width, dropout):

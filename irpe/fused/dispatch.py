@@ -47,7 +47,8 @@ def _parts(module) -> List[iRPE]:
     return [module.rp_rows, module.rp_cols] if isinstance(module, iRPECross) else [module]
 
 
-def _exporting() -> bool:
+def exporting() -> bool:
+    """True while torch.onnx / jit tracing / torch.export record a graph (keep the manual ops)."""
     return (torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
             or torch.jit.is_scripting() or torch.compiler.is_exporting())
 
@@ -66,7 +67,7 @@ def fused_supported(q: Tensor, k: Tensor, rpe_q, rpe_k, rpe_v, height, width,
                     dropout: Optional[nn.Module]) -> bool:
     """Whether this call may take the fused kernel (mode, device, shapes, no export/dropout)."""
     mode = fused_mode()
-    if mode == "unfused" or _exporting() or q.shape != k.shape or q.dim() != 4:
+    if mode == "unfused" or exporting() or q.shape != k.shape or q.dim() != 4:
         return False
     if q.device.type != "cuda" and mode != "fused":
         return False
