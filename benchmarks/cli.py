@@ -66,7 +66,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     folder = out_dir(args.out)
     cfg = {"device": args.device, "threads": args.threads, "repeats": args.repeats,
            "warmup": args.warmup, "cache": _cache("onnx")}
-    jobs = mb.plan(families, batches, backends, precisions, args.quick, detr_sizes)
+    jobs = mb.plan(families, batches, backends, precisions, args.quick, detr_sizes, args.device)
     results = mb.run_all(jobs, cfg)
     settings = {**{k: v for k, v in cfg.items() if k != "cache"}, "models": families,
                 "backends": backends, "precisions": precisions, "batches": batches,
@@ -75,7 +75,12 @@ def cmd_models(args: argparse.Namespace) -> int:
              "p50 of the plain model timed round-robin in the same run",
              "RSS+ = RSS growth over build + first forward; peak = process peak RSS so far; "
              "build s = build (+ ONNX export when not cached, + torch.compile) + first forward",
-             *mb.skipped(backends, precisions), *mb.compile_notes(results), *args.note]
+             *(["on CUDA: RSS+ = torch.cuda.memory_allocated growth, peak = "
+                "torch.cuda.max_memory_allocated (nvml_used_mb: NVML device total, when pynvml "
+                "is present); fp16 = .half(), bf16 = .to(torch.bfloat16)"]
+               if args.device.startswith("cuda") else []),
+             *mb.skipped(backends, precisions, args.device), *mb.compile_notes(results),
+             *args.note]
     doc = envelope("models", settings, results, notes)
     _print_files(save(doc, folder, args.tag))
     return 0
@@ -102,16 +107,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         conc, args.duration, args.rate, models = conc[:2], 1.0, min(args.rate, 10.0), ["tiny"]
     if min(args.rate, args.rate_deit_s, args.duration) <= 0:
         raise ValueError("--rate, --rate-deit-s and --duration must be positive")
+    cuda = args.device.startswith("cuda")
+    per_request = int_list(args.images_per_request or ("1,8" if cuda else "1"))
     settings = {"backend": args.backend, "models": models, "concurrency": conc,
                 "rate": {"tiny": args.rate, "deit_s": args.rate_deit_s},
                 "duration_s": args.duration, "max_batch_size": args.max_batch,
-                "threads": args.threads, "quick": args.quick}
+                "threads": args.threads, "quick": args.quick, "device": args.device,
+                "precision": args.precision, "instances": args.instances,
+                "cuda_graphs": args.cuda_graphs or None, "images_per_request": per_request,
+                "image": args.image or ("jpeg" if cuda else "png")}
     results, hist = serve_bench.run(settings, _cache("serve"))
     notes = ["server: `python -m irpe serve REPO.yaml` child process, one model; load: asyncio + "
              "httpx in the bench process, one keep-alive connection per client",
-             "in-process = PNG decode + Preprocess + backend, sequential batches of "
+             f"in-process = {settings['image'].upper()} decode + resize to uint8 "
+             "(serve.preprocess_pool.decode_u8) + backend.infer_uint8, sequential batches of "
              "max_batch_size; backend = backend.infer on batches of zeros; HTTP / in-process = "
-             "best closed-loop img/s / in-process img/s (HTTP / backend in the JSON)", *args.note]
+             "best closed-loop img/s / in-process img/s per images-per-request count (HTTP / "
+             "backend in the JSON); img/s counts images", *args.note]
     doc = envelope("serve", settings, results, notes)
     doc["batch_histogram"] = hist
     _print_files(save(doc, out_dir(args.out), args.tag))
@@ -166,8 +178,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m = bench.add_parser("models", help="plain vs iRPE models x backends x batch x precision")
     m.add_argument("--models", default="deit_tiny,deit_small", help="families: deit_tiny, "
                    "deit_small, deit_base, detr_small, detr_r50")
-    m.add_argument("--backends", default="eager,onnxruntime", help="eager, compile, onnxruntime")
-    m.add_argument("--precisions", default="fp32", help="fp32, bf16 (torch backends)")
+    m.add_argument("--backends", default="eager,onnxruntime", help="eager, compile, onnxruntime "
+                   "(CPU), cudagraph (CUDA)")
+    m.add_argument("--precisions", default="fp32", help="fp32, fp16 (CUDA), bf16 (torch "
+                   "backends; CUDA: cast, CPU: autocast)")
     m.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
     m.add_argument("--repeats", type=int, default=7, help="timed rounds (median)")
     m.add_argument("--warmup", type=int, default=2, help="untimed rounds")
@@ -189,6 +203,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--rate-deit-s", type=float, default=4.0, help="open-loop requests/s (deit_s)")
     s.add_argument("--duration", type=float, default=5.0, help="seconds per load level")
     s.add_argument("--max-batch", type=int, default=8, help="server max_batch_size")
+    s.add_argument("--device", default="cpu", help="model device: cpu, cuda, cuda:N")
+    s.add_argument("--precision", choices=("fp32", "fp16", "bf16"), help="torch backend "
+                   "precision (default: fp16 on cuda, fp32 on cpu)")
+    s.add_argument("--instances", type=int, help="model instances in the server")
+    s.add_argument("--cuda-graphs", action="store_true", help="torch on cuda: CUDA graphs")
+    s.add_argument("--image", choices=("png", "jpeg"), help="request image: the shapes PNG "
+                   "(default on cpu) or a 451x300 JPEG (default on cuda)")
+    s.add_argument("--images-per-request", help="comma-separated counts (default 1; cuda: 1,8)")
     _common(s, threads=1)
     s.set_defaults(func=cmd_serve)
     a = bench.add_parser("attention", help="fused iRPE attention vs unfused vs SDPA (CUDA)")

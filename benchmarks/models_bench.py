@@ -3,6 +3,12 @@
 For each (size, batch, backend, precision) every variant of a family (plain, iRPE-K/QK/QKV)
 is built and timed round-robin in the same run (ops_common.time_round_robin), so the overhead
 ratio vs the plain model is not skewed by drift on a shared machine.
+
+Precision: on CUDA fp16 is ``.half()`` and bf16 ``.to(torch.bfloat16)`` (weights and inputs);
+on CPU bf16 runs under autocast (as the landed CPU figures did) and fp16 is not run. Backends:
+eager, torch.compile (dynamo reset before each variant), onnxruntime (CPU, fp32) and, on CUDA,
+cudagraph (one CUDA graph of the eager forward per batch size). On CUDA the memory columns are
+GPU memory (torch.cuda allocator; NVML's device total where pynvml is present).
 """
 from __future__ import annotations
 
@@ -28,8 +34,9 @@ FAMILIES: Dict[str, Dict[str, Entry]] = {
     "detr_r50": {"plain": "detr_resnet50", "irpe_k": "detr_resnet50_irpe"},
 }
 DETR_SIZES = ((480, 640), (800, 1216))
-BACKENDS = ("eager", "compile", "onnxruntime")
-PRECISIONS = ("fp32", "bf16")
+BACKENDS = ("eager", "compile", "onnxruntime", "cudagraph")
+PRECISIONS = ("fp32", "fp16", "bf16")
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 Runner = Callable[[], object]
 
@@ -90,17 +97,56 @@ def _torch_module(value: Entry, dev: str) -> torch.nn.Module:
     return output_module(model, task).to(dev)
 
 
+def cast_mode(precision: str, dev: str) -> str:
+    """How a precision runs: "none" (fp32), "cast" (weights + float inputs; CUDA) or
+    "autocast" (bf16 on CPU, as the landed CPU figures)."""
+    if precision == "fp32":
+        return "none"
+    return "cast" if dev.startswith("cuda") else "autocast"
+
+
+def cast_inputs(inputs, precision: str, dev: str) -> Tuple[torch.Tensor, ...]:
+    """Float inputs in the precision's dtype when the model is cast (sizes stay integer)."""
+    if cast_mode(precision, dev) != "cast":
+        return tuple(inputs)
+    return tuple(t.to(DTYPES[precision]) if t.is_floating_point() else t for t in inputs)
+
+
 def torch_runner(value: Entry, inputs, backend: str, precision: str, dev: str) -> Runner:
-    """A no-grad forward of a model (eager or torch.compile; bf16 via autocast)."""
-    module = _torch_module(value, dev)
+    """A no-grad forward of a model: eager, torch.compile or a CUDA graph; see module doc."""
+    module, mode = _torch_module(value, dev), cast_mode(precision, dev)
+    if mode == "cast":
+        module, inputs = module.to(DTYPES[precision]), cast_inputs(inputs, precision, dev)
     if backend == "compile":
+        torch._dynamo.reset()  # no recompile-limit carry-over between variants
         module = torch.compile(module)
-    dtype = torch.bfloat16 if precision == "bf16" else None
+    if backend == "cudagraph":
+        return cuda_graph_runner(module, inputs)
+    dtype = DTYPES[precision] if mode == "autocast" else None
 
     def run():
         with torch.inference_mode(), torch.autocast(dev.split(":")[0], dtype=dtype,
                                                     enabled=dtype is not None):
             return module(*inputs)
+    return run
+
+
+def cuda_graph_runner(module: torch.nn.Module, inputs) -> Runner:
+    """Replay of one CUDA graph of ``module(*inputs)`` (static inputs; warmed up first)."""
+    with torch.inference_mode():
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                module(*inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = module(*inputs)
+
+    def run():
+        graph.replay()
+        return out
     return run
 
 
@@ -156,6 +202,7 @@ def build(name: Entry, family: str, cfg: Dict, batch: int, size, backend: str,
     dev = cfg["device"]
     if dev.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
+        allocated = torch.cuda.memory_allocated()
     before, start = rss_mb(), time.perf_counter()
     inputs = _inputs(family, batch, size, dev)
     if backend == "onnxruntime":
@@ -165,14 +212,31 @@ def build(name: Entry, family: str, cfg: Dict, batch: int, size, backend: str,
     run()
     mem = {"rss_delta_mb": rss_mb() - before, "peak_mb": peak_rss_mb(),
            "build_s": time.perf_counter() - start}
-    if dev.startswith("cuda"):
-        mem.update(peak_mb=_gpu_peak_mb(dev), nvml_used_mb=_nvml_used_mb())
+    if dev.startswith("cuda"):  # GPU memory instead of host RSS
+        mem.update(rss_delta_mb=(torch.cuda.memory_allocated() - allocated) / 2**20,
+                   peak_mb=_gpu_peak_mb(dev), nvml_used_mb=_nvml_used_mb(),
+                   host_rss_mb=rss_mb())
     return run, mem
 
 
-def supported(backend: str, precision: str) -> bool:
-    """onnxruntime runs the fp32 export only; torch backends run fp32 and bf16."""
-    return precision == "fp32" or backend != "onnxruntime"
+def supported(backend: str, precision: str, device: str = "cpu") -> bool:
+    """onnxruntime: the fp32 export on CPU only; cudagraph: CUDA only; fp16: CUDA only."""
+    cuda = device.startswith("cuda")
+    if backend == "onnxruntime":
+        return precision == "fp32" and not cuda
+    if backend == "cudagraph" or precision == "fp16":
+        return cuda
+    return True
+
+
+def why_not(backend: str, precision: str, device: str) -> str:
+    """The report note for a (backend, precision) pair not run on ``device``."""
+    if backend == "onnxruntime":
+        return ("the ONNX export is fp32; onnxruntime runs it as exported" if precision != "fp32"
+                else "this benchmark runs onnxruntime on CPU only")
+    if backend == "cudagraph":
+        return "CUDA graphs need a CUDA device"
+    return "fp16 runs on CUDA only (slower than fp32 on CPU)"
 
 
 def measure_group(family: str, cfg: Dict, batch: int, size, backend: str,
@@ -226,16 +290,18 @@ def _overheads(rows: Dict[str, Dict]) -> None:
 
 def plan(families: Sequence[str], batches: Sequence[int], backends: Sequence[str],
          precisions: Sequence[str], quick: bool,
-         detr_sizes: Sequence[Tuple[int, int]] = DETR_SIZES) -> List[Tuple]:
-    """Every (family, size, batch, backend, precision) to run, in order."""
+         detr_sizes: Sequence[Tuple[int, int]] = DETR_SIZES, device: str = "cpu") -> List[Tuple]:
+    """Every (family, size, batch, backend, precision) to run on ``device``, in order."""
     return [(f, s, b, be, p) for f in families for s in sizes(f, quick, detr_sizes)
-            for b in batches for be in backends for p in precisions if supported(be, p)]
+            for b in batches for be in backends for p in precisions
+            if supported(be, p, device)]
 
 
-def skipped(backends: Sequence[str], precisions: Sequence[str]) -> List[str]:
+def skipped(backends: Sequence[str], precisions: Sequence[str],
+            device: str = "cpu") -> List[str]:
     """Report notes for the requested (backend, precision) pairs that are not run."""
-    return [f"{be} {p}: not run (the ONNX export is fp32; onnxruntime runs it as exported)"
-            for be in backends for p in precisions if not supported(be, p)]
+    return [f"{be} {p}: not run ({why_not(be, p, device)})"
+            for be in backends for p in precisions if not supported(be, p, device)]
 
 
 def run_all(jobs: List[Tuple], cfg: Dict) -> List[Dict]:

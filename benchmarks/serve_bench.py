@@ -6,19 +6,23 @@ classifier at 224x224 (compute dominates). Each is served alone by `irpe serve R
 own process (benchmarks.serve_load) while this process generates the load. In-process figures
 (measured before the server starts, no server running):
 
-- ``in-process``: PNG decode + the artifact's Preprocess + backend on batches of max_batch_size,
-  one thread, sequential (the work a request does, minus HTTP, JSON and batching);
-- ``backend``: backend.infer alone on full batches of zeros.
+- ``in-process``: the server's own decode (serve.preprocess_pool.decode_u8: decode, draft,
+  resize to uint8) + backend.infer_uint8 (normalisation on the device) on batches of
+  max_batch_size, one thread, sequential (the work a request does, minus HTTP and batching);
+- ``backend``: backend.infer alone on full batches of zeros (the model alone).
 
-HTTP / in-process = best closed-loop img/s / ``in-process`` img/s.
+HTTP / in-process = best closed-loop img/s / ``in-process`` img/s. Images: the shapes PNG
+(default on CPU, as the landed figures) or a 451x300 photo-like JPEG (default on CUDA); each
+closed-loop level runs with 1 (and, by default on CUDA, 8) images per request (multipart).
 """
 from __future__ import annotations
 
 import asyncio
 import io
 import time
+import uuid
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 from benchmarks import serve_load
 
@@ -47,8 +51,9 @@ def _untrained(name: str, path: Path) -> Path:
     return path
 
 
-def model_config(name: str, backend: str, cache: Path, max_batch: int):
-    """ModelConfig of a benchmarked model (exports ONNX once for onnxruntime)."""
+def model_config(name: str, backend: str, cache: Path, max_batch: int, **runtime):
+    """ModelConfig of a benchmarked model (exports ONNX once for onnxruntime); ``runtime``:
+    device, precision, instances, cuda_graphs."""
     from serve.config import ModelConfig
     path = weights(name, cache)
     if backend == "onnxruntime":
@@ -58,7 +63,7 @@ def model_config(name: str, backend: str, cache: Path, max_batch: int):
             export_onnx(str(path), str(onnx))
         path = onnx
     return ModelConfig(name=name, path=path, backend=backend, max_batch_size=max_batch,
-                       max_queue_size=1024)
+                       max_queue_size=1024, **{k: v for k, v in runtime.items() if v is not None})
 
 
 def png(size: int, index: int = 3) -> bytes:
@@ -67,6 +72,31 @@ def png(size: int, index: int = 3) -> bytes:
     buf = io.BytesIO()
     render_classification(7, index, size)[0].save(buf, "PNG")
     return buf.getvalue()
+
+
+def jpeg(width: int = 451, height: int = 300) -> bytes:
+    """A photo-like JPEG (smooth colour gradients + mild noise), quality 90."""
+    import numpy as np
+    from PIL import Image
+    y, x = np.mgrid[0:height, 0:width]
+    rgb = np.stack([(np.sin(x / 37) + np.cos(y / 23)) * 60 + 128, x * 255 / width,
+                    y * 255 / height], -1)
+    noise = np.random.default_rng(0).normal(0, 12, rgb.shape)
+    buf = io.BytesIO()
+    Image.fromarray(np.clip(rgb + noise, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def request_body(image: bytes, count: int, media: str) -> Tuple[bytes, str]:
+    """(body, content type): the raw image for one, a multipart form of ``count`` files else."""
+    if count == 1:
+        return image, media
+    boundary = uuid.uuid4().hex
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
+            f"filename=\"i\"\r\nContent-Type: {media}\r\n\r\n")
+    part = head.encode() + image + b"\r\n"
+    return part * count + f"--{boundary}--\r\n".encode(), \
+        f"multipart/form-data; boundary={boundary}"
 
 
 def _rate(step: Callable[[], None], per_step: int, seconds: float) -> float:
@@ -80,17 +110,18 @@ def _rate(step: Callable[[], None], per_step: int, seconds: float) -> float:
 
 
 def in_process(cfg, threads: int, seconds: float, body: bytes) -> Dict[str, float]:
-    """img/s of decode + Preprocess + backend, and of the backend alone, at max_batch_size."""
+    """img/s of the server's decode + backend, and of the backend alone, at max_batch_size."""
     import numpy as np
-    from irpe.data.transforms import load_image
     from serve.backends import create_backend
+    from serve.preprocess_pool import decode_u8
     backend = create_backend(cfg, threads)
     backend.load()
     pre, n = backend.spec.transform(), cfg.max_batch_size
     zeros = np.zeros((n, 3, pre.size, pre.size), np.float32)
+    backend.warmup(zeros[:1], None)  # the server's warmup (fp16/bf16: checked vs fp32)
 
     def full() -> None:
-        backend.infer(np.stack([pre(load_image(body)).numpy() for _ in range(n)]), None)
+        backend.infer_uint8(np.stack([decode_u8(body, pre)[0] for _ in range(n)]), None)
     try:
         return {"in-process": _rate(full, n, seconds),
                 "backend": _rate(lambda: backend.infer(zeros, None), n, seconds)}
@@ -99,37 +130,60 @@ def in_process(cfg, threads: int, seconds: float, body: bytes) -> Dict[str, floa
 
 
 def _served(cfg) -> Dict:
-    return cfg.model_dump(mode="json", include={"name", "path", "backend", "max_batch_size",
-                                                "max_queue_size"})
+    return cfg.model_dump(mode="json", exclude_none=True, include={
+        "name", "path", "backend", "max_batch_size", "max_queue_size", "device", "precision",
+        "instances", "cuda_graphs"})
 
 
-def http_rows(cfg, settings: Dict, rate: float, body: bytes, folder: Path
+def http_rows(cfg, settings: Dict, rate: float, image: Tuple[bytes, str], folder: Path
               ) -> Tuple[List[Dict], Dict]:
-    """Closed-loop sweep + open-loop run against `irpe serve` in a child process."""
+    """Closed-loop sweep (per images-per-request count) + open-loop run (one image per
+    request) against `irpe serve` in a child process; img/s counts images, not requests."""
     import httpx
     repo = serve_load.write_repository(folder / cfg.name, [_served(cfg)])
     url, seconds = f"/v1/models/{cfg.name}/classify?top_k=1", settings["duration_s"]
     rows = []
     with serve_load.server_process(repo, settings["threads"]) as base:
-        for clients in _progress(settings["concurrency"], cfg.name):
-            rows.append(asyncio.run(serve_load.closed_loop(base, url, clients, seconds, body)))
-        rows.append(asyncio.run(serve_load.open_loop(base, url, rate, seconds, body)))
+        for count, clients in _progress(_levels(settings), cfg.name):
+            body, ctype = request_body(image[0], count, image[1])
+            row = asyncio.run(serve_load.closed_loop(base, url, clients, seconds, body, ctype))
+            rows.append(_per_image(row, count))
+        rows.append(_per_image(asyncio.run(serve_load.open_loop(
+            base, url, rate, seconds, image[0], image[1])), 1))
         hist = serve_load.batch_histogram(httpx.get(f"{base}/metrics").text, cfg.name)
     return rows, hist
+
+
+def _levels(settings: Dict) -> List[Tuple[int, int]]:
+    """(images per request, clients) of every closed-loop level."""
+    return [(n, c) for n in settings.get("images_per_request", [1])
+            for c in settings["concurrency"]]
+
+
+def _per_image(row: Dict, count: int) -> Dict:
+    """A load row with img/s counting ``count`` images per answered request (mode "closed x8"
+    for 8 images per request, so the Markdown table tells the levels apart)."""
+    mode = row["mode"] if count == 1 else f"{row['mode']} x{count}"
+    return {**row, "mode": mode, "images_per_request": count,
+            "images_per_s": row["images_per_s"] * count}
 
 
 def run_model(key: str, settings: Dict, cache: Path) -> Tuple[List[Dict], Dict]:
     """Rows (in-process, backend, closed..., open) of one model and its batch histogram."""
     name, size = MODELS[key]
-    cfg = model_config(name, settings["backend"], cache, settings["max_batch_size"])
-    body = png(size)
-    inproc = in_process(cfg, settings["threads"], settings["duration_s"], body)
+    runtime = {k: settings.get(k) for k in ("device", "precision", "instances", "cuda_graphs")}
+    cfg = model_config(name, settings["backend"], cache, settings["max_batch_size"], **runtime)
+    image = (jpeg(), "image/jpeg") if settings.get("image") == "jpeg" else (png(size),
+                                                                           "image/png")
+    inproc = in_process(cfg, settings["threads"], settings["duration_s"], image[0])
     rows = [{"mode": mode, "load": cfg.max_batch_size, "images_per_s": rate}
             for mode, rate in inproc.items()]
-    http, hist = http_rows(cfg, settings, settings["rate"][key], body, cache / "repos")
-    best = max(http[:-1], key=lambda r: r["images_per_s"])
-    best["ratio_to_inprocess"] = best["images_per_s"] / inproc["in-process"]
-    best["ratio_to_backend"] = best["images_per_s"] / inproc["backend"]
+    http, hist = http_rows(cfg, settings, settings["rate"][key], image, cache / "repos")
+    for count in sorted({r["images_per_request"] for r in http[:-1]}):
+        best = max((r for r in http[:-1] if r["images_per_request"] == count),
+                   key=lambda r: r["images_per_s"])
+        best["ratio_to_inprocess"] = best["images_per_s"] / inproc["in-process"]
+        best["ratio_to_backend"] = best["images_per_s"] / inproc["backend"]
     return [{"model": key, **r} for r in rows + http], hist
 
 

@@ -50,10 +50,10 @@ def _client(base: str, connections: int):
 
 
 async def _post(client, url: str, body: bytes, lat: Optional[List[float]],
-                status: Counter) -> None:
+                status: Counter, content_type: str = "image/png") -> None:
     start = time.perf_counter()
     try:
-        r = await client.post(url, content=body, headers={"content-type": "image/png"})
+        r = await client.post(url, content=body, headers={"content-type": content_type})
         status[str(r.status_code)] += 1
         if r.status_code == 200 and lat is not None:
             lat.append(time.perf_counter() - start)
@@ -61,38 +61,42 @@ async def _post(client, url: str, body: bytes, lat: Optional[List[float]],
         status[type(exc).__name__] += 1
 
 
-async def _warm(client, url: str, body: bytes, n: int) -> None:
+async def _warm(client, url: str, body: bytes, n: int, content_type: str = "image/png") -> None:
     """Open ``n`` keep-alive connections (and warm the server) before timing."""
-    await asyncio.gather(*(_post(client, url, body, None, Counter()) for _ in range(n)))
+    await asyncio.gather(*(_post(client, url, body, None, Counter(), content_type)
+                           for _ in range(n)))
 
 
-async def closed_loop(base: str, url: str, clients: int, seconds: float, body: bytes) -> Dict:
+async def closed_loop(base: str, url: str, clients: int, seconds: float, body: bytes,
+                      content_type: str = "image/png") -> Dict:
     """``clients`` concurrent loops of request-after-response for ``seconds``."""
     lat: List[float] = []
     status: Counter = Counter()
     async with _client(base, clients) as client:
-        await _warm(client, url, body, clients)
+        await _warm(client, url, body, clients, content_type)
         deadline = time.perf_counter() + seconds
 
         async def worker() -> None:
             while time.perf_counter() < deadline:
-                await _post(client, url, body, lat, status)
+                await _post(client, url, body, lat, status, content_type)
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(clients)))
         elapsed = time.perf_counter() - start
     return _row("closed", clients, lat, status, elapsed)
 
 
-async def open_loop(base: str, url: str, rate: float, seconds: float, body: bytes) -> Dict:
+async def open_loop(base: str, url: str, rate: float, seconds: float, body: bytes,
+                    content_type: str = "image/png") -> Dict:
     """Requests started every 1/rate s for ``seconds`` (no waiting on responses)."""
     lat: List[float] = []
     status: Counter = Counter()
     async with _client(base, 64) as client:
-        await _warm(client, url, body, 4)
+        await _warm(client, url, body, 4, content_type)
         start, tasks = time.perf_counter(), []
         for i in range(max(1, int(rate * seconds))):
             await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
-            tasks.append(asyncio.create_task(_post(client, url, body, lat, status)))
+            tasks.append(asyncio.create_task(_post(client, url, body, lat, status,
+                                                   content_type)))
         await asyncio.gather(*tasks)
         elapsed = time.perf_counter() - start
     return _row("open", rate, lat, status, elapsed)
