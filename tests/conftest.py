@@ -64,3 +64,19 @@ def client(url):
     import httpx
     with httpx.Client(base_url=url, timeout=30) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def ort_library(tmp_path_factory):
+    """The CPU ORT custom-op library (plugins/onnxruntime), built once per test session."""
+    from tests.helpers import build_ort_library
+    return build_ort_library(tmp_path_factory.mktemp("ort_ops"))
+
+
+@pytest.fixture
+def ort_library_env(request, monkeypatch):
+    """Point irpe.deploy.ort at the freshly built library (mode from the test); modules opt in
+    with ``pytestmark = pytest.mark.usefixtures("ort_library_env")``."""
+    monkeypatch.delenv("IRPE_ORT_CUSTOM_OPS", raising=False)
+    if "ort_library" in request.fixturenames:
+        monkeypatch.setenv("IRPE_ORT_OPS_LIBRARY", str(request.getfixturevalue("ort_library")))

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
-import pytest
 import torch
 
 from irpe.artifact import ModelSpec, default_spec, save_trained
@@ -256,6 +255,7 @@ def build_ort_library(out: Path, *extra: str) -> Path:
     except under CI=true, where it fails."""
     import os
     import shutil
+    import pytest
     root = ort_headers()
     if root is None or shutil.which("cmake") is None:
         why = ("ONNX Runtime C/C++ headers not found (set ORT_ROOT, or check out ../shared)"
@@ -272,18 +272,3 @@ def build_ort_library(out: Path, *extra: str) -> Path:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "warning" not in done.stdout.lower() + done.stderr.lower(), done.stdout + done.stderr
     return out / "libirpe_ort_ops.so"
-
-
-@pytest.fixture(scope="session")
-def ort_library(tmp_path_factory) -> Path:
-    """The CPU custom-op library, built once per test session (import into the module)."""
-    return build_ort_library(tmp_path_factory.mktemp("ort_ops"))
-
-
-@pytest.fixture(autouse=True)
-def ort_library_env(request, monkeypatch):
-    """Point irpe.deploy.ort at the freshly built library (mode from the test); autouse in the
-    modules that import it."""
-    monkeypatch.delenv("IRPE_ORT_CUSTOM_OPS", raising=False)
-    if "ort_library" in request.fixturenames:
-        monkeypatch.setenv("IRPE_ORT_OPS_LIBRARY", str(request.getfixturevalue("ort_library")))

@@ -24,10 +24,10 @@ from tests.helpers import ORT_ATTRS as ATTRS
 from tests.helpers import ORT_SOURCE as SOURCE
 from tests.helpers import build_ort_library as _build
 from tests.helpers import ort_headers as headers
-from tests.helpers import ort_library, ort_library_env  # noqa: F401 (fixtures)
 from tests.helpers import ort_op_model as op_model
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("ort_library_env")  # fixtures: tests/conftest.py
 
 
 def run(model: bytes, mode: str, threads: int = 1, **feeds) -> np.ndarray:

@@ -18,7 +18,9 @@ from irpe.artifact import save_trained
 from irpe.cli import main
 from irpe.deploy.ort import create_session
 from irpe.models import pad_images
-from tests.helpers import ort_library, ort_library_env, tiny_deit  # noqa: F401 (fixtures)
+from tests.helpers import tiny_deit
+
+pytestmark = pytest.mark.usefixtures("ort_library_env")  # fixtures: tests/conftest.py
 
 CASES = [(method, mode, on) for method in ("euc", "quant", "product", "cross")
          for mode in ("bias", "ctx") for on in ("q", "k", "v") if not (mode == "bias" and on == "v")]
