@@ -265,3 +265,52 @@ def test_cuda_ep_glue_compiles(ort_library):
          f"-I{SOURCE}", str(SOURCE / "rpe_ort_cuda.cpp"), str(SOURCE / "rpe_ort_ops.cpp")],
         capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+def add_model(base_shape, second_use: bool = False) -> bytes:
+    """Add(base, RPEGather(table, index)) (+ the gather as a 2nd output: not fusable)."""
+    from export.functions import gather_function
+    nodes = [helper.make_node("RPEGather", ["table", "index"], ["g"], domain="irpe",
+                              num_buckets=50, **ATTRS),
+             helper.make_node("Add", ["base", "g"], ["out"])]
+    outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)]
+    if second_use:
+        outputs.append(helper.make_tensor_value_info("g", TensorProto.FLOAT, None))
+    inputs = [helper.make_tensor_value_info(n, t, None) for n, t in
+              (("table", TensorProto.FLOAT), ("index", TensorProto.INT64),
+               ("base", TensorProto.FLOAT))]
+    graph = helper.make_graph(nodes, "add", inputs, outputs, value_info=[
+        helper.make_tensor_value_info("g", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, functions=[gather_function(18)], opset_imports=[
+        helper.make_opsetid("", 18), helper.make_opsetid("irpe", 1)])
+    model.ir_version = 9
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize("base_shape", [(2, 3, 26, 26), (1, 3, 26, 26), (26, 26), (1, 1, 1, 26)])
+def test_gather_add_fused_at_load_equals_unfused(ort_library, base_shape):
+    ids, table, _ = layer()
+    base = np.random.default_rng(3).standard_normal(base_shape, dtype=np.float32)
+    feeds = {"table": table, "index": ids, "base": base}
+    session, path = create_session(add_model(base_shape), threads=2, custom_ops="on")
+    assert path.fused == 1 and "(1 gather+Add fused)" in path.describe()
+    functions, _ = create_session(add_model(base_shape), custom_ops="off")
+    assert np.array_equal(session.run(None, feeds)[0], functions.run(None, feeds)[0])
+
+
+def test_gather_add_not_fused_when_the_gather_has_other_uses(ort_library, monkeypatch):
+    ids, table, _ = layer()
+    feeds = {"table": table, "index": ids, "base": np.ones((2, 3, 26, 26), np.float32)}
+    session, path = create_session(add_model(None, second_use=True), custom_ops="on")
+    assert path.custom_ops and path.fused == 0
+    out, g = session.run(None, feeds)
+    assert np.array_equal(out, g + 1)
+    monkeypatch.setenv("IRPE_ORT_FUSE", "0")
+    assert create_session(add_model(None), custom_ops="on")[1].fused == 0
+
+
+def test_gather_add_bad_broadcast_is_a_run_error(ort_library):
+    ids, table, _ = layer()
+    session, _ = create_session(add_model(None), custom_ops="on")
+    with pytest.raises(Exception, match="RPEGatherAdd: input 2 dim 1 is 4, the gather's 3"):
+        session.run(None, {"table": table, "index": ids,
+                           "base": np.ones((2, 4, 26, 26), np.float32)})

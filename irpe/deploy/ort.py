@@ -11,6 +11,8 @@ Mode ``auto`` (default) uses the library when found and falls back to the functi
 warning, when it cannot be loaded or a session cannot be made with it; ``on`` makes either an
 error; ``off`` never loads it. The mode comes from the caller, else ``$IRPE_ORT_CUSTOM_OPS``;
 ``$IRPE_ORT_OPS_LIBRARY`` names the library file (default: the checkout's build/plugins/).
+With the CPU library, each ``Add(x, RPEGather(...))`` is loaded as one ``RPEGatherAdd`` node
+(:mod:`irpe.deploy.ort_fuse`; the file is not changed; ``$IRPE_ORT_FUSE=0`` turns it off).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
-__all__ = ["MODES", "MODE_ENV", "LIBRARY_ENV", "CustomOpsError", "OpsPath", "default_library",
+__all__ = ["MODES", "MODE_ENV", "LIBRARY_ENV", "FUSE_ENV", "CustomOpsError", "OpsPath", "default_library",
            "resolve_mode", "find_library", "session_options", "create_session"]
 
 log = logging.getLogger("irpe.deploy.ort")
@@ -28,6 +30,7 @@ log = logging.getLogger("irpe.deploy.ort")
 MODES = ("auto", "on", "off")
 MODE_ENV = "IRPE_ORT_CUSTOM_OPS"
 LIBRARY_ENV = "IRPE_ORT_OPS_LIBRARY"
+FUSE_ENV = "IRPE_ORT_FUSE"  # "0": keep Add(x, RPEGather) as two nodes
 _BUILD_DIR = Path(__file__).resolve().parents[2] / "build" / "plugins"
 _CPU_LIB, _CUDA_LIB = "libirpe_ort_ops.so", "libirpe_ort_ops_cuda.so"
 _GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
@@ -44,11 +47,13 @@ class OpsPath:
     custom_ops: bool
     library: Optional[str]
     reason: str
+    fused: int = 0  # Add(x, RPEGather) pairs run as one RPEGatherAdd
 
     def describe(self) -> str:
         """One line for logs and reports."""
         if self.custom_ops:
-            return f"iRPE ops: custom-op library {self.library}"
+            extra = f" ({self.fused} gather+Add fused)" if self.fused else ""
+            return f"iRPE ops: custom-op library {self.library}{extra}"
         return f"iRPE ops: ONNX functions ({self.reason})"
 
 
@@ -125,6 +130,17 @@ def _plan(ort: Any, mode: str, library: Optional[os.PathLike], cuda: bool,
     return options, OpsPath(True, str(found), "registered")
 
 
+def _fused_source(source: Union[str, bytes], path: OpsPath) -> Tuple[Union[str, bytes], OpsPath]:
+    """With the CPU library: the model with Add(x, RPEGather) fused (irpe.deploy.ort_fuse)."""
+    if not path.custom_ops or os.environ.get(FUSE_ENV, "1") == "0":
+        return source, path
+    from .ort_fuse import fuse_gather_add
+    fused, count = fuse_gather_add(source)
+    if not count:
+        return source, path
+    return fused, OpsPath(True, path.library, path.reason, count)
+
+
 def create_session(model: Union[os.PathLike, bytes], providers: Optional[List] = None, *,
                    threads: Optional[int] = None, custom_ops: Optional[str] = None,
                    library: Optional[os.PathLike] = None, quiet: bool = False
@@ -134,9 +150,11 @@ def create_session(model: Union[os.PathLike, bytes], providers: Optional[List] =
     mode = resolve_mode(custom_ops)
     providers = list(providers or ["CPUExecutionProvider"])
     source = model if isinstance(model, bytes) else str(model)
-    options, path = _plan(ort, mode, library, _wants_cuda(providers), threads)
+    cuda = _wants_cuda(providers)
+    options, path = _plan(ort, mode, library, cuda, threads)
     try:
-        session = ort.InferenceSession(source, options, providers=providers)
+        fused, path = _fused_source(source, path) if not cuda else (source, path)
+        session = ort.InferenceSession(fused, options, providers=providers)
     except Exception as exc:
         if not path.custom_ops or mode == "on":
             if path.custom_ops:

@@ -119,8 +119,11 @@ std::string check(const RpeConfig& c)
 
 }  // namespace
 
-char const* op_name(Op op, bool grid)
+char const* op_name(Op op, bool grid, bool add)
 {
+    if (add) {
+        return "RPEGatherAdd";
+    }
     if (op == Op::kGather) {
         return grid ? "RPEGatherGrid" : "RPEGather";
     }

@@ -24,6 +24,7 @@ enum class Op { kGather, kScatter };
 struct RpeConfig {
     Op op = Op::kGather;
     bool grid = false;
+    bool add = false;  // RPEGatherAdd: out = input 2 + gather (an Add fused at session load)
     int64_t num_buckets = 0;  // 0 = not set (RPEGather: the table's last dim)
     std::string method;       // "" = ids from input 1; else computed (on the fly)
     float ratio = 0.0f;
@@ -32,7 +33,7 @@ struct RpeConfig {
     int method_id() const;
 };
 
-char const* op_name(Op op, bool grid = false);
+char const* op_name(Op op, bool grid = false, bool add = false);
 
 // Reads and checks the node's attributes; returns "" or what is wrong with them.
 std::string read_config(const OrtApi& api, const OrtKernelInfo* info, RpeConfig& config);
@@ -59,6 +60,14 @@ struct Problem {
 
 Problem make_problem(const RpeConfig& c, const std::vector<int64_t>& in,
                      const std::vector<int64_t>& index);
+
+// Rows per ParallelFor task for `rows` output rows of `width` elements, and the call itself
+// (inline when one task).
+int64_t chunk_rows(int64_t rows, int64_t width);
+void parallel(Ort::KernelContext& ctx, void (*fn)(void*, size_t), int64_t tasks, void* job);
+
+// CPU compute of RPEGatherAdd (rpe_fused.cpp), float32.
+OrtStatusPtr gather_add_cpu(const RpeConfig& c, Ort::KernelContext& ctx);
 
 #ifdef IRPE_ORT_WITH_CUDA
 // CUDA EP compute (rpe_ort_cuda.cpp): runs the plugins/kernels kernels on ORT's stream.

@@ -21,10 +21,28 @@
 namespace irpe_ort {
 
 namespace {
-
-constexpr const char* kDomain = "irpe";
 constexpr int64_t kMinElementsPerTask = 16384;
 constexpr int64_t kMaxTasks = 64;
+}  // namespace
+
+int64_t chunk_rows(int64_t rows, int64_t width)
+{
+    const int64_t by_work = std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(1, width));
+    return std::max(by_work, (rows + kMaxTasks - 1) / kMaxTasks);
+}
+
+void parallel(Ort::KernelContext& ctx, void (*fn)(void*, size_t), int64_t tasks, void* job)
+{
+    if (tasks <= 1) {
+        fn(job, 0);
+    } else {
+        ctx.ParallelFor(fn, static_cast<size_t>(tasks), 0, job);
+    }
+}
+
+namespace {
+
+constexpr const char* kDomain = "irpe";
 
 OrtStatusPtr fail(const std::string& message)
 {
@@ -62,12 +80,6 @@ struct Job {
     std::vector<int32_t> off, pos;
 };
 
-int64_t chunk_rows(int64_t rows, int64_t width)
-{
-    const int64_t by_work = std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(1, width));
-    return std::max(by_work, (rows + kMaxTasks - 1) / kMaxTasks);
-}
-
 template <typename I>
 void list_chunk(void* data, size_t chunk)
 {
@@ -104,15 +116,6 @@ void run_chunk(void* data, size_t chunk)
     }
 }
 
-void parallel(Ort::KernelContext& ctx, void (*fn)(void*, size_t), int64_t tasks, Job& job)
-{
-    if (tasks <= 1) {
-        fn(&job, 0);
-    } else {
-        ctx.ParallelFor(fn, static_cast<size_t>(tasks), 0, &job);
-    }
-}
-
 template <typename T, typename I, bool kGather>
 void run_rows(Ort::KernelContext& ctx, Job& job)
 {
@@ -121,11 +124,11 @@ void run_rows(Ort::KernelContext& ctx, Job& job)
         job.off.assign(static_cast<size_t>(p.lq * (p.k + 1)), 0);
         job.pos.resize(static_cast<size_t>(p.lq * p.lk));
         const int64_t rows = chunk_rows(p.lq, p.lk);
-        parallel(ctx, &list_chunk<I>, (p.lq + rows - 1) / rows, job);
+        parallel(ctx, &list_chunk<I>, (p.lq + rows - 1) / rows, &job);
     }
     job.chunk_rows = chunk_rows(job.total_rows, kGather ? p.lk : std::max(p.lk, p.k));
     parallel(ctx, &run_chunk<T, I, kGather>, (job.total_rows + job.chunk_rows - 1) / job.chunk_rows,
-             job);
+             &job);
 }
 
 template <typename T, bool kGather>
@@ -172,9 +175,9 @@ struct RpeKernel {
                 return cuda_compute(Ort::GetApi(), config, ctx);
             }
 #endif
-            return compute_cpu(ctx);
+            return config.add ? gather_add_cpu(config, ctx) : compute_cpu(ctx);
         } catch (const std::exception& e) {
-            return fail(std::string(op_name(config.op, config.grid)) + ": " + e.what());
+            return fail(std::string(op_name(config.op, config.grid, config.add)) + ": " + e.what());
         }
     }
 
@@ -196,14 +199,14 @@ struct RpeKernel {
             irpe_bucket_params bp;
             const std::string error = grid_params(config, dims[dims.size() - 2], dims.back(), bp);
             if (!error.empty()) {
-                return fail(std::string(op_name(config.op, config.grid)) + ": " + error);
+                return fail(std::string(op_name(config.op, config.grid, config.add)) + ": " + error);
             }
             grid = grid_cache.get(bp);
             job.ids = grid->data();
             index_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
         } else if (index_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 &&
                    index_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64) {
-            return fail(std::string(op_name(config.op, config.grid)) + ": index must be int32 or int64");
+            return fail(std::string(op_name(config.op, config.grid, config.add)) + ": index must be int32 or int64");
         } else {
             job.ids = index.GetTensorRawData();
         }
@@ -225,8 +228,8 @@ struct RpeKernel {
 // One registration per (op, EP, value type); input 1 accepts any type (checked when run:
 // an index must be int32/int64; on the fly only its shape is read).
 struct RpeOp : Ort::CustomOpBase<RpeOp, RpeKernel, true> {
-    RpeOp(Op op, bool grid, bool cuda, ONNXTensorElementDataType type)
-        : op_(op), grid_(grid), cuda_(cuda), type_(type)
+    RpeOp(Op op, bool grid, bool cuda, ONNXTensorElementDataType type, bool add = false)
+        : op_(op), grid_(grid), add_(add), cuda_(cuda), type_(type)
     {
         OrtCustomOp::InferOutputShapeFn = &RpeOp::infer_shape;
     }
@@ -236,6 +239,7 @@ struct RpeOp : Ort::CustomOpBase<RpeOp, RpeKernel, true> {
         auto kernel = std::make_unique<RpeKernel>();
         kernel->config.op = op_;
         kernel->config.grid = grid_;
+        kernel->config.add = add_;
         kernel->cuda = cuda_;
         const std::string error = read_config(api, info, kernel->config);
         if (!error.empty()) {
@@ -247,15 +251,15 @@ struct RpeOp : Ort::CustomOpBase<RpeOp, RpeKernel, true> {
         return nullptr;
     }
 
-    const char* GetName() const { return op_name(op_, grid_); }
+    const char* GetName() const { return op_name(op_, grid_, add_); }
     const char* GetExecutionProviderType() const
     {
         return cuda_ ? "CUDAExecutionProvider" : "CPUExecutionProvider";
     }
-    size_t GetInputTypeCount() const { return 2; }
+    size_t GetInputTypeCount() const { return add_ ? 3 : 2; }
     ONNXTensorElementDataType GetInputType(size_t i) const
     {
-        return i == 0 ? type_ : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+        return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : type_;
     }
     size_t GetOutputTypeCount() const { return 1; }
     ONNXTensorElementDataType GetOutputType(size_t) const { return type_; }
@@ -266,6 +270,7 @@ struct RpeOp : Ort::CustomOpBase<RpeOp, RpeKernel, true> {
 
     Op op_;
     bool grid_;
+    bool add_;
     bool cuda_;
     ONNXTensorElementDataType type_;
 };
@@ -277,7 +282,7 @@ OrtStatusPtr ORT_API_CALL RpeOp::infer_shape(const OrtCustomOp* self, OrtShapeIn
         Ort::ShapeInferContext ctx(&Ort::GetApi(), c);
         const auto in = ctx.GetInputShape(0);
         const auto index = ctx.GetInputShape(1);
-        if (op.grid_ || in.size() != 4 || index.size() != 2) {
+        if (op.grid_ || op.add_ || in.size() != 4 || index.size() != 2) {
             return nullptr;  // on the fly or unknown rank: the kernel checks at run time
         }
         using Dim = Ort::ShapeInferContext::SymbolicInteger;
@@ -323,6 +328,10 @@ void make_ops()
                     g_ops.push_back(std::make_unique<RpeOp>(op, grid, cuda, type));
                 }
             }
+        }
+        if (!cuda) {  // the session-load fusion of irpe.deploy.ort (CPU, float32)
+            g_ops.push_back(std::make_unique<RpeOp>(Op::kGather, false, false,
+                                                    ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, true));
         }
     }
 }
