@@ -57,6 +57,8 @@ class ModelConfig(BaseModel):
                               "capture CUDA graphs at batch sizes 1, 2, 4, ... max_batch_size")
     instances: int = Field(1, ge=1, le=64, description="model replicas (each with its own "
                            "inference thread) draining this model's one queue")
+    gpu_decode: bool = Field(True, description="torch backend on cuda: decode JPEGs with "
+                             "nvJPEG (torchvision) when torchvision imports; else the CPU pool")
 
     @field_validator("backend")
     @classmethod

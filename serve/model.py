@@ -43,6 +43,7 @@ class ServedModel:
                              f"a {self.task} model")
         self.labels = self._labels(cfg.class_names())
         self.preprocess: Preprocess = self.spec.transform()
+        self.gpu_decode = cfg.gpu_decode and cfg.backend == "torch" and _nvjpeg(cfg.device)
         self.state, self.error = "loading", ""
         self.output_shapes: Dict[str, Tuple[int, ...]] = {}
         self.instance_batches = [0] * cfg.instances  # batches run by each instance
@@ -108,7 +109,13 @@ class ServedModel:
 
     def prepare(self, blobs: Sequence[bytes]) -> List[Prepared]:
         """Decode and resize images (the artifact's Preprocess, minus normalisation) to uint8;
-        several images of one request decode in the host-sized pool. Runs in a worker thread."""
+        several images of one request decode in the host-sized pool; on CUDA with torchvision,
+        JPEGs decode on the GPU (serve.nvjpeg) instead. Runs in a worker thread."""
+        if self.gpu_decode:
+            from .nvjpeg import decode_on_device
+            on_device = decode_on_device(blobs, self.preprocess, self.cfg.device)
+            if on_device is not None:
+                return on_device
         def one(i: int, blob: bytes) -> Prepared:
             try:
                 return decode_u8(blob, self.preprocess)
@@ -123,23 +130,28 @@ class ServedModel:
         self.check_ready()
         if self.task == "classification":  # uint8 (decoded) and float (v2) batch apart
             payloads = [(im, None) for im in images]
-            keys = [(im.shape, im.dtype.str) for im in images]
+            keys = [(tuple(im.shape), str(im.dtype)) for im in images]
         else:
             sizes = sizes or [im.shape[-2:] for im in images]
             payloads = list(zip(images, sizes))
-            keys = [("detection", im.dtype.str) for im in images]
+            keys = [("detection", str(im.dtype)) for im in images]
         return await self.batcher.submit(payloads, keys, timeout_s or self.cfg.timeout_s)
 
     def _run_batch(self, instance: int,
                    payloads: List[Tuple[np.ndarray, Optional[Tuple[int, int]]]]
                    ) -> List[Dict[str, np.ndarray]]:
         backend, sizes = self.backends[instance], None
-        if self.task == "classification":
+        if isinstance(payloads[0][0], torch.Tensor):  # uint8 decoded on the GPU (nvjpeg)
+            batch = torch.stack([p[0] for p in payloads]) if self.task == "classification" \
+                else pad_images([p[0] for p in payloads])[0]
+        elif self.task == "classification":
             batch = np.stack([p[0] for p in payloads])
         else:
             batch = pad_images([torch.from_numpy(p[0]) for p in payloads])[0].numpy()
-            sizes = np.asarray([p[1] for p in payloads], dtype=np.int64)
-        infer = backend.infer_uint8 if batch.dtype == np.uint8 else backend.infer
+        if self.task != "classification":
+            sizes = np.asarray([tuple(p[1]) for p in payloads], dtype=np.int64)
+        uint8 = batch.dtype == (torch.uint8 if isinstance(batch, torch.Tensor) else np.uint8)
+        infer = backend.infer_uint8 if uint8 else backend.infer
         out = infer(batch, sizes)
         self.instance_batches[instance] += 1
         return [{k: v[i] for k, v in out.items()} for i in range(len(payloads))]
@@ -159,6 +171,11 @@ class ServedModel:
                 "state": self.state, "num_classes": len(self.labels),
                 "max_batch_size": self.cfg.max_batch_size, "instances": len(self.backends),
                 "precision": self.cfg.run_precision()}
+
+
+def _nvjpeg(device: str) -> bool:
+    from .nvjpeg import available
+    return available(device)
 
 
 def validate_count(count: int, limit: int) -> None:

@@ -73,6 +73,8 @@ class TorchBackend(Backend):
             try:
                 self.graphs = GraphedClassifier(self.model, (3, size, size), self.dtype,
                                                 self.device, self.cfg.max_batch_size)
+                log.info("cuda graphs captured", extra={"model": self.cfg.name,
+                                                        "batch_sizes": sorted(self.graphs.graphs)})
             except RuntimeError as exc:  # a model whose forward cannot be captured
                 log.warning("cuda graphs not captured; running eager", extra={
                     "model": self.cfg.name, "error": str(exc).splitlines()[0][:300]})
@@ -87,9 +89,10 @@ class TorchBackend(Backend):
     @torch.inference_mode()
     def infer_uint8(self, images: np.ndarray, sizes: Optional[np.ndarray]
                     ) -> Dict[str, np.ndarray]:
-        """uint8 batch -> device (pinned + non-blocking on CUDA) -> normalised there."""
-        x = torch.from_numpy(images)
-        if self.device.type == "cuda":
+        """uint8 batch (numpy, or a tensor already on the device from nvjpeg) -> device
+        (pinned + non-blocking on CUDA) -> normalised there."""
+        x = images if isinstance(images, torch.Tensor) else torch.from_numpy(images)
+        if self.device.type == "cuda" and x.device.type == "cpu":
             x = x.pin_memory().to(self.device, non_blocking=True)
         x = (x.to(torch.float32) / 255.0 - self.mean) / self.std
         if sizes is not None:
