@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
-__all__ = ["find_headers", "rtx_library_dir", "tensorrt_library_dir", "build_plugins",
+__all__ = ["find_headers", "cuda_include", "rtx_library_dir", "tensorrt_library_dir", "build_plugins",
            "unavailable_reason", "CI_HEADERS"]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,6 +33,17 @@ def find_headers() -> Optional[Path]:
         if (root / "NvInferRuntime.h").is_file():
             return root
     return None
+
+
+def cuda_include() -> Path:
+    """CUDA headers (cuda_runtime_api.h, which the TensorRT headers include) beside nvcc."""
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
+             str(Path(os.path.realpath(nvcc)).parents[1]), "/usr/local/cuda"]
+    for root in filter(None, roots):
+        if (Path(root) / "include" / "cuda_runtime_api.h").is_file():
+            return Path(root) / "include"
+    return Path("/usr/local/cuda/include")
 
 
 def rtx_library_dir() -> Optional[Path]:
