@@ -78,4 +78,6 @@ def decode_on_device(blobs: Sequence[bytes], pre: Preprocess, device: str
         images = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
     except RuntimeError:  # a corrupt stream: the CPU path gives the usual 400
         return None
-    return [(_resize(im, pre), (h, w)) for im, (w, h) in zip(images, sizes)]
+    out = [(_resize(im, pre), (h, w)) for im, (w, h) in zip(images, sizes)]
+    torch.cuda.current_stream(device).synchronize()  # the model runs on another stream
+    return out

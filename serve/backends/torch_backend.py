@@ -3,11 +3,13 @@
 Weights and inputs are cast to the model's precision and outputs come back as fp32. A reduced
 precision is checked against an fp32 copy of the model on the warmup batch before the model is
 ready (tolerances: PRECISION_TOLERANCE). uint8 batches are normalised on the device; on CUDA
-they travel through pinned host memory with a non-blocking copy. ``cuda_graphs: true``
+they travel through pinned host memory with a non-blocking copy. On CUDA each backend (model
+instance) runs on its own stream, so instances overlap copies and kernels. ``cuda_graphs: true``
 replays CUDA graphs captured at load time (serve.backends.cuda_graphs).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from typing import Dict, Optional
@@ -57,6 +59,7 @@ class TorchBackend(Backend):
         self.dtype = DTYPES[self.precision]
         self.reference = copy.deepcopy(model).to(device) if self.precision != "fp32" else None
         self.model, self.device = model.to(device=device, dtype=self.dtype), device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         pre = self.spec.transform()
         self.mean = torch.tensor(pre.mean, dtype=torch.float32, device=device).view(1, 3, 1, 1)
         self.std = torch.tensor(pre.std, dtype=torch.float32, device=device).view(1, 3, 1, 1)
@@ -81,10 +84,16 @@ class TorchBackend(Backend):
                 self.graphs = None
                 torch.cuda.synchronize(self.device)
 
+    def _on_stream(self):
+        """This instance's CUDA stream (no-op on CPU)."""
+        return torch.cuda.stream(self.stream) if self.stream is not None \
+            else contextlib.nullcontext()
+
     @torch.inference_mode()
     def infer(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
-        x = torch.from_numpy(images).to(self.device, dtype=self.dtype)
-        return self._outputs(self._forward(self.model, x, sizes, self.graphs))
+        with self._on_stream():
+            x = torch.from_numpy(images).to(self.device, dtype=self.dtype)
+            return self._outputs(self._forward(self.model, x, sizes, self.graphs))
 
     @torch.inference_mode()
     def infer_uint8(self, images: np.ndarray, sizes: Optional[np.ndarray]
@@ -92,17 +101,22 @@ class TorchBackend(Backend):
         """uint8 batch (numpy, or a tensor already on the device from nvjpeg) -> device
         (pinned + non-blocking on CUDA) -> normalised there."""
         x = images if isinstance(images, torch.Tensor) else torch.from_numpy(images)
-        if self.device.type == "cuda" and x.device.type == "cpu":
-            x = x.pin_memory().to(self.device, non_blocking=True)
+        with self._on_stream():
+            if self.device.type == "cuda" and x.device.type == "cpu":
+                x = x.pin_memory().to(self.device, non_blocking=True)
+            x = self._normalize(x, sizes).to(self.dtype)
+            return self._outputs(self._forward(self.model, x, sizes, self.graphs))
+
+    def _normalize(self, x: torch.Tensor, sizes: Optional[np.ndarray]) -> torch.Tensor:
+        """(x / 255 - mean) / std in fp32 on the device; detection padding back to 0."""
         x = (x.to(torch.float32) / 255.0 - self.mean) / self.std
-        if sizes is not None:
-            rows = torch.arange(x.shape[2], device=self.device).view(1, -1, 1)
-            cols = torch.arange(x.shape[3], device=self.device).view(1, 1, -1)
-            hw = torch.from_numpy(sizes).to(self.device)
-            inside = (rows < hw[:, 0].view(-1, 1, 1)) & (cols < hw[:, 1].view(-1, 1, 1))
-            x = x * inside.unsqueeze(1)
-        x = x.to(self.dtype)
-        return self._outputs(self._forward(self.model, x, sizes, self.graphs))
+        if sizes is None:
+            return x
+        rows = torch.arange(x.shape[2], device=self.device).view(1, -1, 1)
+        cols = torch.arange(x.shape[3], device=self.device).view(1, 1, -1)
+        hw = torch.from_numpy(sizes).to(self.device)
+        inside = (rows < hw[:, 0].view(-1, 1, 1)) & (cols < hw[:, 1].view(-1, 1, 1))
+        return x * inside.unsqueeze(1)
 
     def warmup(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
         """First batch; in fp16/bf16 also compared with the fp32 model (RuntimeError past the
@@ -110,11 +124,12 @@ class TorchBackend(Backend):
         out = self.infer(images, sizes)
         if self.reference is None:
             return out
-        with torch.inference_mode():
+        with torch.inference_mode(), self._on_stream():
             ref = self._forward(self.reference, torch.from_numpy(images).to(self.device), sizes)
+            ref = {k: ref[k].cpu() for k in out}
         self.reference = None
         got = {k: torch.from_numpy(v) for k, v in out.items()}
-        error, limit = precision_error(got, {k: ref[k].cpu() for k in out}), \
+        error, limit = precision_error(got, ref), \
             PRECISION_TOLERANCE[self.precision]
         log.info("precision check", extra={"model": self.cfg.name, "precision": self.precision,
                                            "rel_error": round(error, 6), "tolerance": limit})
