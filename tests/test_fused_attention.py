@@ -160,7 +160,8 @@ def test_model_block_uses_fused_and_matches(interpret):
 
 @needs_triton
 def test_backward_matches_unfused(interpret):
-    """Gradients through the op's explicit adjoints equal autograd of the unfused path."""
+    """Gradients by the Triton backward kernel equal autograd of the unfused path (cross with
+    V term and both id planes; bias mode with broadcast tables; padding)."""
     mods = _modules("cross", "qkv", skip=1)
     mods_b = _modules("euc", "qk", "bias", skip=1)
     for mods_i in (mods, mods_b):
@@ -169,10 +170,12 @@ def test_backward_matches_unfused(interpret):
         mask = torch.zeros(1, 13, dtype=torch.bool)
         mask[0, -2:] = True
         grads = []
+        before = LAUNCHES[1]
         for mode in ("fused", "unfused"):
             set_fused_attention(mode)
             out = rpe_attention(q, k, v, 0.25, *mods_i, 3, 4, mask)
             grads.append(torch.autograd.grad((out * out).sum(), [q, k, v] + params))
+        assert LAUNCHES[1] == before + 1  # the Triton backward kernel ran
         for g_fused, g_ref in zip(*grads):
             _check(g_fused, g_ref, torch.float32)
 
@@ -370,21 +373,24 @@ def test_bench_attention_smoke_report(tmp_path):
 
 @needs_triton
 def test_kernel_lowers_to_cubin_without_gpu(tmp_path):
-    """The interpreter does not check GPU lowering: compile one full variant (K and Q terms,
-    two id planes, V bucket sums, padding, fp16) for sm_80 with Triton's bundled ptxas. In a
+    """The interpreter does not check GPU lowering: compile one full forward and backward
+    variant (K and Q terms, two id planes, V term, padding, fp16) for sm_80 with Triton's
+    bundled ptxas (the backward's table gradients are atomics). In a
     fresh process: the interpreter leaves triton.language patched in the process that ran it."""
     import subprocess
     import sys
-    code = ("import torch; from irpe.fused.aot import compile_variant; k = compile_variant("
-            "torch.float16, head_dim=32, q_term=True, v_buckets=50, mask=True, planes=2, "
-            "arch=80); print(len(k.asm['cubin']), 'ld.global' in k.asm['ptx'])")
+    code = ("import torch; from irpe.fused.aot import compile_variant, compile_backward_variant;"
+            "k = compile_variant(torch.float16, head_dim=32, q_term=True, v_buckets=50, "
+            "mask=True, planes=2, arch=80); b = compile_backward_variant(torch.float16, "
+            "head_dim=32, q_term=True, v_term=True, mask=True, planes=2, arch=80); "
+            "print(min(len(k.asm['cubin']), len(b.asm['cubin'])), 'atom' in b.asm['ptx'])")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_DEFAULT_FP_FUSION="1", TRITON_CACHE_DIR=str(tmp_path))
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    size, has_loads = done.stdout.split()
-    assert int(size) > 1000 and has_loads == "True"
+    size, has_atomics = done.stdout.split()
+    assert int(size) > 1000 and has_atomics == "True"
 
 
 @needs_triton
@@ -405,3 +411,25 @@ def test_detr_model_fused_matches_unfused(interpret):
         ref = net(x, sizes)
     _check(fused["pred_logits"], ref["pred_logits"], torch.float32)
     _check(fused["pred_boxes"], ref["pred_boxes"], torch.float32)
+
+
+@needs_triton
+def test_compile_training_step_through_fused_ops(interpret):
+    """torch.compile(fullgraph, aot_eager) of forward + backward through both custom ops (the
+    fakes must match the real output layouts) equals eager; DeiT block with a permuted q."""
+    torch._dynamo.reset()
+    attn = RPEAttention(32, 2, rpe_config=get_rpe_config(1.9, "product", "ctx", True, 1, "qkv"))
+    for p in (attn.rpe_q, attn.rpe_k, attn.rpe_v):
+        torch.nn.init.normal_(p.lookup_table_weight, std=0.5)
+    x = torch.randn(2, 10, 32, requires_grad=True)
+    params = [x] + list(attn.parameters())
+
+    def step(inp):
+        return attn(inp).square().sum()
+
+    eager = torch.autograd.grad(step(x), params)
+    compiled = torch.autograd.grad(torch.compile(step, backend="aot_eager", fullgraph=True)(x),
+                                   params)
+    for a, b in zip(compiled, eager):
+        _check(a, b, torch.float32)
+    torch._dynamo.reset()

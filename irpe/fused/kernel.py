@@ -18,7 +18,7 @@ __all__ = ["get_kernel"]
 
 
 def _rpe_attention_fwd(
-        Q, K, V, TK, TQ, IDK, IDQ, IDV, MASK, OUT, S,
+        Q, K, V, TK, TQ, IDK, IDQ, IDV, MASK, OUT, S, LSE,
         sqb, sqh, sql, skb, skh, skl, svb, svh, svl,
         stkb, stkh, stkl, stqb, stqh, stql, smb,
         sob, soh, sol, ssb, ssh, ssl,
@@ -26,8 +26,10 @@ def _rpe_attention_fwd(
         ID_TABLE: tl.constexpr, HAS_TK: tl.constexpr, HAS_TQ: tl.constexpr, HAS_V: tl.constexpr,
         HAS_MASK: tl.constexpr, NIDK: tl.constexpr, NIDQ: tl.constexpr, NIDV: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-        BLOCK_T: tl.constexpr, IEEE: tl.constexpr, DOT_F32: tl.constexpr):
-    """Forward of one (query block, batch*head); the last dims of q/k/v/out/s are contiguous."""
+        BLOCK_T: tl.constexpr, IEEE: tl.constexpr, DOT_F32: tl.constexpr,
+        STORE_LSE: tl.constexpr):
+    """Forward of one (query block, batch*head); the last dims of q/k/v/out/s are contiguous.
+    STORE_LSE: also write the rows' log2-sum-exp2 (B*H, L) fp32 for the backward kernel."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
@@ -110,6 +112,8 @@ def _rpe_attention_fwd(
     out = acc / l_i[:, None]
     tl.store(OUT + b * sob + h * soh + offs_m[:, None] * sol + offs_d[None, :],
              out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    if STORE_LSE:
+        tl.store(LSE + pid_bh * L + offs_m, m_i + tl.log2(l_i), mask=row_ok)
     if HAS_V:
         s_val = s_acc / l_i[:, None]
         tl.store(S + b * ssb + h * ssh + offs_m[:, None] * ssl + offs_t[None, :], s_val,

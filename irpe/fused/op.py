@@ -1,9 +1,10 @@
 """``irpe::fused_rpe_attention``: the custom op around the Triton kernel (torch.library).
 
 Registered with a fake impl so torch.compile(fullgraph=True) traces through it, and an autograd
-formula (explicit adjoints recomputed by :func:`reference_backward` in query-row chunks, see
-docs/kernels.md). The kernel runs on CUDA tensors, or on CPU tensors under TRITON_INTERPRET=1;
-anything else takes the torch reference, so the op never fails for lack of a kernel.
+formula whose backward is the op ``irpe::fused_rpe_attention_backward`` (irpe/fused/backward.py:
+the Triton backward kernel, or the chunked torch adjoints where it cannot run). The kernel runs
+on CUDA tensors, or on CPU tensors under TRITON_INTERPRET=1; anything else takes the torch
+reference, so the op never fails for lack of a kernel.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .reference import reference_backward, reference_forward
+from .reference import reference_forward
 
 __all__ = ["fused_rpe_attention", "kernel_available", "interpreter_enabled"]
 
@@ -63,10 +64,11 @@ def block_sizes(dtype: torch.dtype, head_dim: int, has_v: bool, device_type: str
     return 64, 64
 
 
-LAUNCHES = [0]  # kernel launches in this process (tests check that the kernel really ran)
+LAUNCHES = [0, 0]  # forward, backward kernel launches (tests check that the kernels ran)
 
 
-def _launch(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask, grid):
+def _launch(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask, grid,
+            lse: Optional[Tensor] = None):
     from .kernel import get_kernel
     LAUNCHES[0] += 1
     b, h, length, d = q.shape
@@ -88,6 +90,7 @@ def _launch(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask,
         tables[1] if tables[1] is not None else dummy,
         *(i if i is not None else dummy for i in ids),
         mask_i8 if mask_i8 is not None else dummy, out, s if has_v else dummy,
+        lse if lse is not None else dummy,
         *_strides(q), *_strides(k), *_strides(v), *_strides(tables[0]), *_strides(tables[1]),
         0 if mask_i8 is None else mask_i8.stride(0),
         *_strides(out), *_strides(s if has_v else None),
@@ -100,7 +103,7 @@ def _launch(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_pow2(d),
         BLOCK_T=_pow2(num_buckets_v) if has_v else 16,
         IEEE=q.dtype == torch.float32,
-        DOT_F32=q.dtype == torch.bfloat16 and q.device.type == "cpu")
+        DOT_F32=q.dtype == torch.bfloat16 and q.device.type == "cpu", STORE_LSE=lse is not None)
     return out, s
 
 
@@ -167,7 +170,7 @@ def _fake(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, key_pad
           grid=None):
     b, h, length, _ = q.shape
     nb = num_buckets_v if ids_v is not None else 0
-    return torch.empty_like(q), q.new_empty((b, h, length, nb), dtype=torch.float32)
+    return q.new_empty(q.shape), q.new_empty((b, h, length, nb), dtype=torch.float32)
 
 
 def _setup(ctx, inputs, output) -> None:
@@ -179,8 +182,12 @@ def _setup(ctx, inputs, output) -> None:
 def _backward(ctx, grad_out, grad_s):
     q, k, v, table_k, ids_k, table_q, ids_q, ids_v, mask = ctx.saved_tensors
     inputs = (q, k, v, table_k, ids_k, table_q, ids_q, ids_v, ctx.num_buckets_v, mask, ctx.grid)
-    dq, dk, dv, dtk, dtq = reference_backward(inputs, grad_out, grad_s)
-    return dq, dk, dv, dtk, None, dtq, None, None, None, None, None
+    from .backward import fused_rpe_attention_backward
+    if grad_out is None:
+        grad_out = torch.zeros_like(q)
+    dq, dk, dv, dtk, dtq = fused_rpe_attention_backward(*inputs, grad_out, grad_s)
+    return (dq, dk, dv, dtk if table_k is not None else None, None,
+            dtq if table_q is not None else None, None, None, None, None, None)
 
 
 fused_rpe_attention.register_autograd(_backward, setup_context=_setup)

@@ -1,0 +1,108 @@
+"""``irpe::fused_rpe_attention_backward``: gradients of the fused op (a custom op of its own, so
+AOTAutograd traces the backward as one node instead of running the Triton launch on fake tensors).
+
+Triton backward kernel (irpe/fused/kernel_bwd.py) where the forward kernel runs, else the
+chunked torch adjoints of :func:`irpe.fused.reference.reference_backward`.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+
+from .op import LAUNCHES, MAX_HEAD_DIM, _launch, _pow2, _strides, kernel_available, triton_cdiv
+from .reference import _reduce_to, reference_backward
+
+__all__ = ["fused_rpe_attention_backward"]
+
+Tensor = torch.Tensor
+
+
+def _block(q: Tensor) -> int:
+    """Square tile of the backward: 64 for fp16/bf16 heads <= 64 on sm_80+, else 32 (shared
+    memory: sm_75 has 64 KB), 16 on the CPU interpreter."""
+    if q.device.type == "cpu":
+        return 16
+    small = q.dtype == torch.float32 or q.shape[-1] > 64
+    return 32 if small or torch.cuda.get_device_capability(q.device) < (8, 0) else 64
+
+
+def _launch_backward(inputs: tuple, grad_out: Tensor, grad_s: Optional[Tensor]) -> tuple:
+    """Gradients of (q, k, v, table_k, table_q) by the Triton backward kernel; the forward runs
+    once more to get the rows' log-sum-exp (not kept by the op, so its outputs stay two)."""
+    from .kernel_bwd import get_backward_kernel
+    LAUNCHES[1] += 1
+    q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask, grid = inputs
+    b, h, length, d = q.shape
+    f32 = dict(dtype=torch.float32, device=q.device)
+    lse = torch.empty((b * h, length), **f32)
+    out, s = _launch(*inputs, lse=lse)
+    has_v = ids_v is not None and grad_s is not None
+    delta = (grad_out.float() * out.float()).sum(-1)
+    if has_v:
+        grad_s = grad_s.float().contiguous()
+        delta = delta + (grad_s * s).sum(-1)
+    grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    tables = [t if t is None or t.stride(-1) == 1 else t.contiguous() for t in (table_k, table_q)]
+    ids = [None if i is None else i.to(torch.int32).contiguous() for i in (ids_k, ids_q, ids_v)]
+    dq = torch.zeros((b, h, length, d), **f32)
+    dk, dv = torch.empty((b, h, length, d), **f32), torch.empty((b, h, length, d), **f32)
+    nbk = 1 if table_k is None else table_k.shape[-1]
+    nbq = 1 if table_q is None else table_q.shape[-1]
+    dtk = torch.zeros((b, h, length, nbk) if table_k is not None else (1,), **f32)
+    dtq = torch.zeros((b, h, length, nbq) if table_q is not None else (1,), **f32)
+    dummy = q.new_zeros(1, dtype=torch.int32)
+    mask_i8 = None if mask is None else mask.to(torch.int8).contiguous()
+    gh, gw, skip = grid if grid is not None else (1, 1, 0)
+    plane = next(i for i in ids if i is not None)[0].numel() if grid is not None \
+        else length * length
+    block = _block(q)
+    get_backward_kernel()[(triton_cdiv(length, block), b * h)](
+        q, k, v, *(t if t is not None else dummy for t in tables),
+        *(i if i is not None else dummy for i in ids),
+        mask_i8 if mask_i8 is not None else dummy, grad_out, grad_s if has_v else dummy,
+        lse, delta.reshape(b * h, length).contiguous(), dq, dk, dv, dtk, dtq,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(tables[0]), *_strides(tables[1]),
+        0 if mask_i8 is None else mask_i8.stride(0), *_strides(grad_out),
+        *_strides(grad_s if has_v else None),
+        h, length, d, nbk, nbq, gh, gw, skip, plane, ID_TABLE=grid is not None,
+        HAS_TK=table_k is not None, HAS_TQ=table_q is not None, HAS_V=has_v,
+        HAS_MASK=mask is not None,
+        NIDK=1 if ids[0] is None else ids[0].shape[0],
+        NIDQ=1 if ids[1] is None else ids[1].shape[0],
+        NIDV=1 if ids[2] is None else ids[2].shape[0],
+        BLOCK_M=block, BLOCK_N=block, BLOCK_D=_pow2(d), IEEE=q.dtype == torch.float32,
+        DOT_F32=q.dtype == torch.bfloat16 and q.device.type == "cpu")
+    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
+            None if table_k is None else _reduce_to(dtk, table_k),
+            None if table_q is None else _reduce_to(dtq, table_q))
+
+
+@torch.library.custom_op("irpe::fused_rpe_attention_backward", mutates_args=())
+def fused_rpe_attention_backward(q: Tensor, k: Tensor, v: Tensor, table_k: Optional[Tensor],
+                                 ids_k: Optional[Tensor], table_q: Optional[Tensor],
+                                 ids_q: Optional[Tensor], ids_v: Optional[Tensor],
+                                 num_buckets_v: int, key_padding_mask: Optional[Tensor],
+                                 grid: Optional[List[int]], grad_out: Tensor,
+                                 grad_s: Optional[Tensor]
+                                 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, d table_k, d table_q); an absent table's gradient is an empty tensor."""
+    inputs = (q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, key_padding_mask,
+              grid)
+    if kernel_available(q.device) and q.shape[-1] <= MAX_HEAD_DIM:
+        grads = _launch_backward(inputs, grad_out, grad_s)
+    else:
+        grads = reference_backward(inputs, grad_out, grad_s)
+    return tuple(g if g is not None else q.new_empty(0) for g in grads)
+
+
+@fused_rpe_attention_backward.register_fake
+def _fake(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, key_padding_mask, grid,
+          grad_out, grad_s):
+    def like(t):
+        if t is None:
+            return q.new_empty(0)
+        return torch.empty_like(t, memory_format=torch.contiguous_format)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), like(table_k), \
+        like(table_q)
