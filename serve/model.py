@@ -116,6 +116,7 @@ class ServedModel:
             on_device = decode_on_device(blobs, self.preprocess, self.cfg.device)
             if on_device is not None:
                 return on_device
+
         def one(i: int, blob: bytes) -> Prepared:
             try:
                 return decode_u8(blob, self.preprocess)
