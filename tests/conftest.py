@@ -15,6 +15,23 @@ def _seed():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _restore_logging():
+    """`irpe serve` run in-process (CLI tests) reconfigures the irpe/uvicorn loggers: handlers
+    on that test's captured stderr, its level. Restore them, so servers of later tests keep
+    their own settings and never write to a closed capture stream."""
+    import logging
+    loggers = [logging.getLogger(n) for n in ("irpe", "uvicorn", "uvicorn.error",
+                                               "uvicorn.access")]
+    saved = {lg.name: (lg.handlers[:], lg.level, lg.propagate, lg.disabled) for lg in loggers}
+    yield
+    for name, (handlers, level, propagate, disabled) in saved.items():
+        logger = logging.getLogger(name)
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate, logger.disabled = propagate, disabled
+
+
 @pytest.fixture(scope="module")
 def cls_file(tmp_path_factory):
     """An untrained demo classifier saved as a trained-model file (serving tests, per module)."""
