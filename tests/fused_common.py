@@ -1,0 +1,46 @@
+"""Shared pieces of the fused-attention tests (CPU interpreter): skip marker, fixture, inputs."""
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from irpe.fused import set_fused_attention, set_fused_ids
+from irpe.rpe import build_rpe, get_rpe_config
+
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+needs_triton = pytest.mark.skipif(
+    not HAVE_TRITON and os.environ.get("CI") != "true",
+    reason="triton not installed (pip install triton==3.9.0; the dev extra has it)")
+
+TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    """Triton kernels on the CPU interpreter, the fused path forced (restored afterwards).
+
+    conftest sets TRITON_INTERPRET=1 before triton is imported when there is no GPU; with a GPU
+    the process compiles for real (tests/gpu) and Triton cannot switch modes in one process."""
+    if torch.cuda.is_available():
+        pytest.skip("GPU machine: the kernels run compiled in tests/gpu, not interpreted")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    set_fused_attention("fused")
+    yield
+    set_fused_attention(None)
+    set_fused_ids("table")
+
+
+def modules(method, on, mode="ctx", skip=0, heads=2, head_dim=16, shared=True, dtype=None):
+    cfg = get_rpe_config(1.9, method, mode, shared, skip, on)
+    mods = build_rpe(cfg, head_dim, heads, initializer=lambda p: torch.nn.init.normal_(p, std=0.5))
+    return [m.to(dtype) if m is not None and dtype else m for m in mods]
+
+
+def inputs(batch, heads, length, head_dim, dtype=torch.float32):
+    return [torch.randn(batch, heads, length, head_dim).to(dtype) for _ in range(3)]
+
+
+def check(out, ref, dtype):
+    err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+    assert err <= TOL[dtype], f"max rel err {err:.2e} > {TOL[dtype]:.0e}"
