@@ -232,6 +232,10 @@ struct RpeOp : Ort::CustomOpBase<RpeOp, RpeKernel, true> {
         : op_(op), grid_(grid), add_(add), cuda_(cuda), type_(type)
     {
         OrtCustomOp::InferOutputShapeFn = &RpeOp::infer_shape;
+        if (add) {  // RPEGatherAdd may write into its base (input 2) when ORT can spare it
+            OrtCustomOp::GetMayInplace = &RpeOp::base_inplace;
+            OrtCustomOp::ReleaseMayInplace = &RpeOp::release_inplace;
+        }
     }
 
     OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** out) const
@@ -267,6 +271,19 @@ struct RpeOp : Ort::CustomOpBase<RpeOp, RpeKernel, true> {
  private:
     // Output shape [B,H,Lq,Lk] (gather) or [B,H,Lq,K] (scatter) where the inputs tell it.
     static OrtStatusPtr ORT_API_CALL infer_shape(const OrtCustomOp* self, OrtShapeInferContext* c);
+
+    // Output 0 may reuse input 2: each element of base is read before the same one is written.
+    static size_t ORT_API_CALL base_inplace(int** input_index, int** output_index)
+    {
+        *input_index = new int[1]{2};
+        *output_index = new int[1]{0};
+        return 1;
+    }
+    static void ORT_API_CALL release_inplace(int* input_index, int* output_index)
+    {
+        delete[] input_index;
+        delete[] output_index;
+    }
 
     Op op_;
     bool grid_;
