@@ -82,6 +82,33 @@ inline void scatter_row(const T* __restrict attn_row, const int32_t* __restrict 
     }
 }
 
+// Four rows (b, h) of the same query i at once (element strides in_stride, out_stride): the
+// bucket lists are walked once and the four independent sums overlap in the pipeline. Each
+// row's order is scatter_row's, so the results are the same bit for bit.
+template <typename T>
+inline void scatter_rows4(const T* __restrict a, int64_t in_stride, const int32_t* __restrict off,
+                          const int32_t* __restrict pos, int64_t k, T* __restrict out,
+                          int64_t out_stride)
+{
+    const T* a1 = a + in_stride;
+    const T* a2 = a1 + in_stride;
+    const T* a3 = a2 + in_stride;
+    for (int64_t t = 0; t < k; ++t) {
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+        for (int32_t n = off[t]; n < off[t + 1]; ++n) {
+            const int32_t j = pos[n];
+            s0 += Acc<T>::load(a[j]);
+            s1 += Acc<T>::load(a1[j]);
+            s2 += Acc<T>::load(a2[j]);
+            s3 += Acc<T>::load(a3[j]);
+        }
+        out[t] = Acc<T>::store(s0);
+        out[out_stride + t] = Acc<T>::store(s1);
+        out[2 * out_stride + t] = Acc<T>::store(s2);
+        out[3 * out_stride + t] = Acc<T>::store(s3);
+    }
+}
+
 // The (skip + H*W)^2 id table of an on-the-fly node, computed with the kernels' header.
 inline std::vector<int32_t> grid_ids(const irpe_bucket_params& p)
 {

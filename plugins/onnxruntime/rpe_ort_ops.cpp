@@ -94,8 +94,8 @@ void list_chunk(void* data, size_t chunk)
     }
 }
 
-template <typename T, typename I, bool kGather>
-void run_chunk(void* data, size_t chunk)
+template <typename T, typename I>
+void gather_chunk(void* data, size_t chunk)
 {
     const Job& job = *static_cast<const Job*>(data);
     const Problem& p = job.p;
@@ -106,12 +106,34 @@ void run_chunk(void* data, size_t chunk)
     T* out = static_cast<T*>(job.out);
     for (int64_t r = begin; r < end; ++r) {
         const int64_t i = r % p.lq;
-        if constexpr (kGather) {
-            const int64_t table_row = (r / p.lq) * p.rows + (p.rows == 1 ? 0 : i);
-            gather_row(in + table_row * p.k, ids + i * p.lk, p.lk, p.k, out + r * p.lk);
-        } else {
-            scatter_row(in + r * p.lk, job.off.data() + i * (p.k + 1), job.pos.data() + i * p.lk,
-                        p.k, out + r * p.k);
+        const int64_t table_row = (r / p.lq) * p.rows + (p.rows == 1 ? 0 : i);
+        gather_row(in + table_row * p.k, ids + i * p.lk, p.lk, p.k, out + r * p.lk);
+    }
+}
+
+// Scatter task: groups g = (block of 4 (b, h) rows, query i), i fastest; see scatter_rows4.
+template <typename T>
+void scatter_chunk(void* data, size_t chunk)
+{
+    const Job& job = *static_cast<const Job*>(data);
+    const Problem& p = job.p;
+    const int64_t bh = p.batch * p.heads, groups = (bh + 3) / 4 * p.lq;
+    const int64_t begin = static_cast<int64_t>(chunk) * job.chunk_rows;
+    const int64_t end = std::min(begin + job.chunk_rows, groups);
+    const T* in = static_cast<const T*>(job.in);
+    T* out = static_cast<T*>(job.out);
+    for (int64_t g = begin; g < end; ++g) {
+        const int64_t i = g % p.lq, first = g / p.lq * 4, count = std::min<int64_t>(4, bh - first);
+        const int32_t* off = job.off.data() + i * (p.k + 1);
+        const int32_t* pos = job.pos.data() + i * p.lk;
+        const int64_t r = first * p.lq + i;
+        if (count == 4) {
+            scatter_rows4(in + r * p.lk, p.lq * p.lk, off, pos, p.k, out + r * p.k, p.lq * p.k);
+            continue;
+        }
+        for (int64_t c = 0; c < count; ++c) {
+            const int64_t rc = r + c * p.lq;
+            scatter_row(in + rc * p.lk, off, pos, p.k, out + rc * p.k);
         }
     }
 }
@@ -125,10 +147,14 @@ void run_rows(Ort::KernelContext& ctx, Job& job)
         job.pos.resize(static_cast<size_t>(p.lq * p.lk));
         const int64_t rows = chunk_rows(p.lq, p.lk);
         parallel(ctx, &list_chunk<I>, (p.lq + rows - 1) / rows, &job);
+        const int64_t groups = (p.batch * p.heads + 3) / 4 * p.lq;
+        job.chunk_rows = chunk_rows(groups, 4 * std::max(p.lk, p.k));
+        parallel(ctx, &scatter_chunk<T>, (groups + job.chunk_rows - 1) / job.chunk_rows, &job);
+    } else {
+        job.chunk_rows = chunk_rows(job.total_rows, p.lk);
+        parallel(ctx, &gather_chunk<T, I>, (job.total_rows + job.chunk_rows - 1) / job.chunk_rows,
+                 &job);
     }
-    job.chunk_rows = chunk_rows(job.total_rows, kGather ? p.lk : std::max(p.lk, p.k));
-    parallel(ctx, &run_chunk<T, I, kGather>, (job.total_rows + job.chunk_rows - 1) / job.chunk_rows,
-             &job);
 }
 
 template <typename T, bool kGather>
