@@ -314,3 +314,28 @@ def test_gather_add_bad_broadcast_is_a_run_error(ort_library):
     with pytest.raises(Exception, match="RPEGatherAdd: input 2 dim 1 is 4, the gather's 3"):
         session.run(None, {"table": table, "index": ids,
                            "base": np.ones((2, 4, 26, 26), np.float32)})
+
+def _run_bfloat16(op: str, x: torch.Tensor, ids: np.ndarray, width: int) -> torch.Tensor:
+    """Run one op on bfloat16 tensors (numpy has none: 16-bit words through io_binding)."""
+    session, path = create_session(op_model(op, TensorProto.BFLOAT16, num_buckets=50, **ATTRS),
+                                   custom_ops="on")
+    out = np.zeros(tuple(x.shape[:3]) + (width,), np.uint16)
+    binding = session.io_binding()
+    bits = x.view(torch.int16).numpy().view(np.uint16)
+    binding.bind_ortvalue_input("x", ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+        bits, TensorProto.BFLOAT16))
+    binding.bind_cpu_input("index", ids)
+    binding.bind_ortvalue_output("out", ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+        out, TensorProto.BFLOAT16))
+    session.run_with_iobinding(binding)
+    return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
+
+
+def test_bfloat16_both_ops(ort_library):
+    ids = bucket_ids("product", 1.9, 5, 5, skip=1).numpy()
+    table = torch.randn(2, 3, 26, 50).to(torch.bfloat16)
+    assert torch.equal(_run_bfloat16("RPEGather", table, ids, 26),
+                       rpe_gather(table, torch.from_numpy(ids)))
+    attn = torch.rand(2, 3, 26, 26).to(torch.bfloat16)
+    assert torch.equal(_run_bfloat16("RPEScatter", attn, ids, 50),
+                       rpe_scatter(attn, torch.from_numpy(ids), 50))  # fp32 sums, one rounding
