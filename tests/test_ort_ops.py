@@ -266,6 +266,7 @@ def test_cuda_ep_glue_compiles(ort_library):
         capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
+
 def add_model(base_shape, second_use: bool = False) -> bytes:
     """Add(base, RPEGather(table, index)) (+ the gather as a 2nd output: not fusable)."""
     from export.functions import gather_function
@@ -314,6 +315,7 @@ def test_gather_add_bad_broadcast_is_a_run_error(ort_library):
     with pytest.raises(Exception, match="RPEGatherAdd: input 2 dim 1 is 4, the gather's 3"):
         session.run(None, {"table": table, "index": ids,
                            "base": np.ones((2, 4, 26, 26), np.float32)})
+
 
 def _run_bfloat16(op: str, x: torch.Tensor, ids: np.ndarray, width: int) -> torch.Tensor:
     """Run one op on bfloat16 tensors (numpy has none: 16-bit words through io_binding)."""
