@@ -341,3 +341,32 @@ def test_bfloat16_both_ops(ort_library):
     attn = torch.rand(2, 3, 26, 26).to(torch.bfloat16)
     assert torch.equal(_run_bfloat16("RPEScatter", attn, ids, 50),
                        rpe_scatter(attn, torch.from_numpy(ids), 50))  # fp32 sums, one rounding
+
+
+def test_two_gather_adds_in_a_row_become_one_node(ort_library):
+    """Add(Add(x, gather K), gather Q) -> RPEGatherAdd2: the graph's order of additions."""
+    from export.functions import gather_function
+    from irpe.deploy.ort_fuse import fuse_gather_add
+    ids, table, _ = layer()
+    nodes = [helper.make_node("RPEGather", [f"t{n}", "index"], [f"g{n}"], domain="irpe",
+                              num_buckets=50, **ATTRS) for n in (1, 2)]
+    nodes += [helper.make_node("Add", ["base", "g1"], ["s"]),
+              helper.make_node("Add", ["s", "g2"], ["out"])]
+    value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("g1", "g2")]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in
+              ("t1", "t2", "base")] + [helper.make_tensor_value_info("index", TensorProto.INT64,
+                                                                     None)]
+    graph = helper.make_graph(nodes, "add2", inputs,
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+                              value_info=value)
+    model = helper.make_model(graph, functions=[gather_function(18)], opset_imports=[
+        helper.make_opsetid("", 18), helper.make_opsetid("irpe", 1)])
+    model.ir_version = 9
+    data = model.SerializeToString()
+    fused, count = fuse_gather_add(data)
+    assert count == 2 and b"RPEGatherAdd2" in fused
+    rng = np.random.default_rng(4)
+    feeds = {"t1": table, "t2": rng.standard_normal(table.shape, dtype=np.float32),
+             "base": rng.standard_normal((2, 3, 26, 26), dtype=np.float32), "index": ids}
+    got = create_session(data, threads=2, custom_ops="on")[0].run(None, feeds)[0]
+    assert np.array_equal(got, create_session(data, custom_ops="off")[0].run(None, feeds)[0])

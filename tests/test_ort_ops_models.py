@@ -157,3 +157,16 @@ def test_export_benchmark_custom_op_rows(ort_library, tmp_path):
     assert data["custom_op_library"] == str(ort_library)
     assert "| irpe_k_ops | deit_tiny_patch16_224_ctx_product_50_shared_k |" in \
         (tmp_path / "export_ort.md").read_text()
+
+
+def test_k_and_q_terms_fused_into_one_node_stay_bit_identical(ort_library, tmp_path):
+    """iRPE on Q and K: both logits terms run as one RPEGatherAdd2 per block."""
+    cfg = RPEConfig(ratio=1.9, method="product", mode="ctx", shared_head=False, skip=1, on="qk")
+    model, spec = tiny_deit(cfg)
+    path = export_onnx(model, tmp_path / "m.onnx", spec=spec)
+    x = np.random.default_rng(5).standard_normal((3, 3, 40, 40), dtype=np.float32)
+    custom, ops = create_session(path, custom_ops="on", threads=2)
+    assert ops.fused == 4  # 2 blocks x (K, Q)
+    functions, _ = create_session(path, custom_ops="off")
+    assert np.array_equal(custom.run(None, {"images": x})[0],
+                          functions.run(None, {"images": x})[0])

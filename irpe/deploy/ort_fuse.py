@@ -1,5 +1,6 @@
 """Load-time fusion for the ONNX Runtime custom-op library: ``Add(x, RPEGather(t, i))`` ->
-``RPEGatherAdd(t, i, x)``, one pass over the attention logits instead of two.
+``RPEGatherAdd(t, i, x)``, one pass over the attention logits instead of two; two such in a row
+(the iRPE-K and iRPE-Q terms) -> one ``RPEGatherAdd2``.
 
 Applied by :func:`irpe.deploy.ort.create_session` to the model it hands to ONNX Runtime, only
 when the CPU library is registered; the file on disk is never changed. A pair is fused when the
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Dict, List, Tuple, Union
 
-__all__ = ["FUSED_OP", "fuse_gather_add", "fuse_graph"]
+__all__ = ["FUSED_OP", "fuse_gather_add", "fuse_graph", "fuse_chains"]
 
 log = logging.getLogger("irpe.deploy.ort")
 
@@ -70,14 +71,43 @@ def fuse_graph(graph) -> int:
         fused.attribute.extend(gather.attribute)
         drop.add(g)
         replace[k] = fused  # at the Add's place: every input is produced before it
-    gone = {graph.node[g].output[0] for g in drop}
+    _rewrite(graph, drop, replace)
+    return len(pairs)
+
+
+def fuse_chains(graph) -> int:
+    """``RPEGatherAdd(t2, i2, RPEGatherAdd(t1, i1, x))`` -> ``RPEGatherAdd2(t1, i1, x, t2, i2)``
+    (the iRPE-K then iRPE-Q terms: the logits pass once), in place; returns how many."""
+    from onnx import helper
+    producer = {out: k for k, node in enumerate(graph.node) for out in node.output}
+    uses = _consumers(graph)
+    drop, replace = set(), {}
+    for k, node in enumerate(graph.node):
+        if node.domain != _DOMAIN or node.op_type != FUSED_OP or k in drop:
+            continue
+        first = producer.get(node.input[2])
+        if first is None or first in drop or first in replace or uses.get(node.input[2]) != 1:
+            continue
+        inner = graph.node[first]
+        if inner.domain != _DOMAIN or inner.op_type != FUSED_OP:
+            continue
+        merged = helper.make_node(FUSED_OP + "2", list(inner.input) + list(node.input[:2]),
+                                  list(node.output), name=node.name + "2", domain=_DOMAIN)
+        merged.attribute.extend(inner.attribute)  # num_buckets: checked for the first table
+        drop.add(first)
+        replace[k] = merged
+    _rewrite(graph, drop, replace)
+    return len(replace)
+
+
+def _rewrite(graph, drop: set, replace: dict) -> None:
+    gone = {out for g in drop for out in graph.node[g].output}
     nodes = [replace.get(k, n) for k, n in enumerate(graph.node) if k not in drop]
     del graph.node[:]
     graph.node.extend(nodes)
     infos = [v for v in graph.value_info if v.name not in gone]
     del graph.value_info[:]
     graph.value_info.extend(infos)
-    return len(pairs)
 
 
 def fuse_gather_add(source: Union[str, bytes]) -> Tuple[Union[str, bytes], int]:
@@ -91,6 +121,8 @@ def fuse_gather_add(source: Union[str, bytes]) -> Tuple[Union[str, bytes], int]:
         if any(uses_external_data(t) for t in model.graph.initializer):
             return source, 0
         count = fuse_graph(model.graph)
+        if count:
+            fuse_chains(model.graph)
         return (model.SerializeToString(), count) if count else (source, 0)
     except Exception as exc:  # leave the model to ONNX Runtime, which reports its own errors
         log.debug("no gather+Add fusion: %s", exc)

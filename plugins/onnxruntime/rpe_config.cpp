@@ -119,10 +119,10 @@ std::string check(const RpeConfig& c)
 
 }  // namespace
 
-char const* op_name(Op op, bool grid, bool add)
+char const* op_name(Op op, bool grid, int adds)
 {
-    if (add) {
-        return "RPEGatherAdd";
+    if (adds) {
+        return adds == 2 ? "RPEGatherAdd2" : "RPEGatherAdd";
     }
     if (op == Op::kGather) {
         return grid ? "RPEGatherGrid" : "RPEGather";

@@ -1,8 +1,10 @@
-// RPEGatherAdd(table, index, base) = base + RPEGather(table, index), with ONNX's broadcasting
-// of base (rank <= 4, dims equal or 1). Not an exported op: irpe.deploy.ort rewrites
-// Add(x, RPEGather(...)) into it when the session loads with this library, so the attention
-// logits are read and written once instead of a gather pass plus an Add pass. IEEE addition
-// is commutative, so the result equals the unfused Add bit for bit.
+// RPEGatherAdd(table, index, base) = base + RPEGather(table, index), and
+// RPEGatherAdd2(table, index, base, table2, index2) = (base + gather) + gather2, with ONNX's
+// broadcasting of base (rank <= 4, dims equal or 1). Not exported ops: irpe.deploy.ort_fuse
+// rewrites Add(x, RPEGather(...)) (and a chain of two) into them when a session loads with
+// this library, so the attention logits are read and written once instead of once per gather
+// and once per Add. The additions happen in the graph's order, so the result equals the
+// unfused graph bit for bit.
 #include <algorithm>
 
 #include "rpe_ort.h"
@@ -11,109 +13,162 @@ namespace irpe_ort {
 
 namespace {
 
-struct AddJob {
-    Problem p;                    // the gather (B, H: the table's)
-    int64_t out_b = 0, out_h = 0;  // output batch / heads (broadcast with base)
-    int64_t base_stride[4] = {0, 0, 0, 0};
+struct Term {  // one gather: sizes (B, H: the table's) and data
+    Problem p;
     const float* table = nullptr;
     const void* ids = nullptr;
+};
+
+struct AddJob {
+    Term term[2];
+    int terms = 1;
+    int64_t lq = 0, lk = 0;
+    int64_t out_b = 0, out_h = 0;  // output batch / heads (broadcast with base)
+    int64_t base_stride[4] = {0, 0, 0, 0};
     const float* base = nullptr;
     float* out = nullptr;
     int64_t total_rows = 0, chunk = 1;
 };
 
-template <typename I>
+inline const float* table_row(const Term& t, int64_t b, int64_t h, int64_t i)
+{
+    const Problem& p = t.p;
+    const int64_t tb = p.batch == 1 ? 0 : b, th = p.heads == 1 ? 0 : h;
+    return t.table + ((tb * p.heads + th) * p.rows + (p.rows == 1 ? 0 : i)) * p.k;
+}
+
+inline float pick(const float* row, int64_t t, int64_t k)
+{
+    return static_cast<uint64_t>(t) < static_cast<uint64_t>(k) ? row[t] : 0.0f;
+}
+
+template <typename I, int kTerms>
 void add_chunk(void* data, size_t chunk)
 {
     const AddJob& job = *static_cast<const AddJob*>(data);
-    const Problem& p = job.p;
     const int64_t begin = static_cast<int64_t>(chunk) * job.chunk;
     const int64_t end = std::min(begin + job.chunk, job.total_rows);
-    const I* ids = static_cast<const I*>(job.ids);
     const int64_t* bs = job.base_stride;
+    const int64_t lq = job.lq, lk = job.lk, k0 = job.term[0].p.k, k1 = job.term[1].p.k;
     for (int64_t r = begin; r < end; ++r) {
-        const int64_t i = r % p.lq, h = (r / p.lq) % job.out_h, b = r / (p.lq * job.out_h);
-        const int64_t tb = p.batch == 1 ? 0 : b, th = p.heads == 1 ? 0 : h;
-        const float* row = job.table + ((tb * p.heads + th) * p.rows + (p.rows == 1 ? 0 : i)) * p.k;
+        const int64_t i = r % lq, h = (r / lq) % job.out_h, b = r / (lq * job.out_h);
+        const float* row0 = table_row(job.term[0], b, h, i);
+        const I* id0 = static_cast<const I*>(job.term[0].ids) + i * lk;
+        const float* row1 = kTerms == 2 ? table_row(job.term[1], b, h, i) : nullptr;
+        const I* id1 = kTerms == 2 ? static_cast<const I*>(job.term[1].ids) + i * lk : nullptr;
         const float* base = job.base + b * bs[0] + h * bs[1] + i * bs[2];
-        const I* id = ids + i * p.lk;
-        float* out = job.out + r * p.lk;
-        for (int64_t j = 0; j < p.lk; ++j) {
-            const int64_t t = static_cast<int64_t>(id[j]);
-            const float g = static_cast<uint64_t>(t) < static_cast<uint64_t>(p.k) ? row[t] : 0.0f;
-            out[j] = base[j * bs[3]] + g;
+        float* out = job.out + r * lk;
+        for (int64_t j = 0; j < lk; ++j) {
+            float v = base[j * bs[3]] + pick(row0, static_cast<int64_t>(id0[j]), k0);
+            if constexpr (kTerms == 2) {
+                v = v + pick(row1, static_cast<int64_t>(id1[j]), k1);
+            }
+            out[j] = v;
         }
     }
 }
 
-// Output dims (broadcast of the gather's [B,H,Lq,Lk] and base) and base's element strides.
+// Output dims (broadcast of the gathers' [B,H,Lq,Lk] and base) and base's element strides.
 std::string broadcast(AddJob& job, const std::vector<int64_t>& base_dims)
 {
     if (base_dims.size() > 4) {
-        return "RPEGatherAdd: input 2 has rank " + std::to_string(base_dims.size()) + " (<= 4)";
+        return "input 2 has rank " + std::to_string(base_dims.size()) + " (<= 4)";
     }
     std::vector<int64_t> dims(4 - base_dims.size(), 1);
     dims.insert(dims.end(), base_dims.begin(), base_dims.end());
-    const int64_t gather[4] = {job.p.batch, job.p.heads, job.p.lq, job.p.lk};
-    int64_t out[4], stride = 1;
-    for (int d = 3; d >= 0; --d) {
-        if (dims[d] != gather[d] && dims[d] != 1 && gather[d] != 1) {
-            return "RPEGatherAdd: input 2 dim " + std::to_string(d) + " is " +
-                   std::to_string(dims[d]) + ", the gather's " + std::to_string(gather[d]);
+    int64_t out[4] = {1, 1, job.lq, job.lk}, stride = 1;
+    for (int n = 0; n < job.terms; ++n) {
+        const Problem& p = job.term[n].p;
+        for (int d = 0; d < 2; ++d) {
+            const int64_t g = d == 0 ? p.batch : p.heads;
+            if (g != 1 && out[d] != 1 && g != out[d]) {
+                return "the gathers' batch/heads differ";
+            }
+            out[d] = std::max(out[d], g);
         }
-        out[d] = std::max(dims[d], gather[d]);
+    }
+    for (int d = 3; d >= 0; --d) {
+        if (dims[d] != out[d] && dims[d] != 1 && out[d] != 1) {
+            return "input 2 dim " + std::to_string(d) + " is " + std::to_string(dims[d]) +
+                   ", the gather's " + std::to_string(out[d]);
+        }
+        if (d >= 2 && dims[d] > out[d]) {
+            return "input 2 would broadcast the gather over queries or keys";
+        }
+        out[d] = std::max(dims[d], out[d]);
         job.base_stride[d] = dims[d] == 1 ? 0 : stride;
         stride *= dims[d];
-    }
-    if (out[2] != job.p.lq || out[3] != job.p.lk) {
-        return "RPEGatherAdd: input 2 would broadcast the gather over queries or keys";
     }
     job.out_b = out[0];
     job.out_h = out[1];
     return {};
 }
 
-OrtStatusPtr fail(const std::string& message)
+OrtStatusPtr fail(const RpeConfig& c, const std::string& message)
 {
-    return Ort::GetApi().CreateStatus(ORT_INVALID_ARGUMENT, message.c_str());
+    const std::string text = std::string(op_name(c.op, c.grid, c.adds)) + ": " + message;
+    return Ort::GetApi().CreateStatus(ORT_INVALID_ARGUMENT, text.c_str());
+}
+
+// Inputs (table, index) at `first` as one term; "" or what is wrong.
+std::string read_term(const RpeConfig& c, Ort::KernelContext& ctx, size_t first, Term& term,
+                      ONNXTensorElementDataType& index_type)
+{
+    auto table = ctx.GetInput(first);
+    auto index = ctx.GetInput(first + 1);
+    const auto info = index.GetTensorTypeAndShapeInfo();
+    RpeConfig plain = c;
+    plain.num_buckets = first == 0 ? c.num_buckets : 0;  // the 2nd table's K is its own
+    term.p = make_problem(plain, table.GetTensorTypeAndShapeInfo().GetShape(), info.GetShape());
+    index_type = info.GetElementType();
+    if (index_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 &&
+        index_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64) {
+        return "index must be int32 or int64";
+    }
+    term.table = table.GetTensorData<float>();
+    term.ids = index.GetTensorRawData();
+    return term.p.error;
 }
 
 }  // namespace
 
 OrtStatusPtr gather_add_cpu(const RpeConfig& c, Ort::KernelContext& ctx)
 {
-    auto table = ctx.GetInput(0);
-    auto index = ctx.GetInput(1);
-    auto base = ctx.GetInput(2);
-    const auto index_info = index.GetTensorTypeAndShapeInfo();
     AddJob job;
-    job.p = make_problem(c, table.GetTensorTypeAndShapeInfo().GetShape(), index_info.GetShape());
-    if (!job.p.error.empty()) {
-        return fail(job.p.error);
+    job.terms = c.adds == 2 ? 2 : 1;
+    ONNXTensorElementDataType types[2] = {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64,
+                                          ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64};
+    for (int n = 0; n < job.terms; ++n) {
+        const std::string error = read_term(c, ctx, n == 0 ? 0 : 3, job.term[n], types[n]);
+        if (!error.empty()) {
+            return fail(c, error);
+        }
     }
-    const auto index_type = index_info.GetElementType();
-    if (index_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 &&
-        index_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64) {
-        return fail("RPEGatherAdd: index must be int32 or int64");
+    job.lq = job.term[0].p.lq;
+    job.lk = job.term[0].p.lk;
+    if (job.terms == 2 && (job.term[1].p.lq != job.lq || job.term[1].p.lk != job.lk ||
+                           types[1] != types[0])) {
+        return fail(c, "the two gathers differ in Lq, Lk or index type");
     }
+    auto base = ctx.GetInput(2);
     const std::string error = broadcast(job, base.GetTensorTypeAndShapeInfo().GetShape());
     if (!error.empty()) {
-        return fail(error);
+        return fail(c, error);
     }
-    auto out = ctx.GetOutput(0, {job.out_b, job.out_h, job.p.lq, job.p.lk});
-    job.total_rows = job.out_b * job.out_h * job.p.lq;
-    if (job.total_rows == 0 || job.p.lk == 0) {
+    auto out = ctx.GetOutput(0, {job.out_b, job.out_h, job.lq, job.lk});
+    job.total_rows = job.out_b * job.out_h * job.lq;
+    if (job.total_rows == 0 || job.lk == 0) {
         return nullptr;
     }
-    job.table = table.GetTensorData<float>();
-    job.ids = index.GetTensorRawData();
     job.base = base.GetTensorData<float>();
     job.out = out.GetTensorMutableData<float>();
-    job.chunk = chunk_rows(job.total_rows, job.p.lk);
-    const int64_t tasks = (job.total_rows + job.chunk - 1) / job.chunk;
-    parallel(ctx, index_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 ? &add_chunk<int64_t>
-                                                                   : &add_chunk<int32_t>,
-             tasks, &job);
+    job.chunk = chunk_rows(job.total_rows, job.lk);
+    const bool wide = types[0] == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+    void (*fn)(void*, size_t) = wide ? &add_chunk<int64_t, 1> : &add_chunk<int32_t, 1>;
+    if (job.terms == 2) {
+        fn = wide ? &add_chunk<int64_t, 2> : &add_chunk<int32_t, 2>;
+    }
+    parallel(ctx, fn, (job.total_rows + job.chunk - 1) / job.chunk, &job);
     return nullptr;
 }
 

@@ -24,7 +24,8 @@ enum class Op { kGather, kScatter };
 struct RpeConfig {
     Op op = Op::kGather;
     bool grid = false;
-    bool add = false;  // RPEGatherAdd: out = input 2 + gather (an Add fused at session load)
+    int adds = 0;  // RPEGatherAdd (1): input 2 + gather; RPEGatherAdd2 (2): + a 2nd gather of
+                   // inputs 3, 4. Adds fused at session load (irpe/deploy/ort_fuse.py)
     int64_t num_buckets = 0;  // 0 = not set (RPEGather: the table's last dim)
     std::string method;       // "" = ids from input 1; else computed (on the fly)
     float ratio = 0.0f;
@@ -33,7 +34,7 @@ struct RpeConfig {
     int method_id() const;
 };
 
-char const* op_name(Op op, bool grid = false, bool add = false);
+char const* op_name(Op op, bool grid = false, int adds = 0);
 
 // Reads and checks the node's attributes; returns "" or what is wrong with them.
 std::string read_config(const OrtApi& api, const OrtKernelInfo* info, RpeConfig& config);
@@ -66,7 +67,7 @@ Problem make_problem(const RpeConfig& c, const std::vector<int64_t>& in,
 int64_t chunk_rows(int64_t rows, int64_t width);
 void parallel(Ort::KernelContext& ctx, void (*fn)(void*, size_t), int64_t tasks, void* job);
 
-// CPU compute of RPEGatherAdd (rpe_fused.cpp), float32.
+// CPU compute of RPEGatherAdd / RPEGatherAdd2 (rpe_fused.cpp), float32.
 OrtStatusPtr gather_add_cpu(const RpeConfig& c, Ort::KernelContext& ctx);
 
 #ifdef IRPE_ORT_WITH_CUDA

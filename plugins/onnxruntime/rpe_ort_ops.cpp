@@ -201,9 +201,9 @@ struct RpeKernel {
                 return cuda_compute(Ort::GetApi(), config, ctx);
             }
 #endif
-            return config.add ? gather_add_cpu(config, ctx) : compute_cpu(ctx);
+            return config.adds ? gather_add_cpu(config, ctx) : compute_cpu(ctx);
         } catch (const std::exception& e) {
-            return fail(std::string(op_name(config.op, config.grid, config.add)) + ": " + e.what());
+            return fail(std::string(op_name(config.op, config.grid, config.adds)) + ": " + e.what());
         }
     }
 
@@ -225,14 +225,14 @@ struct RpeKernel {
             irpe_bucket_params bp;
             const std::string error = grid_params(config, dims[dims.size() - 2], dims.back(), bp);
             if (!error.empty()) {
-                return fail(std::string(op_name(config.op, config.grid, config.add)) + ": " + error);
+                return fail(std::string(op_name(config.op, config.grid, config.adds)) + ": " + error);
             }
             grid = grid_cache.get(bp);
             job.ids = grid->data();
             index_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
         } else if (index_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 &&
                    index_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64) {
-            return fail(std::string(op_name(config.op, config.grid, config.add)) + ": index must be int32 or int64");
+            return fail(std::string(op_name(config.op, config.grid, config.adds)) + ": index must be int32 or int64");
         } else {
             job.ids = index.GetTensorRawData();
         }
@@ -254,11 +254,11 @@ struct RpeKernel {
 // One registration per (op, EP, value type); input 1 accepts any type (checked when run:
 // an index must be int32/int64; on the fly only its shape is read).
 struct RpeOp : Ort::CustomOpBase<RpeOp, RpeKernel, true> {
-    RpeOp(Op op, bool grid, bool cuda, ONNXTensorElementDataType type, bool add = false)
-        : op_(op), grid_(grid), add_(add), cuda_(cuda), type_(type)
+    RpeOp(Op op, bool grid, bool cuda, ONNXTensorElementDataType type, int adds = 0)
+        : op_(op), grid_(grid), adds_(adds), cuda_(cuda), type_(type)
     {
         OrtCustomOp::InferOutputShapeFn = &RpeOp::infer_shape;
-        if (add) {  // RPEGatherAdd may write into its base (input 2) when ORT can spare it
+        if (adds) {  // RPEGatherAdd(2) may write into its base (input 2) when ORT can spare it
             OrtCustomOp::GetMayInplace = &RpeOp::base_inplace;
             OrtCustomOp::ReleaseMayInplace = &RpeOp::release_inplace;
         }
@@ -269,7 +269,7 @@ struct RpeOp : Ort::CustomOpBase<RpeOp, RpeKernel, true> {
         auto kernel = std::make_unique<RpeKernel>();
         kernel->config.op = op_;
         kernel->config.grid = grid_;
-        kernel->config.add = add_;
+        kernel->config.adds = adds_;
         kernel->cuda = cuda_;
         const std::string error = read_config(api, info, kernel->config);
         if (!error.empty()) {
@@ -281,15 +281,15 @@ struct RpeOp : Ort::CustomOpBase<RpeOp, RpeKernel, true> {
         return nullptr;
     }
 
-    const char* GetName() const { return op_name(op_, grid_, add_); }
+    const char* GetName() const { return op_name(op_, grid_, adds_); }
     const char* GetExecutionProviderType() const
     {
         return cuda_ ? "CUDAExecutionProvider" : "CPUExecutionProvider";
     }
-    size_t GetInputTypeCount() const { return add_ ? 3 : 2; }
+    size_t GetInputTypeCount() const { return adds_ == 2 ? 5 : adds_ ? 3 : 2; }
     ONNXTensorElementDataType GetInputType(size_t i) const
     {
-        return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : type_;
+        return i == 1 || i == 4 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : type_;
     }
     size_t GetOutputTypeCount() const { return 1; }
     ONNXTensorElementDataType GetOutputType(size_t) const { return type_; }
@@ -313,7 +313,7 @@ struct RpeOp : Ort::CustomOpBase<RpeOp, RpeKernel, true> {
 
     Op op_;
     bool grid_;
-    bool add_;
+    int adds_;
     bool cuda_;
     ONNXTensorElementDataType type_;
 };
@@ -325,7 +325,7 @@ OrtStatusPtr ORT_API_CALL RpeOp::infer_shape(const OrtCustomOp* self, OrtShapeIn
         Ort::ShapeInferContext ctx(&Ort::GetApi(), c);
         const auto in = ctx.GetInputShape(0);
         const auto index = ctx.GetInputShape(1);
-        if (op.grid_ || op.add_ || in.size() != 4 || index.size() != 2) {
+        if (op.grid_ || op.adds_ || in.size() != 4 || index.size() != 2) {
             return nullptr;  // on the fly or unknown rank: the kernel checks at run time
         }
         using Dim = Ort::ShapeInferContext::SymbolicInteger;
@@ -372,9 +372,9 @@ void make_ops()
                 }
             }
         }
-        if (!cuda) {  // the session-load fusion of irpe.deploy.ort (CPU, float32)
+        for (int adds = 1; adds <= 2 && !cuda; ++adds) {  // irpe.deploy.ort's fusion (CPU, fp32)
             g_ops.push_back(std::make_unique<RpeOp>(Op::kGather, false, false,
-                                                    ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, true));
+                                                    ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, adds));
         }
     }
 }
