@@ -45,9 +45,11 @@ def _image_files(image_dir: Optional[os.PathLike]) -> List[Path]:
     folder = Path(image_dir)
     if not folder.is_dir():
         raise FileNotFoundError(f"image folder not found: {folder}")
-    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    files = sorted(p for p in folder.rglob("*")  # class subfolders too (ImageFolder layout)
+                   if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
     if not files:
-        raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {folder}")
+        raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {folder} or its "
+                         "subfolders")
     return files
 
 

@@ -152,6 +152,18 @@ def default_ranges(props: Dict[str, str]) -> Dict[str, Range3]:
     return {"batch": (1, 2, 8), "height": (32, short, long), "width": (32, opt, long)}
 
 
+def _check_fixed_size(onnx_path: os.PathLike, height, width) -> None:
+    """Refuse height/width ranges for a classifier: its input size is fixed in the file."""
+    if height is None and width is None:
+        return
+    from .onnx import read_metadata_props
+    props = read_metadata_props(os.fspath(onnx_path))
+    if props.get("irpe.task") != "detection":
+        flags = " and ".join(f for f, v in (("--height", height), ("--width", width)) if v)
+        raise ValueError(f"{flags}: {props.get('irpe.model_name', onnx_path)} takes a fixed "
+                         "input size (height/width ranges are for detection models)")
+
+
 def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision: str = "fp32",
                  batch: Optional[Sequence[int]] = None, height: Optional[Sequence[int]] = None,
                  width: Optional[Sequence[int]] = None, workspace_mib: Optional[int] = None,
@@ -164,6 +176,7 @@ def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision:
     Unset ranges default from the file's metadata (:func:`default_ranges`). ``isolate`` (default:
     when plugins are given) builds in a child process (:mod:`export.trt_isolate`).
     """
+    _check_fixed_size(onnx_path, height, width)
     if isolate or (isolate is None and plugins):
         from .trt_isolate import build_in_subprocess
         return build_in_subprocess(dict(

@@ -78,6 +78,14 @@ def load_checkpoint(model: nn.Module, path: str, strict: bool = True) -> nn.Modu
 
 def save_checkpoint(model: nn.Module, path: str, metadata: Dict[str, str] | None = None) -> None:
     """Write the model's state_dict as safetensors (the format this project ships)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, path, metadata=metadata)
+    data = save(state, metadata=metadata)  # bytes: save_file creates its file mode 0600
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as fh:  # an ordinary file (umask), replaced atomically
+            fh.write(data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

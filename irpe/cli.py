@@ -26,7 +26,7 @@ EXTENSIONS = ("irpe.data.cli", "irpe.weights", "irpe.engine.cli", "export.cli", 
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    """Table of registered models with params, MACs at 224x224 and published top-1."""
+    """Table of registered models with params, MACs at their default input size, top-1."""
     from .flops import default_input_size, profile_model
     names = list_models(args.pattern)
     if not names:
@@ -95,7 +95,12 @@ def _check_step(report: List[tuple], label: str, fn: Callable[[], str]) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     """Self-test: ids, ops, a model forward and a checkpoint round trip; non-zero on failure."""
     from . import selfcheck
-    model_info(args.model)  # unknown names are a usage error, not a failed check
+    info = model_info(args.model)  # unknown names are a usage error, not a failed check
+    patch = info.config.get("patch_size")  # ViTs; DETR's ResNet takes any size
+    if patch and args.img_size % patch:
+        fit = max(patch, args.img_size // patch * patch)
+        raise CLIError(f"--img-size {args.img_size} is not a multiple of {info.name}'s patch "
+                       f"size {patch} (try {fit})")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     report: List[tuple] = []

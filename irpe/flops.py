@@ -25,12 +25,16 @@ def count_macs(model: nn.Module, input_shape: Tuple[int, ...]) -> int:
 
 
 def default_input_size(name: str) -> Tuple[int, int]:
-    """Input (H, W) a model is usually profiled at: its img_size, or 800x1216 for detectors."""
+    """Input (H, W) a model is profiled at, from its own eval preprocessing: a classifier's crop
+    size; a detector's ``min_size`` short side by a long side of 1.52 x that (COCO's mean
+    aspect, a multiple of 32) capped at ``max_size`` (800x1216 with DETR's 800/1333)."""
     from .models import model_info
     info = model_info(name)
     if info.family == "detr":
-        return (800, 1216)
-    size = info.config.get("img_size", 224)
+        short = int(info.preprocess.get("min_size", 800))
+        long = min(int(info.preprocess.get("max_size", 1333)), round(short * 1.52 / 32) * 32)
+        return (short, max(short, long))
+    size = int(info.preprocess.get("size", info.config.get("img_size", 224)))
     return (size, size)
 
 

@@ -37,6 +37,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .logs import setup_logging
     settings = _user_errors(_settings, args)
     setup_logging(settings.log_level, settings.log_format)
+    if settings.repository and not settings.models and not args.demo:
+        from irpe.errors import CLIError  # the demo is only for "nothing configured"
+        raise CLIError(f"no models in {settings.repository} (add models: [...], or pass --demo "
+                       "to serve the demo models)")
     if args.demo or not settings.models:  # after logging: a first start logs the ONNX export
         settings = _user_errors(_with_demo, settings, args)
     if args.precision:

@@ -166,23 +166,26 @@ def read_repository(path: Path) -> Dict[str, Any]:
 
 
 def _parse(path: Path) -> Any:
+    not_repo = f"{path} is not a YAML/TOML repository file"
+    if path.suffix.lower() not in (".toml", ".yaml", ".yml"):
+        raise ValueError(f"{not_repo} (expected .yaml, .yml or .toml)")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise FileNotFoundError(f"model repository not found: {path}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{not_repo} (not UTF-8 text)") from None
     if path.suffix.lower() == ".toml":
         import tomllib
         try:
             return tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"{path}: invalid TOML: {exc}") from None
-    if path.suffix.lower() in (".yaml", ".yml"):
-        import yaml
-        try:
-            return yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{path}: invalid YAML: {exc}".replace("\n", " ")) from None
-    raise ValueError(f"{path}: model repository must be .yaml, .yml or .toml")
+    import yaml
+    try:
+        return yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: invalid YAML: {exc}".replace("\n", " ")) from None
 
 
 def _relative_to(model: Dict[str, Any], base: Path) -> Dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from irpe.errors import GPURequired
 from irpe.filecheck import check_file
 
 from .trt_common import import_tensorrt, load_plugins, make_logger
@@ -40,7 +41,8 @@ class TRTRunner:
                  device: Optional[torch.device] = None, module: Optional[str] = None) -> None:
         check_file(engine_path, "engine")  # missing, empty, truncated or not an engine
         if not torch.cuda.is_available():
-            raise RuntimeError("TRTRunner needs a CUDA GPU (torch.cuda.is_available() is False)")
+            raise GPURequired("TensorRT engines need a CUDA GPU (torch.cuda.is_available() is "
+                              "False); validate the .onnx file instead")
         self.trt = trt = import_tensorrt(module)
         self.device = torch.device(device or "cuda")
         load_plugins(trt, plugins)

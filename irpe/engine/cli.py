@@ -9,6 +9,7 @@ from typing import Dict
 from ..errors import CLIError
 
 TASK_NAMES = {"cls": "classification", "det": "detection"}
+RUN_FILES = ("model.safetensors", "last.pt", "last.pt.tmp", "log.jsonl")  # what --force removes
 # recipe defaults per task: DeiT (AdamW 5e-4, wd 0.05, smoothing 0.1) and DETR (1e-4, wd 1e-4,
 # backbone 1e-5, grad clip 0.1); explicit flags override them
 RECIPES: Dict[str, Dict] = {
@@ -28,12 +29,29 @@ def cmd_train(args: argparse.Namespace) -> int:
     values.update(task=task, progress=not args.no_progress)
     if args.data != "shapes" and not os.path.isdir(args.data):
         raise CLIError(f"data directory not found: {args.data} (or use --data shapes)")
+    _check_output(args.output, args.resume, args.force)
     record = train(TrainConfig(**values))
     if os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 reports
         return 0
     print(f"done: best {record['best']:.4g} after {record.get('epoch', 0)} epochs "
           f"({record['train_seconds']:.0f} s) -> {os.path.join(args.output, 'model.safetensors')}")
     return 0
+
+
+def _check_output(out: str, resume, force: bool) -> None:
+    """Refuse a non-empty run folder (a finished run would be overwritten and its log appended
+    to) unless the run resumes; ``--force`` removes only the files a run writes."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise CLIError(f"{out} exists and is not a directory")
+    if resume or not os.path.isdir(out) or not os.listdir(out):
+        return
+    if not force:
+        raise CLIError(f"{out} is not empty; pass --resume {os.path.join(out, 'last.pt')} to "
+                       "continue that run or --force to start it over")
+    for name in RUN_FILES:
+        path = os.path.join(out, name)
+        if os.path.isfile(path):
+            os.unlink(path)
 
 
 def load_for_eval(model: str, checkpoint: str = None):
@@ -44,6 +62,8 @@ def load_for_eval(model: str, checkpoint: str = None):
     from ..models.registry import bundled_weights
     if os.path.isfile(model):
         return load_trained(model)
+    if os.sep in model or model.endswith((".safetensors", ".pth", ".pt")):
+        raise CLIError(f"file not found: {model}")
     info = model_info(model)
     if checkpoint is None:
         if info.weights is None:
@@ -68,6 +88,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from torch.utils.data import DataLoader
     from .distributed import ShardSampler, setup, teardown
     from .evaluate import evaluate_classification, evaluate_detection
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        raise CLIError(f"--json {args.json}: folder {os.path.dirname(args.json)} not found")
     torch.set_num_threads(args.threads)
     dist, device = setup(args.device)
     try:
@@ -151,6 +173,8 @@ def _add_train(sub) -> None:
     p.add_argument("--no-hflip", dest="hflip", action="store_false", default=None)
     p.add_argument("--init", help="start from these weights (tensors of matching shape)")
     p.add_argument("--resume", help="continue from a run's last.pt")
+    p.add_argument("--force", action="store_true",
+                   help="start over in a non-empty --output (removes its model, log, last.pt)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
     p.add_argument("--no-amp", dest="amp", action="store_false", default=None)
     for flag in ("seed", "threads", "workers", "max-steps"):

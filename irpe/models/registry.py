@@ -50,11 +50,24 @@ def list_models(pattern: str = "*") -> List[str]:
     return sorted(n for n in _REGISTRY if fnmatch.fnmatch(n, pattern))
 
 
+def suggest(name: str, names: List[str], count: int = 3) -> List[str]:
+    """Up to ``count`` names close to ``name`` (difflib ratio), those of the same family (the
+    part before the first ``_``, e.g. ``deit``) first, so a typo stays within its family."""
+    import difflib
+    query, family = name.lower(), name.lower().split("_")[0]
+    scored = []
+    for candidate in names:
+        same = candidate.lower().split("_")[0] == family
+        ratio = difflib.SequenceMatcher(None, query, candidate.lower()).ratio()
+        if ratio >= (0.4 if same else 0.6):
+            scored.append((not same, -ratio, candidate))
+    return [c for _, _, c in sorted(scored)[:count]]
+
+
 def model_info(name: str) -> ModelInfo:
     """Registry entry for ``name``; unknown names raise KeyError listing close matches."""
     if name not in _REGISTRY:
-        import difflib
-        close = difflib.get_close_matches(name, _REGISTRY, n=3, cutoff=0.5)
+        close = suggest(name, list(_REGISTRY))
         hint = f"; did you mean {', '.join(close)}?" if close else "; see `irpe models`"
         raise KeyError(f"unknown model {name!r}{hint}")
     return _REGISTRY[name]
