@@ -3,15 +3,20 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
+# TORCH goes to pip unquoted, so it may carry pip options; where the configured index serves
+# the CUDA build: TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+# (a spec with < or > needs inner quotes: TORCH="'torch>=2.4'")
 TORCH  ?= torch==2.13.0
 EXTRAS ?= dev
+RUN_EXTRAS ?= serve,export
 
 .PHONY: install test run check bench clean demo-models
 
-$(VENV)/.installed-$(EXTRAS): pyproject.toml
+# one marker per extras set: `make run` installs serve,export; `make test` later adds dev
+$(VENV)/.installed-%: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q -e ".[$(EXTRAS)]"
+	$(PIP) install -q $(TORCH)
+	$(PIP) install -q -e ".[$*]"
 	touch $@
 
 install: $(VENV)/.installed-$(EXTRAS)
@@ -24,11 +29,11 @@ test: install
 ## (ONNX Runtime, offline; Ctrl-C drains and stops). HOST/PORT override the address.
 HOST ?= 127.0.0.1
 PORT ?= 8000
-run: install
+run: $(VENV)/.installed-$(RUN_EXTRAS)
 	$(VENV)/bin/irpe serve --host $(HOST) --port $(PORT)
 
 ## make check: the self-test (bucket ids, ops, forward, checkpoint round trip)
-check: install
+check: $(VENV)/.installed-$(RUN_EXTRAS)
 	$(VENV)/bin/irpe check
 
 ## make bench: forward time of DeiT-S plain / iRPE-K / iRPE-QKV on CPU (bs 8, 2 threads)
@@ -36,7 +41,7 @@ bench: install
 	$(PY) -m benchmarks.deit_forward
 
 ## make demo-models: regenerate the bundled demo weights (synthetic data -> irpe train -> irpe/demo)
-# ~1 h on 2 CPU cores (one thread per run, both runs in sequence); see docs/demo-models.md
+# ~1 h on 2 CPU cores (one thread per run, both runs in sequence); see docs/DECISIONS.md ("Training, data and demo models")
 DEMO ?= build/demo
 IRPE := $(VENV)/bin/irpe
 demo-models: install
