@@ -157,7 +157,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--source", help="model name / trained-model file (default: from metadata)")
     p.add_argument("--checkpoint", help="weights for --source or the file's model name")
     p.add_argument("-n", "--num-inputs", type=int, default=8, help="inputs in total")
-    p.add_argument("--images", help="folder of real images used first")
+    p.add_argument("--images", help="folder of real images used first (subfolders too, sorted)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "fp16"])
     p.add_argument("--atol", type=float, help="absolute tolerance (default per precision)")
     p.add_argument("--rtol", type=float, help="relative tolerance (default per precision)")
