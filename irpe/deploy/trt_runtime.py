@@ -42,7 +42,7 @@ class TRTRunner:
         check_file(engine_path, "engine")  # missing, empty, truncated or not an engine
         if not torch.cuda.is_available():
             raise GPURequired("TensorRT engines need a CUDA GPU (torch.cuda.is_available() is "
-                              "False); validate the .onnx file instead")
+                              "False here); on CPU use the .onnx file (ONNX Runtime)")
         self.trt = trt = import_tensorrt(module)
         self.device = torch.device(device or "cuda")
         load_plugins(trt, plugins)
