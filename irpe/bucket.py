@@ -39,7 +39,7 @@ class Method(str, Enum):
 
 
 # The numeric ids of the official METHOD class; the C kernels (IRPE_METHOD_* in
-# plugins/kernels/irpe_bucket.h) and the TensorRT plugin's name table use the same ids
+# plugins/kernels/irpe_bucket.h) and the plugins' name table (irpe_methods.h) use the same ids
 # (tests/test_single_sources.py checks both against this table).
 METHOD_IDS = {Method.EUCLIDEAN: 0, Method.QUANT: 1, Method.PRODUCT: 3, Method.CROSS: 4,
               Method.CROSS_ROWS: 41, Method.CROSS_COLS: 42}

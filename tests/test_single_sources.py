@@ -26,23 +26,31 @@ def _header_ids() -> dict:
     return {name: int(v) for name, v in re.findall(r"IRPE_METHOD_(\w+) = (\d+)", text)}
 
 
-@pytest.mark.parametrize("source", sorted(str(p.relative_to(PLUGINS))
-                                          for p in PLUGINS.rglob("*.cpp")
-                                          if "IRPE_METHOD_" in p.read_text()))
-def test_cpp_method_name_tables_agree_with_python(source):
-    """Each {"name", IRPE_METHOD_X} table (TensorRT plugin, ORT ops) maps the names irpe.bucket
+def test_the_c_method_name_table_agrees_with_python():
+    """The one {"name", IRPE_METHOD_X} table (kernels/irpe_methods.h) maps the names irpe.bucket
     parses to the ids irpe.bucket assigns."""
     header = _header_ids()
-    pairs = re.findall(r'\{\s*"(\w+)",\s*IRPE_METHOD_(\w+)\s*\}', (PLUGINS / source).read_text())
-    assert pairs, f"no method table found in {source}"
+    text = (PLUGINS / "kernels" / "irpe_methods.h").read_text()
+    pairs = re.findall(r'\{\s*"(\w+)",\s*IRPE_METHOD_(\w+)\s*\}', text)
+    assert pairs, "no method table found in irpe_methods.h"
     single_maps = {m.value for m in METHOD_IDS if m is not Method.CROSS}
-    assert {name for name, _ in pairs} == single_maps
+    assert sorted(name for name, _ in pairs) == sorted(single_maps)
     for name, macro in pairs:
         assert header[macro] == METHOD_IDS[parse_method(name)], (name, macro)
 
 
-def test_the_trt_plugin_table_is_checked():
-    assert (PLUGINS / "tensorrt" / "rpe_fields.cpp").read_text().count("IRPE_METHOD_") >= 5
+@pytest.mark.parametrize("source", ["tensorrt/rpe_fields.cpp", "onnxruntime/rpe_config.cpp"])
+def test_plugins_look_method_names_up_in_the_one_table(source):
+    """The TensorRT plugin and the ORT ops read method names through irpe_method_id."""
+    text = (PLUGINS / source).read_text()
+    assert '#include "irpe_methods.h"' in text and "irpe_method_id(" in text
+
+
+def test_no_other_c_source_keeps_a_method_name_table():
+    sources = [p for p in PLUGINS.rglob("*") if p.suffix in (".c", ".cc", ".cpp", ".cu", ".h")]
+    tables = [str(p.relative_to(PLUGINS)) for p in sources
+              if re.search(r'"\w+",\s*IRPE_METHOD_', p.read_text())]
+    assert tables == ["kernels/irpe_methods.h"]
 
 
 def test_official_numeric_ids_parse():

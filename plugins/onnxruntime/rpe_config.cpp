@@ -2,24 +2,13 @@
 // problem sizes from the input shapes, and the on-the-fly id cache.
 #include <algorithm>
 
+#include "irpe_methods.h"
 #include "rpe_cpu.h"
 #include "rpe_ort.h"
 
 namespace irpe_ort {
 
 namespace {
-
-struct MethodName {
-    char const* name;
-    int id;
-};
-
-// The names of irpe.bucket.Method, as the TensorRT plugin fields spell them.
-constexpr MethodName kMethods[] = {
-    {"euc", IRPE_METHOD_EUCLIDEAN},   {"quant", IRPE_METHOD_QUANT},
-    {"product", IRPE_METHOD_PRODUCT}, {"cross_rows", IRPE_METHOD_CROSS_ROWS},
-    {"cross_cols", IRPE_METHOD_CROSS_COLS},
-};
 
 enum class Attr { kAbsent, kOk, kWrongType };
 
@@ -132,12 +121,7 @@ char const* op_name(Op op, bool grid, int adds)
 
 int RpeConfig::method_id() const
 {
-    for (auto const& m : kMethods) {
-        if (method == m.name) {
-            return m.id;
-        }
-    }
-    return -1;
+    return irpe_method_id(method.c_str());
 }
 
 std::string read_config(const OrtApi& api, const OrtKernelInfo* info, RpeConfig& c)

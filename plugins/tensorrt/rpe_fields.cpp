@@ -5,6 +5,7 @@
 #include <new>
 
 #include "irpe_kernels.h"
+#include "irpe_methods.h"
 #include "rpe_plugin.h"
 
 namespace irpe_trt {
@@ -12,18 +13,6 @@ namespace irpe_trt {
 namespace {
 
 ILoggerFinder* gLoggerFinder = nullptr;
-
-struct MethodName {
-    char const* name;
-    int id;
-};
-
-// The names of irpe.bucket.Method (cross is two maps: export emits rows and cols separately).
-constexpr MethodName kMethods[] = {
-    {"euc", IRPE_METHOD_EUCLIDEAN},          {"quant", IRPE_METHOD_QUANT},
-    {"product", IRPE_METHOD_PRODUCT},        {"cross_rows", IRPE_METHOD_CROSS_ROWS},
-    {"cross_cols", IRPE_METHOD_CROSS_COLS},
-};
 
 bool read_int(PluginField const& f, int32_t& value)
 {
@@ -91,12 +80,7 @@ std::string finish(RpeConfig& c)
 
 int RpeConfig::method_id() const
 {
-    for (auto const& m : kMethods) {
-        if (method == m.name) {
-            return m.id;
-        }
-    }
-    return -1;
+    return irpe_method_id(method.c_str());
 }
 
 std::string RpeConfig::validate() const
