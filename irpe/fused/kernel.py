@@ -11,8 +11,9 @@ GH x GW grid plus one skip-bucket entry: O(L) ids, exact for every method.
 """
 from __future__ import annotations
 
-import triton
 import triton.language as tl
+
+from .jit import lazy_jit
 
 __all__ = ["get_kernel"]
 
@@ -120,12 +121,5 @@ def _rpe_attention_fwd(
                  mask=row_ok[:, None] & (offs_t[None, :] < NBV))
 
 
-_CACHE: dict = {}
-
-
-def get_kernel():
-    """The jitted kernel; built lazily because triton.jit reads TRITON_INTERPRET when applied."""
-    interpret = bool(triton.knobs.runtime.interpret)
-    if interpret not in _CACHE:
-        _CACHE[interpret] = triton.jit(_rpe_attention_fwd)
-    return _CACHE[interpret]
+# The jitted kernel, built on first use (triton.jit reads TRITON_INTERPRET when applied).
+get_kernel = lazy_jit(_rpe_attention_fwd)

@@ -9,8 +9,9 @@ Q-table gradient (rows of the keys, bucket ids_q[j, i]) take atomic adds into fp
 """
 from __future__ import annotations
 
-import triton
 import triton.language as tl
+
+from .jit import lazy_jit
 
 __all__ = ["get_backward_kernel"]
 
@@ -124,12 +125,5 @@ def _rpe_attention_bwd(
     tl.store(DV + out_rows, dv, mask=kv_mask)
 
 
-_CACHE: dict = {}
-
-
-def get_backward_kernel():
-    """The jitted backward kernel (lazily, as the forward: see kernel.get_kernel)."""
-    interpret = bool(triton.knobs.runtime.interpret)
-    if interpret not in _CACHE:
-        _CACHE[interpret] = triton.jit(_rpe_attention_bwd)
-    return _CACHE[interpret]
+# The jitted backward kernel, built on first use (as kernel.get_kernel).
+get_backward_kernel = lazy_jit(_rpe_attention_bwd)
