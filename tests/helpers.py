@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -21,6 +21,9 @@ from irpe.models import create_model
 from irpe.rpe import randomize_tables
 from serve.backends import Backend, create_backend, register_backend
 from serve.config import ServeSettings
+
+if TYPE_CHECKING:
+    from serve.model import ServedModel
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(img_size=40, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10)
@@ -55,6 +58,35 @@ def tiny_deit(cfg, **extra):
     spec = default_spec("deit_tiny_patch16_224", **kw)
     spec.preprocess["size"] = kw["img_size"]
     return model, spec
+
+
+def export_tiny_qkv(folder: Path) -> Tuple[torch.nn.Module, ModelSpec, Path, Path]:
+    """tiny_deit with product/ctx iRPE on q, k and v (cls skipped), saved as ``m.safetensors``
+    and exported from that file to ``m.onnx``: (model, spec, onnx path, weights path)."""
+    from export.onnx import export_onnx
+    from irpe import RPEConfig
+    cfg = RPEConfig(ratio=1.9, method="product", mode="ctx", shared_head=True, skip=1, on="qkv")
+    model, spec = tiny_deit(cfg)
+    weights = Path(folder) / "m.safetensors"
+    save_trained(model, str(weights), spec)
+    return model, spec, export_onnx(str(weights), Path(folder) / "m.onnx"), weights
+
+
+def serve_batches(cfg, *batches) -> Tuple[ServedModel, list]:
+    """Start a ServedModel (one thread), infer each batch (list of arrays), stop: (model,
+    outputs per batch; none when the model did not become ready)."""
+    import asyncio
+    from serve.metrics import Metrics
+    from serve.model import ServedModel
+    model = ServedModel(cfg, Metrics(), threads=1)
+
+    async def run():
+        await model.start()
+        try:
+            return [await model.infer(b) for b in batches] if model.ready else []
+        finally:
+            await model.stop()
+    return model, asyncio.run(run())
 
 
 # ------------------------------------------------------------------------ fault injection

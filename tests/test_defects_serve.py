@@ -28,6 +28,7 @@ SLOW_FILL_MS = 200  # timed-out requests wait in a batch window this long: never
 
 @pytest.fixture(scope="module")
 def url():
+    """This module's server (conftest's ``client`` fixture talks to it)."""
     settings = ServeSettings(threads=1, log_level="warning", default_classifier="cls",
                              default_detector="det", models=[
                                  {"name": "cls", "path": CLS},
@@ -38,12 +39,6 @@ def url():
                                   "max_queue_delay_ms": SLOW_FILL_MS}])
     with running_server(settings) as base:
         yield base
-
-
-@pytest.fixture(scope="module")
-def client(url):
-    with httpx.Client(base_url=url, timeout=60) as c:
-        yield c
 
 
 def png(image: Image.Image, **kw) -> bytes:

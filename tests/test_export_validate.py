@@ -13,20 +13,15 @@ from PIL import Image
 
 from export.onnx import export_onnx
 from export.validate import compare, validate
-from irpe import RPEConfig
-from irpe.artifact import save_trained
 from irpe.cli import main
-from tests.helpers import tiny_deit
+from tests.helpers import export_tiny_qkv
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """A trained-model file, its export, a tampered copy and a folder of three images."""
     d = tmp_path_factory.mktemp("val")
-    cfg = RPEConfig(ratio=1.9, method="product", mode="ctx", shared_head=True, skip=1, on="qkv")
-    model, spec = tiny_deit(cfg)
-    save_trained(model, str(d / "m.safetensors"), spec)
-    good = export_onnx(str(d / "m.safetensors"), d / "m.onnx")
+    model, spec, good, _ = export_tiny_qkv(d)
     with torch.no_grad():
         model.head.bias[3] += 0.05  # one class logit off by 0.05 for every input
     proto = onnx.load(export_onnx(model, d / "bad.onnx", spec=spec))

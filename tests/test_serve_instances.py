@@ -3,7 +3,6 @@ queue. Both are used, give identical outputs, share one /metrics view, and SIGTE
 drains the batches they are computing."""
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -15,29 +14,17 @@ import numpy as np
 from serve.config import ModelConfig
 from serve.metrics import Metrics
 from serve.model import ServedModel
-from tests.helpers import metric, shape_png, start_cli, wait_ready, wait_until
+from tests.helpers import metric, serve_batches, shape_png, start_cli, wait_ready, wait_until
 
 PNG = {"content-type": "image/png"}
-
-
-def _serve(cfg: ModelConfig, images):
-    model = ServedModel(cfg, Metrics(), threads=1)
-
-    async def run():
-        await model.start()
-        try:
-            return await model.infer(images)
-        finally:
-            await model.stop()
-    return model, asyncio.run(run())
 
 
 def test_two_instances_both_used_with_identical_outputs(cls_file):
     blobs = [shape_png(i) for i in range(6)]
     one = ModelConfig(name="m", path=cls_file, max_batch_size=1)
     images = [p[0] for p in ServedModel(one, Metrics()).prepare(blobs)]
-    single, expected = _serve(one, images)
-    double, got = _serve(one.model_copy(update={"instances": 2}), images)
+    single, (expected,) = serve_batches(one, images)
+    double, (got,) = serve_batches(one.model_copy(update={"instances": 2}), images)
     assert single.instance_batches == [6]
     assert len(double.backends) == 2 and double.backends[0] is not double.backends[1]
     assert sum(double.instance_batches) == 6 and min(double.instance_batches) >= 1

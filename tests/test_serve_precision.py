@@ -4,7 +4,6 @@ load), outputs back in fp32; uint8 batches normalised in the backend give the fl
 outputs exactly."""
 from __future__ import annotations
 
-import asyncio
 import logging
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from serve.backends import torch_backend
 from serve.config import ModelConfig
 from serve.metrics import Metrics
 from serve.model import ServedModel
-from tests.helpers import ROOT, shape_png
+from tests.helpers import ROOT, serve_batches, shape_png
 
 
 @pytest.mark.parametrize("options,message", [
@@ -46,19 +45,6 @@ def test_default_precision_by_device():
         .run_precision() == "fp32"
 
 
-def _serve(cfg: ModelConfig, *batches):
-    """Start a model, infer each batch (list of arrays), stop; (model, outputs per batch)."""
-    model = ServedModel(cfg, Metrics(), threads=1)
-
-    async def run():
-        await model.start()
-        try:
-            return [await model.infer(b) for b in batches] if model.ready else []
-        finally:
-            await model.stop()
-    return model, asyncio.run(run())
-
-
 def _inputs(cfg: ModelConfig, blobs):
     return [p[0] for p in ServedModel(cfg, Metrics()).prepare(blobs)]
 
@@ -67,8 +53,8 @@ def test_bf16_checked_against_fp32_at_warmup_and_close_to_fp32(cls_file, caplog)
     caplog.set_level(logging.INFO, logger="irpe.serve")
     cfg = ModelConfig(name="f", path=cls_file)
     images = _inputs(cfg, [shape_png(i) for i in range(4)])
-    fp32, (out32,) = _serve(cfg, images)
-    bf16, (out16,) = _serve(ModelConfig(name="b", path=cls_file, precision="bf16"), images)
+    fp32, (out32,) = serve_batches(cfg, images)
+    bf16, (out16,) = serve_batches(ModelConfig(name="b", path=cls_file, precision="bf16"), images)
     assert out16, bf16.error
     checks = [r for r in caplog.records if r.getMessage() == "precision check"]
     assert len(checks) == 1 and checks[0].precision == "bf16"
@@ -82,7 +68,7 @@ def test_bf16_checked_against_fp32_at_warmup_and_close_to_fp32(cls_file, caplog)
 
 def test_precision_past_tolerance_fails_the_model(cls_file, monkeypatch):
     monkeypatch.setitem(torch_backend.PRECISION_TOLERANCE, "bf16", 0.0)
-    model, _ = _serve(ModelConfig(name="b", path=cls_file, precision="bf16"))
+    model, _ = serve_batches(ModelConfig(name="b", path=cls_file, precision="bf16"))
     assert model.state == "failed"
     assert "bf16 outputs differ from fp32 by" in model.error and "tolerance 0" in model.error
 
@@ -96,7 +82,7 @@ def test_uint8_batches_give_the_float_path_outputs(files, task):
     assert all(a.dtype == np.uint8 for a in uint8)
     model = ServedModel(cfg, Metrics())
     floats = [model.preprocess(load_image(b)).numpy() for b in blobs]
-    _, (u8, f32) = _serve(cfg, uint8, floats)
+    _, (u8, f32) = serve_batches(cfg, uint8, floats)
     for a, b in zip(u8, f32):
         assert a.keys() == b.keys()
         for key in a:

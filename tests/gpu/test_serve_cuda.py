@@ -5,7 +5,6 @@ Needs a CUDA device and the serving stack (fastapi, pydantic: ../shared/gpu/fetc
 the lent machine); torchvision for the nvJPEG test."""
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import logging
@@ -21,19 +20,7 @@ pytest.importorskip("fastapi", reason="serving stack not installed (fetch-wheels
 from serve.config import ModelConfig  # noqa: E402
 from serve.metrics import Metrics  # noqa: E402
 from serve.model import ServedModel  # noqa: E402
-from tests.helpers import shape_png  # noqa: E402
-
-
-def _serve(cfg: ModelConfig, *batches):
-    model = ServedModel(cfg, Metrics(), threads=1)
-
-    async def run():
-        await model.start()
-        try:
-            return [await model.infer(b) for b in batches] if model.ready else []
-        finally:
-            await model.stop()
-    return model, asyncio.run(run())
+from tests.helpers import serve_batches, shape_png  # noqa: E402
 
 
 def _photo(width: int, height: int) -> bytes:
@@ -60,8 +47,8 @@ def test_fp16_default_on_cuda_checked_and_close_to_fp32(cls_file, caplog):
     cfg = ModelConfig(name="c", path=cls_file, device="cuda")
     assert cfg.run_precision() == "fp16"
     images = _floats(cfg, [shape_png(i) for i in range(4)])
-    half, (out16,) = _serve(cfg, images)
-    _, (out32,) = _serve(cfg.model_copy(update={"device": "cpu"}), images)
+    half, (out16,) = serve_batches(cfg, images)
+    _, (out32,) = serve_batches(cfg.model_copy(update={"device": "cpu"}), images)
     check = [r for r in caplog.records if r.getMessage() == "precision check"]
     assert half.ready and check and check[0].rel_error <= check[0].tolerance
     a, b = (np.stack([r["logits"] for r in o]) for o in (out32, out16))
@@ -72,8 +59,8 @@ def test_cuda_graphs_match_eager(cls_file, caplog):
     caplog.set_level(logging.INFO, logger="irpe.serve")
     cfg = ModelConfig(name="g", path=cls_file, device="cuda", max_batch_size=8)
     images = _floats(cfg, [shape_png(i) for i in range(3)])  # batch 3 -> bucket 4
-    _, (eager,) = _serve(cfg, images)
-    _, (replayed,) = _serve(cfg.model_copy(update={"cuda_graphs": True}), images)
+    _, (eager,) = serve_batches(cfg, images)
+    _, (replayed,) = serve_batches(cfg.model_copy(update={"cuda_graphs": True}), images)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cuda graphs")]
     assert said in (["cuda graphs captured"], ["cuda graphs not captured; running eager"])
     for a, b in zip(eager, replayed):
@@ -86,7 +73,7 @@ def test_uint8_normalised_on_device_equals_host(files):
         blobs = [shape_png(i, 64 + 16 * i) for i in range(3)]
         model = ServedModel(cfg.model_copy(update={"gpu_decode": False}), Metrics())
         uint8 = [p[0] for p in model.prepare(blobs)]
-        _, (dev, host) = _serve(cfg, uint8, _floats(cfg, blobs))
+        _, (dev, host) = serve_batches(cfg, uint8, _floats(cfg, blobs))
         for a, b in zip(dev, host):
             for name in a:
                 np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-5)
