@@ -13,24 +13,24 @@ sha256 policy: the expected digest is the caller's pin (``sha256=`` / ``--sha256
 kept but reported as unverified on stderr, with its digest to pin; ``require_sha256`` makes
 that an error. The official zoo publishes no digests and this project could not fetch the
 files to compute them, so :data:`KNOWN_SHA256` is empty: pin what you have checked yourself.
+The HTTP streaming itself lives in :mod:`irpe.weights_http`.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
-import http.client
 import json
 import os
 import posixpath
 import re
 import sys
 import tempfile
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
+
+from .weights_http import CHUNK, WeightsError, stream
 
 __all__ = ["KNOWN_SHA256", "WeightsError", "Fetched", "cache_dir", "weights_dir", "download",
            "fetch", "resolve", "cached_path", "list_cached", "file_sha256", "parse_sha256",
@@ -41,12 +41,7 @@ __all__ = ["KNOWN_SHA256", "WeightsError", "Fetched", "cache_dir", "weights_dir"
 KNOWN_SHA256: Dict[str, str] = {}
 
 BASE_URL_ENV = "IRPE_WEIGHTS_BASE_URL"
-_CHUNK = 1 << 20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-class WeightsError(OSError):
-    """A download that failed or did not match its digest; names the URL and the cause."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +83,7 @@ def file_sha256(path: Path) -> str:
     """Hex sha256 of a file, read in chunks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
+        while chunk := f.read(CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
 
@@ -168,65 +163,6 @@ def _from_cache(name: str, url: str, path: Path, expected: Optional[str]) -> Opt
     return result
 
 
-class _HttpOnlyRedirect(urllib.request.HTTPRedirectHandler):
-    """Follow redirects (release assets live behind one) but only to http/https."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        if urllib.parse.urlsplit(newurl).scheme.lower() not in ("http", "https"):
-            raise urllib.error.URLError(f"refused redirect to {newurl} (only http and https)")
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
-
-
-def _progress_bar(total: Optional[int], desc: str):
-    try:
-        from tqdm import tqdm
-    except ImportError:  # tqdm is an optional extra; download silently without it
-        return None
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                file=sys.stderr)
-
-
-def _copy(resp, out: BinaryIO, progress: bool, desc: str) -> Tuple[str, int, Optional[int]]:
-    length = resp.headers.get("Content-Length", "").strip()
-    total, digest, size = int(length) if length.isdigit() else None, hashlib.sha256(), 0
-    bar = _progress_bar(total, desc) if progress else None
-    try:
-        while chunk := resp.read(_CHUNK):
-            out.write(chunk)
-            digest.update(chunk)
-            size += len(chunk)
-            if bar is not None:
-                bar.update(len(chunk))
-    finally:
-        if bar is not None:
-            bar.close()
-    return digest.hexdigest(), size, total
-
-
-def _stream(url: str, out: BinaryIO, timeout: float, progress: bool, desc: str) -> Tuple[str, int]:
-    """Write the body of ``url`` to ``out``; (sha256, size). Network failures -> WeightsError."""
-    opener = urllib.request.build_opener(_HttpOnlyRedirect)
-    request = urllib.request.Request(url, headers={"User-Agent": "irpe-weights"})
-    try:
-        with opener.open(request, timeout=timeout) as resp:
-            digest, size, total = _copy(resp, out, progress, desc)
-    except urllib.error.HTTPError as exc:
-        raise WeightsError(f"cannot download {url}: HTTP {exc.code} {exc.reason}") from exc
-    except urllib.error.URLError as exc:
-        raise WeightsError(f"cannot download {url}: {_cause(exc.reason, timeout)}") from exc
-    except (http.client.HTTPException, OSError) as exc:
-        raise WeightsError(f"cannot download {url}: {_cause(exc, timeout)}") from exc
-    if total is not None and size != total:
-        raise WeightsError(f"cannot download {url}: truncated, got {size} of {total} bytes")
-    return digest, size
-
-
-def _cause(reason, timeout: float) -> str:
-    if isinstance(reason, TimeoutError):
-        return f"timed out after {timeout:g} s"
-    return str(reason) or type(reason).__name__
-
-
 def _sniff(path: Path) -> None:
     """Name what a non-checkpoint looks like (often an HTML error page served with status 200)."""
     if path.suffix == ".safetensors":
@@ -264,7 +200,7 @@ def _download_new(name: str, url: str, path: Path, expected: Optional[str], regi
     fd, part = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as out:
-            digest, size = _stream(url, out, timeout, progress, path.name)
+            digest, size = stream(url, out, timeout, progress, path.name)
         if expected is not None and digest != expected:
             raise WeightsError(f"sha256 mismatch for {url}: expected {expected}, got {digest}; "
                                "the download was deleted")
