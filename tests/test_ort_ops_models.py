@@ -52,6 +52,7 @@ def test_every_variant_custom_ops_vs_functions_vs_torch(ort_library, tmp_path, m
     functions = create_session(path, custom_ops="off")[0].run(None, {"images": x.numpy()})[0]
     np.testing.assert_allclose(custom, ref, atol=1e-4, rtol=1e-4)
     if on == "v":  # the scatter sums in another order than the one-hot MatMul
+        assert ops.fused_v == 2  # 2 blocks: RPEScatter -> MatMul -> Add as one node
         assert np.abs(custom - functions).max() <= 1e-5
     else:  # gathers copy: the custom op path is the function path, bit for bit
         assert np.array_equal(custom, functions)

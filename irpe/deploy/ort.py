@@ -12,7 +12,9 @@ warning, when it cannot be loaded or a session cannot be made with it; ``on`` ma
 error; ``off`` never loads it. The mode comes from the caller, else ``$IRPE_ORT_CUSTOM_OPS``;
 ``$IRPE_ORT_OPS_LIBRARY`` names the library file (default: the checkout's build/plugins/).
 With the CPU library, each ``Add(x, RPEGather(...))`` is loaded as one ``RPEGatherAdd`` node
-(:mod:`irpe.deploy.ort_fuse`; the file is not changed; ``$IRPE_ORT_FUSE=0`` turns it off).
+and each V term ``Add(x, MatMul(RPEScatter(...), W))`` as one ``RPEScatterMatMulAdd``
+(:mod:`irpe.deploy.ort_fuse`; the file is not changed; ``$IRPE_ORT_FUSE=0`` turns both off,
+``$IRPE_ORT_FUSE=gather`` keeps only the gather fusion).
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ log = logging.getLogger("irpe.deploy.ort")
 MODES = ("auto", "on", "off")
 MODE_ENV = "IRPE_ORT_CUSTOM_OPS"
 LIBRARY_ENV = "IRPE_ORT_OPS_LIBRARY"
-FUSE_ENV = "IRPE_ORT_FUSE"  # "0": keep Add(x, RPEGather) as two nodes
+FUSE_ENV = "IRPE_ORT_FUSE"  # "0": no load-time fusion; "gather": the gather+Add ones only
 _BUILD_DIR = Path(__file__).resolve().parents[2] / "build" / "plugins"
 _CPU_LIB, _CUDA_LIB = "libirpe_ort_ops.so", "libirpe_ort_ops_cuda.so"
 _GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
@@ -48,11 +50,14 @@ class OpsPath:
     library: Optional[str]
     reason: str
     fused: int = 0  # Add(x, RPEGather) pairs run as one RPEGatherAdd
+    fused_v: int = 0  # Add(x, MatMul(RPEScatter, W)) chains run as one RPEScatterMatMulAdd
 
     def describe(self) -> str:
         """One line for logs and reports."""
         if self.custom_ops:
-            extra = f" ({self.fused} gather+Add fused)" if self.fused else ""
+            parts = [f"{self.fused} gather+Add"] if self.fused else []
+            parts += [f"{self.fused_v} scatter+MatMul+Add"] if self.fused_v else []
+            extra = f" ({', '.join(parts)} fused)" if parts else ""
             return f"iRPE ops: custom-op library {self.library}{extra}"
         return f"iRPE ops: ONNX functions ({self.reason})"
 
@@ -131,14 +136,15 @@ def _plan(ort: Any, mode: str, library: Optional[os.PathLike], cuda: bool,
 
 
 def _fused_source(source: Union[str, bytes], path: OpsPath) -> Tuple[Union[str, bytes], OpsPath]:
-    """With the CPU library: the model with Add(x, RPEGather) fused (irpe.deploy.ort_fuse)."""
-    if not path.custom_ops or os.environ.get(FUSE_ENV, "1") == "0":
+    """With the CPU library: the model with the RPE ops fused at load (irpe.deploy.ort_fuse)."""
+    setting = os.environ.get(FUSE_ENV, "1").strip().lower()
+    if not path.custom_ops or setting == "0":
         return source, path
-    from .ort_fuse import fuse_gather_add
-    fused, count = fuse_gather_add(source)
-    if not count:
+    from .ort_fuse import fuse_model
+    fused, count, count_v = fuse_model(source, scatter=setting != "gather")
+    if not count and not count_v:
         return source, path
-    return fused, OpsPath(True, path.library, path.reason, count)
+    return fused, OpsPath(True, path.library, path.reason, count, count_v)
 
 
 def create_session(model: Union[os.PathLike, bytes], providers: Optional[List] = None, *,

@@ -1,6 +1,8 @@
 """Load-time fusion for the ONNX Runtime custom-op library: ``Add(x, RPEGather(t, i))`` ->
 ``RPEGatherAdd(t, i, x)``, one pass over the attention logits instead of two; two such in a row
-(the iRPE-K and iRPE-Q terms) -> one ``RPEGatherAdd2``.
+(the iRPE-K and iRPE-Q terms) -> one ``RPEGatherAdd2``; and the iRPE-V term
+``Add(x, MatMul(RPEScatter(a, i), W))`` -> ``RPEScatterMatMulAdd(a, i, W, x)`` (the scatter's and
+the MatMul's outputs never reach memory).
 
 Applied by :func:`irpe.deploy.ort.create_session` to the model it hands to ONNX Runtime, only
 when the CPU library is registered; the file on disk is never changed. A pair is fused when the
@@ -12,11 +14,13 @@ from __future__ import annotations
 import logging
 from typing import Dict, List, Tuple, Union
 
-__all__ = ["FUSED_OP", "fuse_gather_add", "fuse_graph", "fuse_chains"]
+__all__ = ["FUSED_OP", "SCATTER_OP", "fuse_gather_add", "fuse_model", "fuse_graph",
+           "fuse_chains", "fuse_scatter"]
 
 log = logging.getLogger("irpe.deploy.ort")
 
 FUSED_OP = "RPEGatherAdd"
+SCATTER_OP = "RPEScatterMatMulAdd"
 _DOMAIN, _GATHER = "irpe", "RPEGather"
 
 
@@ -100,6 +104,74 @@ def fuse_chains(graph) -> int:
     return len(replace)
 
 
+def _shared_weight(graph, name: str, buckets: int) -> bool:
+    """``name`` is a float32 initializer [1, .., 1, K, D] with K == ``buckets``."""
+    from onnx import TensorProto
+    for init in graph.initializer:
+        if init.name == name:
+            dims = list(init.dims)
+            return (init.data_type == TensorProto.FLOAT and len(dims) >= 2 and
+                    dims[-2] == buckets and all(d == 1 for d in dims[:-2]))
+    return False
+
+
+def _float_rank(graph, name: str) -> int:
+    """Rank of the float32 tensor ``name`` as the graph declares it; -1 when unknown."""
+    from onnx import TensorProto
+    for v in list(graph.value_info) + list(graph.output) + list(graph.input):
+        tensor = v.type.tensor_type
+        if v.name == name and tensor.HasField("shape") and tensor.elem_type == TensorProto.FLOAT:
+            return len(tensor.shape.dim)
+    return -1
+
+
+def _scatter_chain(graph, add, producer, uses, floats):
+    """(scatter index, MatMul index, base name) when ``add`` is Add(base, MatMul(scatter, W))."""
+    from onnx import helper
+    if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.input) != 2:
+        return None
+    for side, name in enumerate(add.input):
+        m = producer.get(name)
+        if m is None or uses.get(name) != 1 or name not in floats:
+            continue
+        mm = graph.node[m]
+        s = producer.get(mm.input[0]) if mm.op_type == "MatMul" and mm.domain in ("", "ai.onnx") \
+            else None
+        if s is None or uses.get(mm.input[0]) != 1 or mm.input[0] not in floats:
+            continue
+        sc = graph.node[s]
+        attrs = {a.name: helper.get_attribute_value(a) for a in sc.attribute}
+        base = add.input[1 - side]
+        if (sc.domain == _DOMAIN and sc.op_type == "RPEScatter" and len(sc.input) == 2 and
+                _shared_weight(graph, mm.input[1], attrs.get("num_buckets", 0)) and
+                1 <= _float_rank(graph, base) <= 4 and base != name):
+            return s, m, base
+    return None
+
+
+def fuse_scatter(graph) -> int:
+    """``Add(x, MatMul(RPEScatter(a, i), W))`` -> ``RPEScatterMatMulAdd(a, i, W, x)`` in place
+    (W a float32 initializer shared by the heads, x of rank <= 4); returns how many."""
+    from onnx import helper
+    producer = {out: k for k, node in enumerate(graph.node) for out in node.output}
+    uses, floats = _consumers(graph), _float_outputs(graph)
+    drop, replace = set(), {}
+    for k, node in enumerate(graph.node):
+        found = _scatter_chain(graph, node, producer, uses, floats)
+        if found is None or found[0] in drop or found[1] in drop:
+            continue
+        s, m, base = found
+        sc, mm = graph.node[s], graph.node[m]
+        fused = helper.make_node(SCATTER_OP, [sc.input[0], sc.input[1], mm.input[1], base],
+                                 list(node.output), name=(node.name or sc.name) + "/irpe_fused_v",
+                                 domain=_DOMAIN)
+        fused.attribute.extend(sc.attribute)
+        drop.update((s, m))
+        replace[k] = fused
+    _rewrite(graph, drop, replace)
+    return len(replace)
+
+
 def _rewrite(graph, drop: set, replace: dict) -> None:
     gone = {out for g in drop for out in graph.node[g].output}
     nodes = [replace.get(k, n) for k, n in enumerate(graph.node) if k not in drop]
@@ -111,19 +183,28 @@ def _rewrite(graph, drop: set, replace: dict) -> None:
 
 
 def fuse_gather_add(source: Union[str, bytes]) -> Tuple[Union[str, bytes], int]:
-    """The model (path or bytes) with the pairs fused, as bytes, and the count; the source
-    itself and 0 when there is nothing to fuse or the model cannot be handled here."""
+    """The model (path or bytes) with the gather pairs fused, as bytes, and the count; the
+    source itself and 0 when there is nothing to fuse or the model cannot be handled here."""
+    fused, gathers, _ = fuse_model(source, scatter=False)
+    return fused, gathers
+
+
+def fuse_model(source: Union[str, bytes], scatter: bool = True
+               ) -> Tuple[Union[str, bytes], int, int]:
+    """The model with the gather pairs (and with ``scatter`` the V chains) fused, and the two
+    counts; the source itself and 0, 0 when nothing is fused or the model cannot be handled."""
     try:
         import onnx
         from onnx.external_data_helper import uses_external_data
         model = (onnx.load_from_string(source) if isinstance(source, bytes)
                  else onnx.load(source, load_external_data=False))
         if any(uses_external_data(t) for t in model.graph.initializer):
-            return source, 0
+            return source, 0, 0
         count = fuse_graph(model.graph)
         if count:
             fuse_chains(model.graph)
-        return (model.SerializeToString(), count) if count else (source, 0)
+        v = fuse_scatter(model.graph) if scatter else 0
+        return (model.SerializeToString(), count, v) if count or v else (source, 0, 0)
     except Exception as exc:  # leave the model to ONNX Runtime, which reports its own errors
-        log.debug("no gather+Add fusion: %s", exc)
-        return source, 0
+        log.debug("no RPE fusion: %s", exc)
+        return source, 0, 0

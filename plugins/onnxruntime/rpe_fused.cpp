@@ -5,7 +5,10 @@
 // this library, so the attention logits are read and written once instead of once per gather
 // and once per Add. The additions happen in the graph's order, so the result equals the
 // unfused graph bit for bit.
+#include <immintrin.h>
+
 #include <algorithm>
+#include <climits>
 
 #include "rpe_ort.h"
 
@@ -28,6 +31,7 @@ struct AddJob {
     const float* base = nullptr;
     float* out = nullptr;
     int64_t total_rows = 0, chunk = 1;
+    std::vector<int32_t> ids32[2];  // AVX2 path: the ids as int32, -1 where outside [0, K)
 };
 
 inline const float* table_row(const Term& t, int64_t b, int64_t h, int64_t i)
@@ -66,6 +70,80 @@ void add_chunk(void* data, size_t chunk)
             out[j] = v;
         }
     }
+}
+
+// AVX2 rows (chosen at run time when base is contiguous along keys and the ids fit int32): 8
+// keys at a time, masked gathers (0 where the id is -1), the same additions in the same order.
+template <int kTerms>
+__attribute__((target("avx2"))) void add_chunk_avx2(void* data, size_t chunk)
+{
+    const AddJob& job = *static_cast<const AddJob*>(data);
+    const int64_t begin = static_cast<int64_t>(chunk) * job.chunk;
+    const int64_t end = std::min(begin + job.chunk, job.total_rows);
+    const int64_t* bs = job.base_stride;
+    const int64_t lq = job.lq, lk = job.lk;
+    const __m256i none = _mm256_set1_epi32(-1);
+    for (int64_t r = begin; r < end; ++r) {
+        const int64_t i = r % lq, h = (r / lq) % job.out_h, b = r / (lq * job.out_h);
+        const float* row0 = table_row(job.term[0], b, h, i);
+        const int32_t* id0 = job.ids32[0].data() + i * lk;
+        const float* row1 = kTerms == 2 ? table_row(job.term[1], b, h, i) : nullptr;
+        const int32_t* id1 = kTerms == 2 ? job.ids32[1].data() + i * lk : nullptr;
+        const float* base = job.base + b * bs[0] + h * bs[1] + i * bs[2];
+        float* out = job.out + r * lk;
+        int64_t j = 0;
+        for (; j + 8 <= lk; j += 8) {
+            const __m256i i0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(id0 + j));
+            __m256 v = _mm256_add_ps(_mm256_loadu_ps(base + j), _mm256_mask_i32gather_ps(
+                _mm256_setzero_ps(), row0, i0, _mm256_castsi256_ps(_mm256_cmpgt_epi32(i0, none)), 4));
+            if constexpr (kTerms == 2) {
+                const __m256i i1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(id1 + j));
+                v = _mm256_add_ps(v, _mm256_mask_i32gather_ps(
+                    _mm256_setzero_ps(), row1, i1, _mm256_castsi256_ps(_mm256_cmpgt_epi32(i1, none)), 4));
+            }
+            _mm256_storeu_ps(out + j, v);
+        }
+        for (; j < lk; ++j) {
+            float v = base[j] + (id0[j] < 0 ? 0.0f : row0[id0[j]]);
+            if constexpr (kTerms == 2) {
+                v = v + (id1[j] < 0 ? 0.0f : row1[id1[j]]);
+            }
+            out[j] = v;
+        }
+    }
+}
+
+// The ids of a term as int32 with -1 outside [0, K); false when K does not fit int32.
+template <typename I>
+bool narrow_ids(const Term& t, int64_t count, std::vector<int32_t>& out)
+{
+    if (t.p.k > INT32_MAX) {
+        return false;
+    }
+    const I* ids = static_cast<const I*>(t.ids);
+    out.resize(static_cast<size_t>(count));
+    for (int64_t n = 0; n < count; ++n) {
+        const int64_t v = static_cast<int64_t>(ids[n]);
+        out[static_cast<size_t>(n)] =
+            static_cast<uint64_t>(v) < static_cast<uint64_t>(t.p.k) ? static_cast<int32_t>(v) : -1;
+    }
+    return true;
+}
+
+// Picks the AVX2 rows when the CPU, base's layout and the ids allow it (ids narrowed here).
+void (*avx2_rows(AddJob& job, bool wide))(void*, size_t)
+{
+    if (job.base_stride[3] != 1 || !__builtin_cpu_supports("avx2")) {
+        return nullptr;
+    }
+    for (int n = 0; n < job.terms; ++n) {
+        const int64_t count = job.lq * job.lk;
+        if (!(wide ? narrow_ids<int64_t>(job.term[n], count, job.ids32[n])
+                   : narrow_ids<int32_t>(job.term[n], count, job.ids32[n]))) {
+            return nullptr;
+        }
+    }
+    return job.terms == 2 ? &add_chunk_avx2<2> : &add_chunk_avx2<1>;
 }
 
 // Output dims (broadcast of the gathers' [B,H,Lq,Lk] and base) and base's element strides.
@@ -167,6 +245,9 @@ OrtStatusPtr gather_add_cpu(const RpeConfig& c, Ort::KernelContext& ctx)
     void (*fn)(void*, size_t) = wide ? &add_chunk<int64_t, 1> : &add_chunk<int32_t, 1>;
     if (job.terms == 2) {
         fn = wide ? &add_chunk<int64_t, 2> : &add_chunk<int32_t, 2>;
+    }
+    if (auto fast = avx2_rows(job, wide)) {
+        fn = fast;
     }
     parallel(ctx, fn, (job.total_rows + job.chunk - 1) / job.chunk, &job);
     return nullptr;

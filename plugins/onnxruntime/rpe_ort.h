@@ -70,6 +70,11 @@ void parallel(Ort::KernelContext& ctx, void (*fn)(void*, size_t), int64_t tasks,
 // CPU compute of RPEGatherAdd / RPEGatherAdd2 (rpe_fused.cpp), float32.
 OrtStatusPtr gather_add_cpu(const RpeConfig& c, Ort::KernelContext& ctx);
 
+// RpeConfig::adds of RPEScatterMatMulAdd (base + RPEScatter @ weight; rpe_fused_v.cpp, fp32 CPU).
+constexpr int kScatterMatMulAdd = 3;
+constexpr const char* kScatterMatMulAddName = "RPEScatterMatMulAdd";
+OrtStatusPtr scatter_matmul_add_cpu(const RpeConfig& c, Ort::KernelContext& ctx);
+
 #ifdef IRPE_ORT_WITH_CUDA
 // CUDA EP compute (rpe_ort_cuda.cpp): runs the plugins/kernels kernels on ORT's stream.
 OrtStatusPtr cuda_compute(const OrtApi& api, const RpeConfig& c, Ort::KernelContext& ctx);

@@ -201,9 +201,14 @@ struct RpeKernel {
                 return cuda_compute(Ort::GetApi(), config, ctx);
             }
 #endif
+            if (config.adds == kScatterMatMulAdd) {
+                return scatter_matmul_add_cpu(config, ctx);
+            }
             return config.adds ? gather_add_cpu(config, ctx) : compute_cpu(ctx);
         } catch (const std::exception& e) {
-            return fail(std::string(op_name(config.op, config.grid, config.adds)) + ": " + e.what());
+            const bool v = config.adds == kScatterMatMulAdd;
+            return fail(std::string(v ? kScatterMatMulAddName
+                                      : op_name(config.op, config.grid, config.adds)) + ": " + e.what());
         }
     }
 
@@ -258,8 +263,9 @@ struct RpeOp : Ort::CustomOpBase<RpeOp, RpeKernel, true> {
         : op_(op), grid_(grid), adds_(adds), cuda_(cuda), type_(type)
     {
         OrtCustomOp::InferOutputShapeFn = &RpeOp::infer_shape;
-        if (adds) {  // RPEGatherAdd(2) may write into its base (input 2) when ORT can spare it
-            OrtCustomOp::GetMayInplace = &RpeOp::base_inplace;
+        if (adds) {  // the fused ops may write into their base when ORT can spare it
+            OrtCustomOp::GetMayInplace =
+                adds == kScatterMatMulAdd ? &RpeOp::base3_inplace : &RpeOp::base_inplace;
             OrtCustomOp::ReleaseMayInplace = &RpeOp::release_inplace;
         }
     }
@@ -281,12 +287,15 @@ struct RpeOp : Ort::CustomOpBase<RpeOp, RpeKernel, true> {
         return nullptr;
     }
 
-    const char* GetName() const { return op_name(op_, grid_, adds_); }
+    const char* GetName() const
+    {
+        return adds_ == kScatterMatMulAdd ? kScatterMatMulAddName : op_name(op_, grid_, adds_);
+    }
     const char* GetExecutionProviderType() const
     {
         return cuda_ ? "CUDAExecutionProvider" : "CPUExecutionProvider";
     }
-    size_t GetInputTypeCount() const { return adds_ == 2 ? 5 : adds_ ? 3 : 2; }
+    size_t GetInputTypeCount() const { return adds_ == 2 ? 5 : adds_ == 3 ? 4 : adds_ ? 3 : 2; }
     ONNXTensorElementDataType GetInputType(size_t i) const
     {
         return i == 1 || i == 4 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : type_;
@@ -302,6 +311,12 @@ struct RpeOp : Ort::CustomOpBase<RpeOp, RpeKernel, true> {
     static size_t ORT_API_CALL base_inplace(int** input_index, int** output_index)
     {
         *input_index = new int[1]{2};
+        *output_index = new int[1]{0};
+        return 1;
+    }
+    static size_t ORT_API_CALL base3_inplace(int** input_index, int** output_index)
+    {
+        *input_index = new int[1]{3};
         *output_index = new int[1]{0};
         return 1;
     }
@@ -375,6 +390,11 @@ void make_ops()
         for (int adds = 1; adds <= 2 && !cuda; ++adds) {  // irpe.deploy.ort's fusion (CPU, fp32)
             g_ops.push_back(std::make_unique<RpeOp>(Op::kGather, false, false,
                                                     ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, adds));
+        }
+        if (!cuda) {  // RPEScatterMatMulAdd (irpe.deploy.ort_fuse, CPU, fp32)
+            g_ops.push_back(std::make_unique<RpeOp>(Op::kScatter, false, false,
+                                                    ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+                                                    kScatterMatMulAdd));
         }
     }
 }
