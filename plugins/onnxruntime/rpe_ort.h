@@ -67,6 +67,9 @@ Problem make_problem(const RpeConfig& c, const std::vector<int64_t>& in,
 int64_t chunk_rows(int64_t rows, int64_t width);
 void parallel(Ort::KernelContext& ctx, void (*fn)(void*, size_t), int64_t tasks, void* job);
 
+// CPU compute of RPEGather / RPEScatter (rpe_ort_rows.cpp): every output row on ORT's pool.
+OrtStatusPtr rows_cpu(const RpeConfig& c, GridIdCache& cache, Ort::KernelContext& ctx);
+
 // CPU compute of RPEGatherAdd / RPEGatherAdd2 (rpe_fused.cpp), float32.
 OrtStatusPtr gather_add_cpu(const RpeConfig& c, Ort::KernelContext& ctx);
 
