@@ -113,19 +113,6 @@ __attribute__((target("avx2,fma"))) void rows_times_weight_avx2(
     }
 }
 
-template <typename I>
-void v_lists(void* data, size_t chunk)
-{
-    VJob& job = *static_cast<VJob*>(data);
-    const Problem& p = job.p;
-    const int64_t rows = chunk_rows(p.lq, p.lk);
-    const int64_t begin = static_cast<int64_t>(chunk) * rows, end = std::min(begin + rows, p.lq);
-    for (int64_t i = begin; i < end; ++i) {
-        bucket_lists(static_cast<const I*>(job.ids) + i * p.lk, p.lk, p.k,
-                     job.off.data() + i * (p.k + 1), job.pos.data() + i * p.lk);
-    }
-}
-
 // Groups g = (block of 4 (b, h) rows, query i), i fastest, as RPEScatter's tasks.
 void v_chunk(void* data, size_t chunk)
 {
@@ -245,7 +232,8 @@ OrtStatusPtr scatter_matmul_add_cpu(const RpeConfig& c, Ort::KernelContext& ctx)
     job.pos.resize(static_cast<size_t>(p.lq * p.lk));
     const int64_t rows = chunk_rows(p.lq, p.lk);
     const bool wide = type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
-    parallel(ctx, wide ? &v_lists<int64_t> : &v_lists<int32_t>, (p.lq + rows - 1) / rows, &job);
+    parallel(ctx, wide ? &lists_task<int64_t, VJob> : &lists_task<int32_t, VJob>,
+             (p.lq + rows - 1) / rows, &job);
     job.groups = (p.batch * p.heads + 3) / 4 * p.lq;
     job.chunk = chunk_rows(job.groups, 4 * (p.lk + p.k * job.d / 4));
     parallel(ctx, &v_chunk, (job.groups + job.chunk - 1) / job.chunk, &job);

@@ -2,6 +2,7 @@
 #ifndef IRPE_ORT_RPE_ORT_H
 #define IRPE_ORT_RPE_ORT_H
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -13,6 +14,7 @@
 #undef ORT_API_MANUAL_INIT
 
 #include "irpe_bucket.h"
+#include "rpe_cpu.h"
 
 namespace irpe_ort {
 
@@ -66,6 +68,23 @@ Problem make_problem(const RpeConfig& c, const std::vector<int64_t>& in,
 // (inline when one task).
 int64_t chunk_rows(int64_t rows, int64_t width);
 void parallel(Ort::KernelContext& ctx, void (*fn)(void*, size_t), int64_t tasks, void* job);
+
+// ParallelFor task `chunk` of a scatter's first pass: the bucket lists (rpe_cpu.h) of its index
+// rows. Job: p (Problem), ids (I*), off and pos (int32 vectors sized Lq*(K+1), Lq*Lk).
+template <typename I, typename Job>
+void lists_task(void* data, size_t chunk)
+{
+    Job& job = *static_cast<Job*>(data);
+    const Problem& p = job.p;
+    const int64_t rows = chunk_rows(p.lq, p.lk);
+    const int64_t begin = static_cast<int64_t>(chunk) * rows;
+    const int64_t end = std::min(begin + rows, p.lq);
+    const I* ids = static_cast<const I*>(job.ids);
+    for (int64_t i = begin; i < end; ++i) {
+        bucket_lists(ids + i * p.lk, p.lk, p.k, job.off.data() + i * (p.k + 1),
+                     job.pos.data() + i * p.lk);
+    }
+}
 
 // CPU compute of RPEGather / RPEScatter (rpe_ort_rows.cpp): every output row on ORT's pool.
 OrtStatusPtr rows_cpu(const RpeConfig& c, GridIdCache& cache, Ort::KernelContext& ctx);

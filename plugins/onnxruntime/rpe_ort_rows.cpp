@@ -46,20 +46,6 @@ struct Job {
     std::vector<int32_t> off, pos;
 };
 
-template <typename I>
-void list_chunk(void* data, size_t chunk)
-{
-    Job& job = *static_cast<Job*>(data);
-    const Problem& p = job.p;
-    const int64_t rows = chunk_rows(p.lq, p.lk);
-    const int64_t begin = static_cast<int64_t>(chunk) * rows, end = std::min(begin + rows, p.lq);
-    const I* ids = static_cast<const I*>(job.ids);
-    for (int64_t i = begin; i < end; ++i) {
-        bucket_lists(ids + i * p.lk, p.lk, p.k, job.off.data() + i * (p.k + 1),
-                     job.pos.data() + i * p.lk);
-    }
-}
-
 template <typename T, typename I>
 void gather_chunk(void* data, size_t chunk)
 {
@@ -112,7 +98,7 @@ void run_rows(Ort::KernelContext& ctx, Job& job)
         job.off.assign(static_cast<size_t>(p.lq * (p.k + 1)), 0);
         job.pos.resize(static_cast<size_t>(p.lq * p.lk));
         const int64_t rows = chunk_rows(p.lq, p.lk);
-        parallel(ctx, &list_chunk<I>, (p.lq + rows - 1) / rows, &job);
+        parallel(ctx, &lists_task<I, Job>, (p.lq + rows - 1) / rows, &job);
         const int64_t groups = (p.batch * p.heads + 3) / 4 * p.lq;
         job.chunk_rows = chunk_rows(groups, 4 * std::max(p.lk, p.k));
         parallel(ctx, &scatter_chunk<T>, (groups + job.chunk_rows - 1) / job.chunk_rows, &job);
