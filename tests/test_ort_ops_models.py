@@ -35,6 +35,7 @@ def _profiled_ops(session: ort.InferenceSession) -> set:
 def _profiled_session(path):
     options = ort.SessionOptions()
     options.enable_profiling = True
+    options.profile_file_prefix = str(path.parent / "ort_profile")  # not the working directory
     options.register_custom_ops_library(os.environ["IRPE_ORT_OPS_LIBRARY"])
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 

@@ -4,6 +4,8 @@ kernels on ONNX Runtime's compute stream) against PyTorch's irpe ops.
 Needs onnxruntime-gpu (CUDAExecutionProvider) and the CUDA build of the library (plugins/build.sh
 -> build/plugins/libirpe_ort_ops_cuda.so, or IRPE_ORT_OPS_LIBRARY); skipped otherwise."""
 import json
+import os
+import tempfile
 
 import numpy as np
 import pytest
@@ -33,6 +35,7 @@ def session(model: bytes, library: str, profile: bool = False):
     options = ort.SessionOptions()
     options.register_custom_ops_library(library)
     options.enable_profiling = profile
+    options.profile_file_prefix = os.path.join(tempfile.mkdtemp(), "ort_profile")  # not the cwd
     return ort.InferenceSession(model, options, providers=PROVIDERS)
 
 
