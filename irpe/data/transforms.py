@@ -64,12 +64,12 @@ def _decode(source: Union[bytes, str], max_pixels: int, draft: Optional[DraftReq
             if width * height > max_pixels:
                 raise ImageTooLargeError(f"image of {width}x{height} pixels is over the limit "
                                          f"of {max_pixels} pixels")
-            orientation = image.getexif().get(0x0112, 1)
+            orientation = image.getexif().get(0x0112, 1)  # 274 = Orientation; 1 = upright
             full = (height, width) if orientation in _TRANSPOSED else (width, height)
             if draft is not None and image.format == "JPEG":
                 _draft(image, draft(*full), orientation in _TRANSPOSED)
             image.load()
-            return to_rgb8(_upright(image)), full
+            return to_rgb8(_upright(image, orientation)), full
     except (ImageError, FileNotFoundError):
         raise
     except Image.DecompressionBombError as exc:  # over PIL's own limit, found in the header
@@ -85,10 +85,10 @@ def _draft(image, request: Optional[Tuple[int, int]], transposed: bool) -> None:
         image.draft(image.mode, request[::-1] if transposed else request)
 
 
-def _upright(image):
-    """Apply the EXIF orientation tag, so pixels (and boxes) are those a viewer displays."""
+def _upright(image, orientation):
+    """Apply the EXIF ``orientation`` tag (read once by the caller), so pixels (and boxes)
+    are those a viewer displays."""
     from PIL import ImageOps
-    orientation = image.getexif().get(0x0112, 1)  # 274 = Orientation; 1 = already upright
     return image if orientation in (1, None) else ImageOps.exif_transpose(image)
 
 
@@ -101,6 +101,8 @@ def to_rgb8(image):
     are taken as 0..1 when their maximum is at most 1, else scaled like 32-bit integers.
     """
     from PIL import Image
+    if image.mode == "RGB":  # convert("RGB") would copy it: already decoded once per request
+        return image
     if image.mode not in ("I", "F") and not image.mode.startswith("I;16"):
         return image.convert("RGB")
     values = np.nan_to_num(np.asarray(image, dtype=np.float32), nan=0.0, posinf=0.0,
