@@ -152,11 +152,14 @@ class iRPE(nn.Module):
             return bucket_ids_traceable(self.method, self.ratio, height, width, self._skip(skip),
                                         device=device)
         height, width, skip = self.grid(length, height, width)
-        ids = bucket_ids(self.method, self.ratio, height, width, self._skip(skip))  # CPU, cached
-        if device is None or torch.device(device) == ids.device:
-            return ids
-        key = (self.method, float(self.ratio), height, width, skip, torch.device(device))
-        return BUCKET_IDS.get_or_build(key, lambda: _to_device(ids, device))  # one LRU by bytes
+        skip = self._skip(skip)
+        device = None if device is None else torch.device(device)
+        if device is None or device.type == "cpu":  # CPU ids: cached by bucket_ids
+            return bucket_ids(self.method, self.ratio, height, width, skip)
+        # other devices: one lookup per forward; the CPU ids are read only on a miss
+        key = (self.method, float(self.ratio), height, width, skip, device)
+        return BUCKET_IDS.get_or_build(key, lambda: _to_device(
+            bucket_ids(self.method, self.ratio, height, width, skip), device))  # one LRU by bytes
 
     def _skip(self, skip):
         if isinstance(skip, int) and (skip > 0) != (self.skip > 0):
