@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from irpe.deploy.contract import read_sidecar, sidecar_path
+from irpe.deploy.ort import default_library
 
 __all__ = ["RepoOptions", "TensorInfo", "onnx_io", "write_repository", "config_text",
            "ort_library_problem", "DEFAULT_ORT_OPS", "ENGINE_SUFFIXES"]
 
-_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_ORT_OPS = _ROOT / "build" / "plugins" / "libirpe_ort_ops.so"
+DEFAULT_ORT_OPS = default_library()  # the checkout's build/plugins/libirpe_ort_ops.so
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # onnx.TensorProto element types -> Triton model-config data types
