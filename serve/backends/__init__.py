@@ -8,6 +8,7 @@ answers the same request the same.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from abc import ABC, abstractmethod
 from typing import Callable, Dict, Optional, Tuple
@@ -57,8 +58,15 @@ class Backend(ABC):
         """One batch of uint8 (B, 3, H, W) pixels (decoded images, padding 0): normalised with
         the artifact's mean/std here on the host; the torch backend does it on its device."""
         from ..preprocess_pool import normalize
+        mean, std = self._host_mean_std
+        return self.infer(normalize(images, mean, std, sizes), sizes)
+
+    @functools.cached_property
+    def _host_mean_std(self) -> Tuple[np.ndarray, np.ndarray]:
+        """The artifact's mean and std as float32 (1, 3, 1, 1), built once, not per batch."""
         pre = self.spec.transform()
-        return self.infer(normalize(images, pre.mean, pre.std, sizes), sizes)
+        return (np.asarray(pre.mean, np.float32).reshape(1, 3, 1, 1),
+                np.asarray(pre.std, np.float32).reshape(1, 3, 1, 1))
 
     def warmup(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
         """First batch after loading (allocations, kernel selection); readiness waits for it."""
