@@ -22,7 +22,7 @@ import torch
 from irpe.attention import rpe_attention
 from irpe.errors import CLIError
 from irpe.fused import kernel_available, set_fused_attention
-from irpe.rpe import build_rpe, get_rpe_config
+from irpe.rpe import build_rpe, get_rpe_config, randomize_tables
 
 __all__ = ["run", "layer_cases", "model_cases", "markdown", "DTYPES"]
 
@@ -71,12 +71,7 @@ def layer_cases(dtype: torch.dtype, device: str, terms: List[str], layers: Dict)
 
 def _net(name: str, device: str, dtype: torch.dtype) -> torch.nn.Module:
     from irpe import create_model
-    net = create_model(name).eval().to(device, dtype)
-    with torch.no_grad():
-        for pname, p in net.named_parameters():
-            if "lookup_table" in pname:
-                p.normal_(0, 0.02)
-    return net
+    return randomize_tables(create_model(name).eval().to(device, dtype), std=0.02)
 
 
 def model_cases(dtype: torch.dtype, device: str, deit_batch: int,
