@@ -215,28 +215,31 @@ def test_missing_library(tmp_path, monkeypatch, caplog):
         f"onnxruntime iRPE ops: ONNX functions (no custom-op library at {tmp_path / 'nope.so'})"]
 
 
+def _refused_library(library: Path, monkeypatch, caplog, error: str, warning: str):
+    """``library`` cannot serve: mode on raises ``error``, mode auto warns ``warning`` and
+    falls back to the functions; returns that fallback session."""
+    monkeypatch.setenv("IRPE_ORT_OPS_LIBRARY", str(library))
+    model = op_model("RPEScatter", num_buckets=50, **ATTRS)
+    with pytest.raises(CustomOpsError, match=error):
+        create_session(model, custom_ops="on")
+    with caplog.at_level(logging.WARNING, logger="irpe.deploy.ort"):
+        session, path = create_session(model, custom_ops="auto")
+    assert not path.custom_ops and warning in caplog.text
+    return session
+
+
 def test_not_a_library(tmp_path, monkeypatch, caplog):
     fake = tmp_path / "libfake.so"
     fake.write_text("not an ELF file\n")
-    monkeypatch.setenv("IRPE_ORT_OPS_LIBRARY", str(fake))
-    model = op_model("RPEScatter", num_buckets=50, **ATTRS)
-    with pytest.raises(CustomOpsError, match="cannot load .*libfake.so"):
-        create_session(model, custom_ops="on")
-    with caplog.at_level(logging.WARNING, logger="irpe.deploy.ort"):
-        _, path = create_session(model, custom_ops="auto")
-    assert not path.custom_ops and "using the ONNX functions" in caplog.text
+    _refused_library(fake, monkeypatch, caplog, "cannot load .*libfake.so",
+                     "using the ONNX functions")
 
 
 def test_library_for_another_api_version(tmp_path_factory, monkeypatch, caplog):
     """A library asking for an API this onnxruntime lacks: refused with a clear message."""
     lib = _build(tmp_path_factory.mktemp("ort_api99"), "-DIRPE_ORT_API_VERSION=99")
-    monkeypatch.setenv("IRPE_ORT_OPS_LIBRARY", str(lib))
-    model = op_model("RPEScatter", num_buckets=50, **ATTRS)
-    with pytest.raises(CustomOpsError, match="built for ONNX Runtime API 99 .*rebuild"):
-        create_session(model, custom_ops="on")
-    with caplog.at_level(logging.WARNING, logger="irpe.deploy.ort"):
-        session, path = create_session(model, custom_ops="auto")
-    assert not path.custom_ops and "API 99" in caplog.text
+    session = _refused_library(lib, monkeypatch, caplog,
+                               "built for ONNX Runtime API 99 .*rebuild", "API 99")
     ids, _, attn = layer()
     assert session.run(None, {"x": attn, "index": ids})[0].shape == (2, 3, 26, 50)
 
