@@ -33,9 +33,10 @@ class GraphedClassifier:
                  max_batch: int, warmup_calls: int = 3) -> None:
         self.forward, self.item_shape = forward, tuple(item_shape)
         self.graphs: Dict[int, Tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.sizes = buckets(max_batch)  # ascending; __call__ picks the first that fits
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(device)
-        for size in sorted(buckets(max_batch), reverse=True):  # largest first: pool reuse
+        for size in reversed(self.sizes):  # largest first: pool reuse
             static = torch.zeros((size, *self.item_shape), dtype=dtype, device=device)
             stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(stream):  # warm-up outside capture (allocator, autotune)
@@ -50,7 +51,7 @@ class GraphedClassifier:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of ``x`` (B, *item_shape): replayed graph, or eager when no bucket fits."""
-        size = next((s for s in sorted(self.graphs) if s >= x.shape[0]), None)
+        size = next((s for s in self.sizes if s >= x.shape[0]), None)
         if size is None or tuple(x.shape[1:]) != self.item_shape:
             return self.forward(x)
         graph, static, out = self.graphs[size]
