@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 from typing import Dict, List, Optional
 
+from irpe.deploy.contract import ENGINE_SUFFIXES
+
 from .source import Source
 
 __all__ = ["check_pair", "file_dims"]
-
-ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 
 
 def file_dims(path: str) -> Dict[str, List[Optional[int]]]:

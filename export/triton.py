@@ -16,14 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from irpe.deploy.contract import read_sidecar, sidecar_path
+from irpe.deploy.contract import ENGINE_SUFFIXES, read_sidecar, sidecar_path
 from irpe.deploy.ort import default_library
 
 __all__ = ["RepoOptions", "TensorInfo", "onnx_io", "write_repository", "config_text",
            "ort_library_problem", "DEFAULT_ORT_OPS", "ENGINE_SUFFIXES"]
 
 DEFAULT_ORT_OPS = default_library()  # the checkout's build/plugins/libirpe_ort_ops.so
-ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # onnx.TensorProto element types -> Triton model-config data types
 _DTYPES = {1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16",

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from irpe.artifact import spec_from_metadata
-from irpe.deploy.contract import read_sidecar, sidecar_path
+from irpe.deploy.contract import ENGINE_SUFFIXES, read_sidecar, sidecar_path
 
 from .inputs import Batch, make_batches
 from .pair import check_pair
@@ -26,7 +26,6 @@ from .source import Source, load_source, weights_from_metadata
 __all__ = ["validate", "compare", "TOLERANCES", "ENGINE_SUFFIXES"]
 
 TOLERANCES = {"fp32": (1e-4, 1e-4), "tf32": (5e-3, 5e-3), "fp16": (5e-2, 5e-2)}
-ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 Runner = Callable[[Dict[str, torch.Tensor]], Dict[str, np.ndarray]]
 
 

@@ -21,7 +21,8 @@ if TYPE_CHECKING:  # artifact imports this module (RPEConfig JSON): no import cy
 
 __all__ = ["TASKS", "input_names", "output_names", "dynamic_axes", "io_spec",
            "rpe_config_to_dict", "rpe_config_from_dict", "onnx_metadata", "read_onnx_props",
-           "read_onnx_spec", "sidecar_path", "write_sidecar", "read_sidecar", "engine_spec"]
+           "read_onnx_spec", "ENGINE_SUFFIXES", "sidecar_path", "write_sidecar", "read_sidecar",
+           "engine_spec"]
 
 _INPUTS = {"classification": ("images",), "detection": ("images", "sizes")}
 _OUTPUTS = {"classification": ("logits",), "detection": ("pred_logits", "pred_boxes")}
@@ -108,6 +109,9 @@ def read_onnx_spec(path: os.PathLike) -> "ModelSpec":
         return spec_from_metadata(props)
     except CheckpointError as exc:
         raise ValueError(f"{os.fspath(path)}: {exc}") from None
+
+
+ENGINE_SUFFIXES = (".engine", ".plan", ".trt")  # file names read as TensorRT engines
 
 
 def sidecar_path(engine_path: os.PathLike) -> Path:
