@@ -60,11 +60,9 @@ class TorchBackend(Backend):
         self.reference = copy.deepcopy(model).to(device) if self.precision != "fp32" else None
         self.model, self.device = model.to(device=device, dtype=self.dtype), device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        pre = self.spec.transform()
-        self.mean = torch.tensor(pre.mean, dtype=torch.float32, device=device).view(1, 3, 1, 1)
-        self.std = torch.tensor(pre.std, dtype=torch.float32, device=device).view(1, 3, 1, 1)
+        self.mean, self.std = (torch.from_numpy(a).to(device) for a in self._host_mean_std)
         if self.cfg.cuda_graphs:
-            self._capture(pre.size)
+            self._capture(self.spec.transform().size)
 
     def _capture(self, size: int) -> None:
         """CUDA graphs at every bucket (classification; the config refuses other cases)."""
