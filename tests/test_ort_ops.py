@@ -270,9 +270,17 @@ def test_cuda_ep_glue_compiles(ort_library):
     assert done.returncode == 0, done.stderr
 
 
+def _gather_graph_model(graph) -> bytes:
+    """``graph`` (RPEGather nodes + Adds) with the gather's local function, serialized."""
+    from export.functions import gather_function
+    model = helper.make_model(graph, functions=[gather_function(18)], opset_imports=[
+        helper.make_opsetid("", 18), helper.make_opsetid("irpe", 1)])
+    model.ir_version = 9
+    return model.SerializeToString()
+
+
 def add_model(base_shape, second_use: bool = False) -> bytes:
     """Add(base, RPEGather(table, index)) (+ the gather as a 2nd output: not fusable)."""
-    from export.functions import gather_function
     nodes = [helper.make_node("RPEGather", ["table", "index"], ["g"], domain="irpe",
                               num_buckets=50, **ATTRS),
              helper.make_node("Add", ["base", "g"], ["out"])]
@@ -282,12 +290,8 @@ def add_model(base_shape, second_use: bool = False) -> bytes:
     inputs = [helper.make_tensor_value_info(n, t, None) for n, t in
               (("table", TensorProto.FLOAT), ("index", TensorProto.INT64),
                ("base", TensorProto.FLOAT))]
-    graph = helper.make_graph(nodes, "add", inputs, outputs, value_info=[
-        helper.make_tensor_value_info("g", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, functions=[gather_function(18)], opset_imports=[
-        helper.make_opsetid("", 18), helper.make_opsetid("irpe", 1)])
-    model.ir_version = 9
-    return model.SerializeToString()
+    return _gather_graph_model(helper.make_graph(nodes, "add", inputs, outputs, value_info=[
+        helper.make_tensor_value_info("g", TensorProto.FLOAT, None)]))
 
 
 @pytest.mark.parametrize("base_shape", [(2, 3, 26, 26), (1, 3, 26, 26), (26, 26), (1, 1, 1, 26)])
@@ -348,7 +352,6 @@ def test_bfloat16_both_ops(ort_library):
 
 def test_two_gather_adds_in_a_row_become_one_node(ort_library):
     """Add(Add(x, gather K), gather Q) -> RPEGatherAdd2: the graph's order of additions."""
-    from export.functions import gather_function
     from irpe.deploy.ort_fuse import fuse_gather_add
     ids, table, _ = layer()
     nodes = [helper.make_node("RPEGather", [f"t{n}", "index"], [f"g{n}"], domain="irpe",
@@ -362,10 +365,7 @@ def test_two_gather_adds_in_a_row_become_one_node(ort_library):
     graph = helper.make_graph(nodes, "add2", inputs,
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
                               value_info=value)
-    model = helper.make_model(graph, functions=[gather_function(18)], opset_imports=[
-        helper.make_opsetid("", 18), helper.make_opsetid("irpe", 1)])
-    model.ir_version = 9
-    data = model.SerializeToString()
+    data = _gather_graph_model(graph)
     fused, count = fuse_gather_add(data)
     assert count == 2 and b"RPEGatherAdd2" in fused
     rng = np.random.default_rng(4)
