@@ -114,15 +114,19 @@ def detection_target(annotations: Sequence[Dict], width: int, height: int, image
 
 
 def check_same_classes(found: Sequence[str], expected: Sequence[str], what: str,
-                       expected_what: str) -> None:
-    """ValueError unless ``found`` equals ``expected`` (names and order): labels are indices."""
+                       expected_what: str, ordered: bool = True) -> None:
+    """ValueError unless ``found`` equals ``expected``: names and order (labels are indices),
+    or with ``ordered=False`` the same names each once (labels matched by name)."""
     found, expected = list(found), list(expected)
-    if found == expected:
+    if found == expected or (not ordered and sorted(found) == sorted(expected)
+                             and len(set(found)) == len(found)):
         return
     missing = [c for c in expected if c not in found]
     extra = [c for c in found if c not in expected]
-    detail = (f"missing {missing}" if missing else "") + \
-        (", " if missing and extra else "") + (f"extra {extra}" if extra else "")
+    repeated = sorted({c for c in found if found.count(c) > 1})
+    detail = ", ".join(part for part in (missing and f"missing {missing}",
+                                         extra and f"extra {extra}",
+                                         repeated and f"repeated {repeated}") if part)
     raise ValueError(f"{what} differ from the {expected_what} "
                      f"({detail or 'same names, other order'}): {len(found)} vs "
                      f"{len(expected)} classes")

@@ -135,27 +135,14 @@ def _eval_dataset(spec, args):
         raise CLIError(f"data directory not found: {args.data} (or use --data shapes)")
     if spec.task == "classification":
         dataset = ImageFolder(os.path.join(args.data, args.split), tf)
-        try:
-            check_same_classes(dataset.classes, spec.class_names,
-                               f"class folders of {dataset.root}", "model's classes")
-        except ValueError as exc:
-            raise CLIError(str(exc)) from None
+        check_same_classes(dataset.classes, spec.class_names,  # ValueError: `irpe` exits 2
+                           f"class folders of {dataset.root}", "model's classes")
         return dataset, None
     dataset = CocoDetection(args.data, args.split, tf)
-    return dataset, _category_ids(dataset, spec.class_names)
-
-
-def _category_ids(dataset, class_names):
-    """Dataset category id of each model label, matched by name (any id order)."""
-    names = list(dataset.categories)
-    if sorted(names) != sorted(class_names) or len(set(names)) != len(names):
-        missing = [c for c in class_names if c not in names]
-        extra = [c for c in names if c not in class_names]
-        raise CLIError(f"categories of {dataset.ann_path} differ from the model's "
-                       f"classes (missing {missing}, extra {extra}): {len(names)} vs "
-                       f"{len(class_names)} classes")
-    id_of = dict(zip(names, dataset.category_ids))
-    return [id_of[name] for name in class_names]
+    check_same_classes(dataset.categories, spec.class_names, f"categories of "
+                       f"{dataset.ann_path}", "model's classes", ordered=False)
+    id_of = dict(zip(dataset.categories, dataset.category_ids))  # matched by name, any order
+    return dataset, [id_of[name] for name in spec.class_names]
 
 
 def _add_train(sub) -> None:
