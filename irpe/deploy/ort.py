@@ -82,11 +82,15 @@ def _wants_cuda(providers: Sequence[Union[str, tuple]]) -> bool:
     return bool(names) and names[0] in _GPU_PROVIDERS
 
 
+def _wanted(library: Optional[os.PathLike], cuda: bool) -> Union[os.PathLike, str]:
+    """The library asked for: the argument, ``$IRPE_ORT_OPS_LIBRARY`` or the build folder's."""
+    return library or os.environ.get(LIBRARY_ENV) or default_library(cuda)
+
+
 def find_library(library: Optional[os.PathLike] = None, cuda: bool = False) -> Optional[Path]:
     """The library to load: the argument, ``$IRPE_ORT_OPS_LIBRARY`` or the build folder's;
     ``None`` when that file does not exist."""
-    chosen = library or os.environ.get(LIBRARY_ENV) or default_library(cuda)
-    path = Path(chosen).expanduser()
+    path = Path(_wanted(library, cuda)).expanduser()
     return path if path.is_file() else None
 
 
@@ -118,8 +122,7 @@ def _plan(ort: Any, mode: str, library: Optional[os.PathLike], cuda: bool,
         return options, OpsPath(False, None, f"custom ops off ({MODE_ENV} / option)")
     found = find_library(library, cuda)
     if found is None:
-        wanted = library or os.environ.get(LIBRARY_ENV) or default_library(cuda)
-        why = f"no custom-op library at {wanted}"
+        why = f"no custom-op library at {_wanted(library, cuda)}"
         if cuda and library is None and os.environ.get(LIBRARY_ENV) is None:
             why += " (a GPU provider needs the CUDA build, libirpe_ort_ops_cuda.so)"
         if mode == "on":
