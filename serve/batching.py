@@ -14,7 +14,7 @@ import logging
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Hashable, List, Optional, Sequence, Union
+from typing import Any, Callable, Deque, Hashable, List, Optional, Sequence
 
 from .errors import ServeError, unavailable
 from .metrics import Metrics
@@ -35,19 +35,16 @@ class _Item:
 
 
 class Batcher:
-    """Queue + worker tasks of one model; ``run_batch(payloads) -> results`` runs in a thread
-    (a list of them: one worker, thread and callable per model instance)."""
+    """Queue + worker tasks of one model; each ``runs[i](payloads) -> results`` runs in its own
+    thread (one worker, thread and callable per model instance)."""
 
-    def __init__(self, name: str, run_batch: Union[RunBatch, Sequence[RunBatch]],
-                 max_batch_size: int, max_delay_s: float, max_queue_size: int,
-                 metrics: Metrics) -> None:
-        runs = list(run_batch) if isinstance(run_batch, (list, tuple)) else [run_batch]
-        self.name, self.runs = name, runs
+    def __init__(self, name: str, runs: Sequence[RunBatch], max_batch_size: int,
+                 max_delay_s: float, max_queue_size: int, metrics: Metrics) -> None:
+        self.name, self.runs = name, list(runs)
         self.max_batch_size, self.max_delay_s = max_batch_size, max_delay_s
         self.max_queue_size, self.metrics = max_queue_size, metrics
         self.executors = [ThreadPoolExecutor(1, thread_name_prefix=f"infer-{name}-{i}")
                           for i in range(len(runs))]
-        self.executor = self.executors[0]
         self._items: Deque[_Item] = deque()
         self._wake = asyncio.Event()
         self._closing = False
@@ -157,7 +154,7 @@ class Batcher:
         self._changed()
         return batch
 
-    async def _run(self, batch: List[_Item], instance: int = 0) -> None:
+    async def _run(self, batch: List[_Item], instance: int) -> None:
         loop = asyncio.get_running_loop()
         start = loop.time()
         for item in batch:
