@@ -238,7 +238,8 @@ class Trainer:
         return record
 
     def save(self, record: Dict, metric: float, rng) -> None:
-        """Rank 0: log line, model.safetensors when the metric improves, last.pt."""
+        """Rank 0: log line; when the metric improves, model.safetensors and last.pt (its
+        new best: otherwise the last.pt run() wrote before evaluating is already this state)."""
         improved = metric > self.best
         self.best = max(self.best, metric)
         if not self.main:
@@ -253,7 +254,7 @@ class Trainer:
                      "irpe.train.config": json.dumps(asdict(self.cfg))}
             save_trained(self.model, os.path.join(self.cfg.output, "model.safetensors"),
                          self.task.spec, extra)
-        self.write_last(rng)
+            self.write_last(rng)
 
     def write_last(self, rng) -> None:
         """Rank 0 replaces ``last.pt`` atomically."""
