@@ -38,10 +38,10 @@ def save_untrained(name: str, path) -> str:
     return str(path)
 
 
-def encode(image, fmt: str = "PNG") -> bytes:
-    """A PIL image as file bytes."""
+def encode(image, fmt: str = "PNG", **save_options) -> bytes:
+    """A PIL image as file bytes (``save_options``: PIL's, e.g. quality=, exif=)."""
     buf = io.BytesIO()
-    image.save(buf, fmt)
+    image.save(buf, fmt, **save_options)
     return buf.getvalue()
 
 

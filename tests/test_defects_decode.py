@@ -12,12 +12,7 @@ from PIL import Image
 
 from irpe.data.shapes import SHAPE_CLASSES, render_classification
 from irpe.data.transforms import ImageError, Preprocess, load_image, resize_shorter
-
-
-def _bytes(image: Image.Image, fmt: str, **kw) -> bytes:
-    buf = io.BytesIO()
-    image.save(buf, fmt, **kw)
-    return buf.getvalue()
+from tests.helpers import encode
 
 
 def gray_star(seed: int = 7, index: int = 6) -> np.ndarray:
@@ -29,9 +24,9 @@ def gray_star(seed: int = 7, index: int = 6) -> np.ndarray:
 
 def test_16bit_png_decodes_like_its_8bit_twin():
     g8 = gray_star()
-    png16 = _bytes(Image.fromarray(g8.astype(np.uint16) * 257), "PNG")
+    png16 = encode(Image.fromarray(g8.astype(np.uint16) * 257), "PNG")
     assert Image.open(io.BytesIO(png16)).mode == "I;16"
-    got, twin = np.asarray(load_image(png16)), np.asarray(load_image(_bytes(
+    got, twin = np.asarray(load_image(png16)), np.asarray(load_image(encode(
         Image.fromarray(g8), "PNG")))
     assert got.shape == twin.shape == (64, 64, 3)
     assert np.array_equal(got, twin)  # main: 255 everywhere (convert("RGB") clamps)
@@ -41,19 +36,19 @@ def test_16bit_png_decodes_like_its_8bit_twin():
 @pytest.mark.parametrize("scale,fmt", [(257, "TIFF"), (1, "TIFF")])
 def test_32bit_integer_tiff_scaled_by_its_range(scale, fmt):
     g8 = gray_star()
-    blob = _bytes(Image.fromarray(g8.astype(np.int32) * scale), fmt)
+    blob = encode(Image.fromarray(g8.astype(np.int32) * scale), fmt)
     assert Image.open(io.BytesIO(blob)).mode == "I"
     assert np.array_equal(np.asarray(load_image(blob))[..., 0], g8)
 
 
 def test_float_tiff_in_unit_range_and_bad_values():
     g8 = gray_star()
-    blob = _bytes(Image.fromarray(g8.astype(np.float32) / 255), "TIFF")
+    blob = encode(Image.fromarray(g8.astype(np.float32) / 255), "TIFF")
     assert np.abs(np.asarray(load_image(blob))[..., 0].astype(int) - g8).max() <= 1
     weird = np.array([[np.nan, np.inf], [-5.0, 0.5]], np.float32)
-    out = np.asarray(load_image(_bytes(Image.fromarray(weird, "F"), "TIFF")))[..., 0]
+    out = np.asarray(load_image(encode(Image.fromarray(weird, "F"), "TIFF")))[..., 0]
     assert out.tolist() == [[0, 0], [0, 128]]  # NaN/inf/negative -> 0, no crash
-    black = np.asarray(load_image(_bytes(Image.fromarray(np.zeros((3, 3), np.uint16)), "PNG")))
+    black = np.asarray(load_image(encode(Image.fromarray(np.zeros((3, 3), np.uint16)), "PNG")))
     assert black.max() == 0
 
 
@@ -63,7 +58,7 @@ def test_16bit_star_classified_star_by_the_demo_classifier():
     from irpe.models.registry import bundled_weights
     torch.set_num_threads(1)
     model, spec = load_trained(bundled_weights(model_info("deit_shapes_irpe")))
-    png16 = _bytes(Image.fromarray(gray_star().astype(np.uint16) * 257), "PNG")
+    png16 = encode(Image.fromarray(gray_star().astype(np.uint16) * 257), "PNG")
     with torch.no_grad():
         probs = model(spec.transform()(load_image(png16))[None]).softmax(-1)[0]
     assert SHAPE_CLASSES[int(probs.argmax())] == "star" and probs.max() > 0.5
@@ -75,7 +70,7 @@ def oriented_jpeg(orientation: int) -> bytes:
     image.paste((255, 0, 0), (0, 0, 40, 40))
     exif = image.getexif()
     exif[0x0112] = orientation
-    return _bytes(image, "JPEG", quality=95, exif=exif.tobytes())
+    return encode(image, "JPEG", quality=95, exif=exif.tobytes())
 
 
 @pytest.mark.parametrize("orientation,size,red_at", [
