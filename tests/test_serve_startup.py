@@ -2,28 +2,20 @@
 instant the "serving" log line appears is never refused (50 process starts)."""
 from __future__ import annotations
 
-import json
 import os
 import socket
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.helpers import ROOT, serve_command
+from tests.helpers import ROOT, start_cli
 
 STARTS = 50
 
 
 def _start_and_probe(repo) -> str:
     """Start `irpe serve`, GET /v2/health/live the moment "serving" is logged; the outcome."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(serve_command(repo), stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=ROOT)
+    proc, url, _ = start_cli(repo, {**os.environ, "PYTHONPATH": str(ROOT)})
     try:
-        for line in proc.stderr:
-            entry = json.loads(line)
-            if entry["message"] == "serving":
-                return _probe(entry["url"])
-        return f"exited {proc.wait()} before serving"
+        return _probe(url)
     finally:
         proc.kill()
         proc.wait()
