@@ -1,7 +1,6 @@
 """Issue 20 items 1, 2, 4, 8, 12 against a real server (uvicorn on 127.0.0.1, torch backend,
 the bundled trained demo models): 16-bit and EXIF-rotated uploads, v2 tensors from the
 published preprocessing, timeouts that are not failures, default-model checks, the bucket cache."""
-import io
 import logging
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from irpe.idcache import BUCKET_IDS
 from irpe.models import model_info
 from irpe.models.registry import bundled_weights
 from serve.config import ServeSettings
-from tests.helpers import ROOT, metric, running_server, wait_until
+from tests.helpers import ROOT, encode, metric, running_server, wait_until
 
 torch.set_num_threads(1)
 CLS = bundled_weights(model_info("deit_shapes_irpe"))
@@ -41,17 +40,11 @@ def url():
         yield base
 
 
-def png(image: Image.Image, **kw) -> bytes:
-    buf = io.BytesIO()
-    image.save(buf, "PNG", **kw)
-    return buf.getvalue()
-
-
 def test_16bit_star_is_a_star_over_rest(client):
     g8 = np.asarray(render_classification(7, 6, 64, "val")[0].convert("L"))
-    body16 = png(Image.fromarray(g8.astype(np.uint16) * 257))
+    body16 = encode(Image.fromarray(g8.astype(np.uint16) * 257))
     r16 = client.post("/v1/classify", content=body16, headers={"content-type": "image/png"})
-    r8 = client.post("/v1/classify", content=png(Image.fromarray(g8)),
+    r8 = client.post("/v1/classify", content=encode(Image.fromarray(g8)),
                      headers={"content-type": "image/png"})
     assert r16.status_code == 200, r16.text
     top = r16.json()["results"][0]
@@ -66,7 +59,7 @@ def test_exif_rotated_upload_detected_in_the_displayed_frame(client):
     stored = displayed.transpose(Image.Transpose.ROTATE_90)  # 200 wide x 128 tall on disk
     exif = stored.getexif()
     exif[0x0112] = 6  # viewers rotate it 90 degrees clockwise: back to `displayed`
-    answers = [client.post("/v1/detect?threshold=0.3", content=png(img, **kw),
+    answers = [client.post("/v1/detect?threshold=0.3", content=encode(img, **kw),
                            headers={"content-type": "image/png"}).json()["results"][0]
                for img, kw in ((stored, {"exif": exif.tobytes()}), (displayed, {}))]
     assert (answers[0]["height"], answers[0]["width"]) == (200, 128)  # main: 128, 200
@@ -133,7 +126,7 @@ def test_v2_timeouts_are_not_failed_batches(url, client):
 
 
 def test_rest_timeouts_are_not_failed_batches(url, client):
-    body = png(render_classification(7, 1, 64, "val")[0])
+    body = encode(render_classification(7, 1, 64, "val")[0])
     _timeouts_are_not_failures(url, "rest_to", lambda: client.post(
         "/v1/models/rest_to/classify", content=body, headers={"content-type": "image/png"}))
 
@@ -147,7 +140,7 @@ def test_bucket_cache_bounded_and_shown_in_metrics(url, client):
         before = BUCKET_IDS.evictions
         for width in (208, 176, 144, 128):  # grids 8x13, 8x11, 8x9, 8x8: 86.5, 62, 41.5, 33 kB
             image = Image.new("RGB", (width, 128), (30, 60, 90))
-            assert client.post("/v1/detect", content=png(image),
+            assert client.post("/v1/detect", content=encode(image),
                                headers={"content-type": "image/png"}).status_code == 200
         shown = metric(url, "irpe_bucket_cache_bytes")
         assert 0 < shown <= 100_000 and shown == BUCKET_IDS.nbytes
