@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 import os
 import pickle
-from typing import Dict
+from typing import Any, Dict
 
 import torch
 from torch import nn
 
-__all__ = ["CheckpointError", "read_state_dict", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CheckpointError", "read_state_dict", "load_torch_file", "load_checkpoint", "save_checkpoint"]
 
 
 class CheckpointError(RuntimeError):
@@ -42,6 +42,12 @@ def read_state_dict(path: str) -> Dict[str, torch.Tensor]:
             return load_file(path, device="cpu")
         except Exception as exc:  # safetensors raises its own error types
             raise CheckpointError(f"cannot read safetensors file {path}: {exc}") from exc
+    return _unwrap(load_torch_file(path))
+
+
+def load_torch_file(path: str) -> Any:
+    """``torch.load(weights_only=True)`` of an existing file; anything that is not a clean
+    torch.save file (text, truncated, pickled code) is one CheckpointError naming the file."""
     with open(path, "rb") as f:
         head = f.read(16)
     if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):  # zip archive / pickle
@@ -57,7 +63,7 @@ def read_state_dict(path: str) -> Dict[str, torch.Tensor]:
                               "safetensors in a trusted environment.") from exc
     except (RuntimeError, EOFError, OSError, KeyError, ValueError) as exc:  # KeyError: a
         raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc  # bad magic
-    return _unwrap(obj)
+    return obj
 
 
 def load_checkpoint(model: nn.Module, path: str, strict: bool = True) -> nn.Module:

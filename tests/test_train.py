@@ -183,6 +183,21 @@ def test_resume_refuses_another_class_count(cls_dir, tmp_path):
                      resume=str(tmp_path / "old.pt")))
 
 
+def test_resume_from_a_file_that_is_not_a_checkpoint_is_one_line(cls_dir, tmp_path, capsys):
+    from irpe.cli import main
+    garbage = tmp_path / "last.pt"
+    garbage.write_bytes(b"\x80\x02 truncated pickle, not a torch.save file")
+    text = tmp_path / "notes.pt"
+    text.write_text("not a checkpoint\n")
+    for bad in (garbage, text):
+        code = main(["train", "cls", "--model", "deit_shapes_irpe", "--data", str(cls_dir),
+                     "--output", str(tmp_path / "run"), "--batch-size", "2",
+                     "--resume", str(bad)])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and err.startswith("irpe train: error: ") and len(err.splitlines()) == 1
+        assert str(bad) in err and "Traceback" not in err
+
+
 def test_resume_mid_epoch_needs_a_compatible_global_batch():
     from irpe.checkpoint import CheckpointError
     from irpe.engine.state import resume_step

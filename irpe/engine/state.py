@@ -11,7 +11,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from ..checkpoint import CheckpointError
+from ..checkpoint import CheckpointError, load_torch_file
 from .distributed import Dist
 
 __all__ = ["rng_snapshot", "restore_rng", "read_last", "check_fits", "resume_step"]
@@ -51,7 +51,7 @@ def read_last(path: str, model_name: str, classes: List[str]) -> Dict:
     """Load ``last.pt`` (weights-only) and check it belongs to this model and class list."""
     if not os.path.isfile(path):
         raise CheckpointError(f"resume file not found: {path}")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = load_torch_file(path)  # not a torch.save file: one CheckpointError
     trained = state.get("config", {}).get("model")
     if trained != model_name:
         raise CheckpointError(f"{path} was trained as {trained}, not {model_name}")
