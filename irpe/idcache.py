@@ -11,7 +11,7 @@ import os
 import threading
 import warnings
 from collections import OrderedDict
-from typing import Callable, Hashable
+from typing import Callable, Hashable, Optional
 
 import torch
 
@@ -69,6 +69,11 @@ class TensorLRU:
             if key not in self._items:
                 self._put(key, tensor)
             return self._items.get(key, tensor)
+
+    def peek(self, key: Hashable) -> Optional[torch.Tensor]:
+        """The cached tensor of ``key`` or None, without lock or bookkeeping: a plain dict
+        read that torch.compile can trace (a cold key is then built in the graph)."""
+        return self._items.get(key)
 
     def set_limit(self, max_bytes: int) -> None:
         """Change the byte limit (evicting at once if now over it)."""

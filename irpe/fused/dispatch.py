@@ -15,6 +15,7 @@ from torch import nn
 
 from ..bucket import (_ids_from_offsets, _piecewise_traceable, bucket_ids, bucket_ids_traceable,
                       coefficients, num_buckets, piecewise_index)
+from ..idcache import BUCKET_IDS
 from ..rpe import iRPE, iRPECross
 from .op import MAX_BUCKETS_V, MAX_HEAD_DIM, fused_rpe_attention, kernel_available
 
@@ -86,8 +87,6 @@ def fused_supported(q: Tensor, k: Tensor, rpe_q, rpe_k, rpe_v, height, width,
     return sum(m.num_buckets for m in _parts(rpe_v)) <= MAX_BUCKETS_V
 
 
-_IDS: Dict[tuple, Tensor] = {}
-_IDS_MAX = 8
 _ID_MODES = ("table", "matrix")
 _id_mode = ["table"]
 
@@ -132,19 +131,15 @@ def _build_ids(parts: List[iRPE], grid: Tuple[int, int, int], device, traceable:
 
 def _ids_stack(parts: List[iRPE], grid: Tuple[int, int, int], device) -> Tensor:
     """int32 ids on ``device`` (relative-offset tables or (L, L) matrices, one plane per part,
-    offset by the previous parts' bucket counts), cached per (mode, methods, grid, device) for
-    all layers; the oldest of 8 entries is dropped. Under torch.compile a cold entry is built
-    in-graph (the cache stays plain dict code: no graph break)."""
-    key = (_id_mode[0], tuple((m.method, m.ratio) for m in parts), grid, str(device))
-    ids = _IDS.get(key)
-    if ids is None and torch.compiler.is_compiling():
-        return _build_ids(parts, grid, device, traceable=True)
-    if ids is None:
-        ids = _build_ids(parts, grid, device, traceable=False)
-        _IDS[key] = ids
-        while len(_IDS) > _IDS_MAX:
-            del _IDS[next(iter(_IDS))]
-    return ids
+    offset by the previous parts' bucket counts), shared by all layers through the process's
+    bucket-id cache (irpe.idcache: bounded by bytes, counted in serve's metrics). Under
+    torch.compile a warm entry is read as is and a cold one is built in-graph (no graph break)."""
+    key = ("fused", _id_mode[0], tuple((m.method, m.ratio) for m in parts), grid,
+           torch.device(device))
+    if torch.compiler.is_compiling():
+        ids = BUCKET_IDS.peek(key)
+        return ids if ids is not None else _build_ids(parts, grid, device, traceable=True)
+    return BUCKET_IDS.get_or_build(key, lambda: _build_ids(parts, grid, device, traceable=False))
 
 
 def _term(module, x: Optional[Tensor], length: int, grid: Tuple[int, int, int], device
