@@ -46,6 +46,20 @@ def test_fused_ids_are_entries_of_the_shared_cache(interpret, id_mode):
         BUCKET_IDS.set_limit(limit)
 
 
+def test_ids_cached_under_inference_mode_serve_a_training_step(interpret):
+    """Ids first built inside torch.inference_mode (serving, evaluation) are normal tensors:
+    a later forward + backward with autograd saves them without error."""
+    BUCKET_IDS.clear()
+    mods = modules("product", "qkv", skip=1)
+    q, k, v = (t.requires_grad_() for t in inputs(1, 2, 1 + 16, 16))
+    with torch.inference_mode():
+        rpe_attention(q.detach(), k.detach(), v.detach(), 0.25, *mods, 4, 4)
+    assert _fused_keys() and not any(BUCKET_IDS.peek(key).is_inference()
+                                     for key in _fused_keys())
+    rpe_attention(q, k, v, 0.25, *mods, 4, 4).square().sum().backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
 def test_compile_reads_warm_ids_without_graph_break(interpret):
     """Warm cache (an eager call first): torch.compile(fullgraph) reads the cached ids, no
     graph break, and the compiled output equals eager."""

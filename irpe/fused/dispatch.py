@@ -139,7 +139,12 @@ def _ids_stack(parts: List[iRPE], grid: Tuple[int, int, int], device) -> Tensor:
     if torch.compiler.is_compiling():
         ids = BUCKET_IDS.peek(key)
         return ids if ids is not None else _build_ids(parts, grid, device, traceable=True)
-    return BUCKET_IDS.get_or_build(key, lambda: _build_ids(parts, grid, device, traceable=False))
+    return BUCKET_IDS.get_or_build(key, lambda: _build_cached(parts, grid, device))
+
+
+@torch.inference_mode(False)  # a normal tensor even if first built under inference_mode,
+def _build_cached(parts: List[iRPE], grid: Tuple[int, int, int], device) -> Tensor:
+    return _build_ids(parts, grid, device, traceable=False)  # so autograd may save it later
 
 
 def _term(module, x: Optional[Tensor], length: int, grid: Tuple[int, int, int], device
