@@ -52,18 +52,28 @@ def _untrained(name: str, path: Path) -> Path:
 
 
 def model_config(name: str, backend: str, cache: Path, max_batch: int, **runtime):
-    """ModelConfig of a benchmarked model (exports ONNX once for onnxruntime); ``runtime``:
-    device, precision, instances, cuda_graphs."""
+    """ModelConfig of a benchmarked model (onnxruntime: the cached export of onnx_file);
+    ``runtime``: device, precision, instances, cuda_graphs."""
     from serve.config import ModelConfig
     path = weights(name, cache)
     if backend == "onnxruntime":
-        onnx = cache / f"{path.stem}.onnx"
-        if not onnx.is_file():
-            from export.onnx import export_onnx
-            export_onnx(str(path), str(onnx))
-        path = onnx
+        path = onnx_file(path, cache)
     return ModelConfig(name=name, path=path, backend=backend, max_batch_size=max_batch,
                        max_queue_size=1024, **{k: v for k, v in runtime.items() if v is not None})
+
+
+def onnx_file(weights: Path, cache: Path) -> Path:
+    """The ONNX export of ``weights`` under ``cache``/onnx, exported when missing; named by
+    serve's demo cache key (digest of the weights file and of the irpe/ + export/ sources), so
+    changed weights, spec, model or exporter code never reuse a stale file."""
+    from irpe.deploy.exporters import get_exporter
+    from serve.demo import onnx_cache_path
+    exporter = get_exporter("onnx")
+    onnx = onnx_cache_path(weights, cache, exporter)
+    if not onnx.is_file():
+        onnx.parent.mkdir(parents=True, exist_ok=True)
+        exporter.write(str(weights), onnx)
+    return onnx
 
 
 def png(size: int, index: int = 3) -> bytes:
