@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 EXTRAS ?= dev
 RUN_EXTRAS ?= serve,export
 
-.PHONY: install test run check bench clean demo-models
+.PHONY: install test run check bench clean demo-models ort-ops
 
 # one marker per extras set: `make run` installs serve,export; `make test` later adds dev
 $(VENV)/.installed-%: pyproject.toml
@@ -27,10 +27,27 @@ test: install
 
 ## make run: the main job: serve the bundled demo classifier + detector on 127.0.0.1:8000
 ## (ONNX Runtime, offline; Ctrl-C drains and stops). HOST/PORT override the address.
+## Builds the iRPE ONNX Runtime ops first where it can (make ort-ops), never failing the run.
 HOST ?= 127.0.0.1
 PORT ?= 8000
 run: $(VENV)/.installed-$(RUN_EXTRAS)
+	@$(MAKE) -s --no-print-directory ort-ops || \
+	  echo "make run: the ORT custom-op library did not build (above); serving with the ONNX functions"
 	$(VENV)/bin/irpe serve --host $(HOST) --port $(PORT)
+
+## make ort-ops: the ONNX Runtime custom-op library $(ORT_OPS_DIR)/libirpe_ort_ops.so, which the
+## server then uses, where ORT headers (ORT_ROOT / ONNXRUNTIME_ROOT, else $(SHARED_DIR)/third_party/
+## onnxruntime-1.23), cmake and a C++ compiler are found; else one line says why (exit 0).
+## Rebuilt only when its sources change; ORT_OPS_CMAKE is CMake's tree.
+SHARED_DIR    ?= $(abspath $(CURDIR)/../shared)
+ORT_OPS_DIR   ?= build/plugins
+ORT_OPS_CMAKE ?= $(ORT_OPS_DIR)/ort
+ORT_OPS_SOURCES := $(wildcard plugins/onnxruntime/*.cpp plugins/onnxruntime/*.h) \
+  plugins/onnxruntime/CMakeLists.txt plugins/kernels/irpe_bucket.h plugins/kernels/irpe_methods.h
+ort-ops: $(ORT_OPS_DIR)/libirpe_ort_ops.so
+$(ORT_OPS_DIR)/libirpe_ort_ops.so: $(ORT_OPS_SOURCES)
+	@IRPE_SHARED="$(SHARED_DIR)" IRPE_ORT_OUTPUT_DIR="$(abspath $(ORT_OPS_DIR))" \
+	  plugins/onnxruntime/build.sh --optional "$(ORT_OPS_CMAKE)"
 
 ## make check: the self-test (bucket ids, ops, forward, checkpoint round trip)
 check: $(VENV)/.installed-$(RUN_EXTRAS)

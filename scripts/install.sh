@@ -13,6 +13,10 @@
 #   TORCH_INDEX_URL  index for torch only, e.g. https://download.pytorch.org/whl/cpu
 #   EDITABLE         1: pip install -e (development, CI)         (default 0)
 #   PLUGIN_BUILD     build folder of the TensorRT plugins (gpu)  (default build/plugins)
+#   ORT_ROOT         ONNX Runtime C/C++ headers (release archive, /usr with libonnxruntime-dev):
+#                    builds the iRPE ORT custom-op library into build/plugins (cpu; gpu: in
+#                    PLUGIN_BUILD with the CUDA EP); without headers, cmake or a C++ compiler
+#                    one "ort-ops: skipped" line and the server runs the files' ONNX functions
 #   BAKE_DEMO        1: export + warm up the demo models now, into $IRPE_CACHE (default 1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +29,12 @@ BAKE_DEMO="${BAKE_DEMO:-1}"
 
 step() { echo "==> install.sh: $*"; }
 fail() { echo "install.sh: error: $*" >&2; exit 2; }
+# A built custom-op library must load into the installed onnxruntime (else: fail now, not at serve).
+ort_ops_check() {
+  [ -f "$ort_ops" ] || return 0
+  "$PYTHON" -c 'import sys, onnxruntime as ort; ort.SessionOptions().register_custom_ops_library(sys.argv[1])' "$ort_ops" ||
+    fail "$ort_ops does not load into onnxruntime"
+}
 
 case "$VARIANT" in cpu|gpu) ;; *) fail "VARIANT must be cpu or gpu, got '$VARIANT'";; esac
 if [ -n "${VENV:-}" ]; then
@@ -48,8 +58,21 @@ step "project [$extras] ${extra_reqs[*]:-}"
 "${PIP[@]}" $target"[$extras]" "${extra_reqs[@]}"
 
 if [ "$VARIANT" = gpu ]; then
-  step "TensorRT plugin library -> $PLUGIN_BUILD"
+  step "TensorRT plugin library (+ ORT custom ops where ORT_ROOT has headers) -> $PLUGIN_BUILD"
   plugins/build.sh "$PLUGIN_BUILD" -DIRPE_REQUIRE_TENSORRT=ON
+  ort_ops="$PLUGIN_BUILD/libirpe_ort_ops_cuda.so"
+  [ -f "$ort_ops" ] || echo "ort-ops: skipped, ONNX Runtime C/C++ headers not found (set ORT_ROOT); the server runs the iRPE nodes through the ONNX functions"
+else
+  step "ONNX Runtime custom-op library -> build/plugins"
+  plugins/onnxruntime/build.sh --optional
+  ort_ops=build/plugins/libirpe_ort_ops.so
+fi
+ort_ops_check
+if [ -f "$ort_ops" ] && [ -z "${IRPE_ORT_OPS_LIBRARY:-}" ]; then
+  # an installed (non-editable) project looks in site-packages, not here: name the file
+  IRPE_ORT_OPS_LIBRARY="$(cd "$(dirname "$ort_ops")" && pwd)/${ort_ops##*/}"
+  export IRPE_ORT_OPS_LIBRARY
+  [ "${EDITABLE:-0}" = 1 ] || step "serve it with IRPE_ORT_OPS_LIBRARY=$IRPE_ORT_OPS_LIBRARY"
 fi
 
 step "check"
