@@ -22,11 +22,11 @@ import torch
 from irpe.attention import rpe_attention
 from irpe.errors import CLIError
 from irpe.fused import kernel_available, set_fused_attention
+from irpe.precision import torch_dtype
 from irpe.rpe import build_rpe, get_rpe_config, randomize_tables
 
-__all__ = ["run", "layer_cases", "model_cases", "markdown", "DTYPES"]
+__all__ = ["run", "layer_cases", "model_cases", "markdown"]
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 # name: (batch, heads, head_dim, method, ratio, skip, grid h, grid w)
 LAYERS = {
     "deit_s_bs64": (64, 6, 64, "product", 1.9, 1, 14, 14),
@@ -160,7 +160,7 @@ def run(dtype: str, rounds: int, iters: int, warmup: int, smoke: bool = False,
         raise CLIError("irpe bench attention needs a CUDA GPU (torch.cuda.is_available() is "
                        "False); use --smoke for a CPU check of the report plumbing")
     else:
-        dt = DTYPES[dtype]
+        dt = torch_dtype(dtype)
         cases = layer_cases(dt, "cuda", list(terms), LAYERS) if "layers" in parts else []
         if "models" in parts:
             cases += model_cases(dt, "cuda", 64, DETR_SIZES)

@@ -22,6 +22,7 @@ import torch
 
 from benchmarks.ops_common import time_round_robin
 from benchmarks.report import latency_ms
+from irpe.precision import PRECISIONS, torch_dtype
 
 DEIT = {"plain": "deit_{s}_patch16_224", "irpe_k": "deit_{s}_patch16_224_ctx_product_50_shared_k",
         "irpe_qk": "deit_{s}_patch16_224_ctx_product_50_shared_qk",
@@ -35,8 +36,6 @@ FAMILIES: Dict[str, Dict[str, Entry]] = {
 }
 DETR_SIZES = ((480, 640), (800, 1216))
 BACKENDS = ("eager", "compile", "onnxruntime", "cudagraph")
-PRECISIONS = ("fp32", "fp16", "bf16")
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 Runner = Callable[[], object]
 
@@ -109,20 +108,20 @@ def cast_inputs(inputs, precision: str, dev: str) -> Tuple[torch.Tensor, ...]:
     """Float inputs in the precision's dtype when the model is cast (sizes stay integer)."""
     if cast_mode(precision, dev) != "cast":
         return tuple(inputs)
-    return tuple(t.to(DTYPES[precision]) if t.is_floating_point() else t for t in inputs)
+    return tuple(t.to(torch_dtype(precision)) if t.is_floating_point() else t for t in inputs)
 
 
 def torch_runner(value: Entry, inputs, backend: str, precision: str, dev: str) -> Runner:
     """A no-grad forward of a model: eager, torch.compile or a CUDA graph; see module doc."""
     module, mode = _torch_module(value, dev), cast_mode(precision, dev)
     if mode == "cast":
-        module, inputs = module.to(DTYPES[precision]), cast_inputs(inputs, precision, dev)
+        module, inputs = module.to(torch_dtype(precision)), cast_inputs(inputs, precision, dev)
     if backend == "compile":
         torch._dynamo.reset()  # no recompile-limit carry-over between variants
         module = torch.compile(module)
     if backend == "cudagraph":
         return cuda_graph_runner(module, inputs)
-    dtype = DTYPES[precision] if mode == "autocast" else None
+    dtype = torch_dtype(precision) if mode == "autocast" else None
 
     def run():
         with torch.inference_mode(), torch.autocast(dev.split(":")[0], dtype=dtype,

@@ -18,13 +18,13 @@ import numpy as np
 import torch
 
 from irpe.artifact import ModelSpec, load_trained, read_spec
+from irpe.precision import torch_dtype
 
 from . import Backend, output_names
 
-__all__ = ["DTYPES", "PRECISION_TOLERANCE", "TorchBackend", "precision_error"]
+__all__ = ["PRECISION_TOLERANCE", "TorchBackend", "precision_error"]
 
 log = logging.getLogger("irpe.serve")
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # largest |output - fp32 output| / max(1, max |fp32 output|) accepted at warmup, per precision
 PRECISION_TOLERANCE = {"fp16": 2e-2, "bf16": 5e-2}
 
@@ -56,7 +56,7 @@ class TorchBackend(Backend):
             torch.set_num_threads(self.threads)
         model, _ = load_trained(str(self.cfg.path))
         self.precision = self.cfg.run_precision()
-        self.dtype = DTYPES[self.precision]
+        self.dtype = torch_dtype(self.precision)
         self.reference = copy.deepcopy(model).to(device) if self.precision != "fp32" else None
         self.model, self.device = model.to(device=device, dtype=self.dtype), device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
