@@ -56,6 +56,7 @@ headers=()  # none found: CMake searches itself and fails with its message
 root="$(ort_headers)" && headers=(-DORT_ROOT="$root")
 cmake -S "$here" -B "$build" -DIRPE_REQUIRE_ORT=ON -DIRPE_ORT_OUTPUT_DIR="$out" \
   "${headers[@]}" "$@"
+unset MAKEFLAGS MFLAGS MAKELEVEL  # under make ort-ops: CMake's make prints no directory lines
 cmake --build "$build" -j "$(nproc)"
 touch "$out/libirpe_ort_ops.so"  # newer than its sources even when CMake had nothing to do (make)
 echo "built: $out/libirpe_ort_ops.so"
