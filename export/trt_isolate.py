@@ -7,7 +7,6 @@ libraries, and whatever happens in it (an abort included) reaches the caller as 
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -17,10 +16,11 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List
 
+from irpe.deploy.trt_common import wheel_library_dirs
+
 __all__ = ["EngineBuildError", "build_in_subprocess", "link_unversioned", "wheel_library_dirs"]
 
 ROOT = Path(__file__).resolve().parents[1]
-_WHEEL_LIBS = ("tensorrt_rtx_libs", "tensorrt_libs")
 
 
 class EngineBuildError(RuntimeError):
@@ -32,15 +32,6 @@ def _errors() -> Dict[str, type]:
     from irpe.deploy.trt_common import TensorRTUnavailable
     kinds = (EngineBuildError, TensorRTUnavailable, FileNotFoundError, ValueError, OSError)
     return {c.__name__: c for c in kinds}
-
-
-def wheel_library_dirs() -> List[Path]:
-    """Folders of the installed TensorRT wheels' shared libraries (not imported)."""
-    dirs = []
-    for name in _WHEEL_LIBS:
-        spec = importlib.util.find_spec(name)
-        dirs += [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
-    return dirs
 
 
 def link_unversioned(target: Path, lib_dirs: List[Path]) -> List[str]:

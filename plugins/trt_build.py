@@ -8,13 +8,14 @@ TensorRT install's ``libnvinfer``.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import shutil
 import subprocess
 import time
 from pathlib import Path
 from typing import Dict, Optional, Sequence
+
+from irpe.deploy.trt_common import library_dir
 
 __all__ = ["find_headers", "cuda_include", "rtx_library_dir", "tensorrt_library_dir", "build_plugins",
            "unavailable_reason", "CI_HEADERS"]
@@ -48,23 +49,15 @@ def cuda_include() -> Path:
 
 def rtx_library_dir() -> Optional[Path]:
     """Folder of the TensorRT-RTX wheel's libtensorrt_rtx.so.1, or None."""
-    spec = importlib.util.find_spec("tensorrt_rtx_libs")
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        if (Path(folder) / "libtensorrt_rtx.so.1").is_file():
-            return Path(folder)
-    return None
+    return library_dir("libtensorrt_rtx.so.1", ("tensorrt_rtx_libs",))
 
 
 def tensorrt_library_dir() -> Optional[Path]:
     """Folder of full TensorRT's libnvinfer (the tensorrt wheel's or a system install), or None."""
-    spec = importlib.util.find_spec("tensorrt_libs")
-    folders = [Path(f) for f in (spec.submodule_search_locations or [])] if spec else []
     env = os.environ.get("TENSORRT_ROOT")
-    folders += [Path(env) / "lib"] if env else []
-    for folder in folders + [Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib/aarch64-linux-gnu")]:
-        if any(folder.glob("libnvinfer.so*")):
-            return folder
-    return None
+    extra = ([Path(env) / "lib"] if env else []) + [Path("/usr/lib/x86_64-linux-gnu"),
+                                                    Path("/usr/lib/aarch64-linux-gnu")]
+    return library_dir("libnvinfer.so*", ("tensorrt_libs",), extra)
 
 
 def unavailable_reason(need_runtime: bool = True) -> Optional[str]:

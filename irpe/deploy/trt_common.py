@@ -1,4 +1,5 @@
-"""What the TensorRT builder and runner share: module import, logger, plugin libraries.
+"""What the TensorRT builder and runner share: module import, logger, plugin libraries, the
+folders of the TensorRT wheels' shared libraries.
 
 Works with the standard ``tensorrt`` module and with TensorRT-RTX (``tensorrt_rtx_bindings``
 from PyPI tensorrt-rtx-cu13-bindings, or ``tensorrt_rtx``), whose Python API is the same.
@@ -7,15 +8,19 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import importlib.util
 import os
 import sys
+from pathlib import Path
 from types import ModuleType
 from typing import List, Optional, Sequence
 
 __all__ = ["TensorRTUnavailable", "import_tensorrt", "is_rtx", "make_logger", "load_plugins",
-           "abi_mismatch", "MODULES"]
+           "abi_mismatch", "MODULES", "WHEEL_LIBS", "wheel_library_dirs", "library_dir"]
 
 MODULES = ("tensorrt", "tensorrt_rtx_bindings", "tensorrt_rtx")
+# packages of the wheels that ship the shared libraries (tensorrt-rtx-cu13-libs, tensorrt-cu*-libs)
+WHEEL_LIBS = ("tensorrt_rtx_libs", "tensorrt_libs")
 INSTALL_HINT = ("install TensorRT (`pip install tensorrt`, GPU machines) or TensorRT-RTX "
                 "(`pip install tensorrt-rtx-cu13-libs tensorrt-rtx-cu13-bindings`, builds "
                 "engines ahead of time on CPU-only machines too)")
@@ -102,3 +107,23 @@ def abi_mismatch(trt: ModuleType, path: str) -> Optional[str]:
             f"{headers // 100 % 100} headers for runtime major {major.value}, but "
             f"{trt.__name__} {trt.__version__} runs here: rebuild it for this TensorRT "
             "(plugins/build.sh; one build per TensorRT major version)")
+
+
+def wheel_library_dirs(packages: Sequence[str] = WHEEL_LIBS) -> List[Path]:
+    """Folders of the installed TensorRT wheels' shared libraries, found without importing
+    them (their ``__init__`` may load libraries)."""
+    dirs: List[Path] = []
+    for name in packages:
+        spec = importlib.util.find_spec(name)
+        dirs += [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    return dirs
+
+
+def library_dir(pattern: str, packages: Sequence[str] = WHEEL_LIBS,
+                extra: Sequence[Path] = ()) -> Optional[Path]:
+    """The first folder holding a file named like ``pattern`` (glob): the wheels' folders of
+    ``packages``, then ``extra``; None when none does."""
+    for folder in wheel_library_dirs(packages) + [Path(p) for p in extra]:
+        if any(folder.glob(pattern)):
+            return folder
+    return None
