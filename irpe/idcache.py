@@ -1,7 +1,7 @@
 """The process-wide cache of bucket-id tensors, bounded by bytes (least recently used first out).
 
 Bucket ids are (L, L) int64 per grid size, per device: 8.8 MB for DETR's 25x42 grid at
-800x1333. A server fed images of many sizes would keep every grid it ever saw, so the cache
+800x1333; the fused attention's int32 id tables (irpe.fused.dispatch) are kept here too. A server fed images of many sizes would keep every grid it ever saw, so the cache
 holds at most ``IRPE_BUCKET_CACHE_MIB`` MiB (default 64; 0 disables caching) and drops the
 least recently used grids first. Serving shows its size as the ``irpe_bucket_cache_bytes`` gauge.
 """
