@@ -41,7 +41,8 @@ def _profiled_session(path):
 
 
 @pytest.mark.parametrize("method,mode,on", CASES)
-def test_every_variant_custom_ops_vs_functions_vs_torch(ort_library, tmp_path, method, mode, on):
+def test_every_variant_custom_ops_vs_functions_vs_torch(ort_library, tmp_path, monkeypatch,
+                                                        method, mode, on):
     cfg = RPEConfig(ratio=1.9, method=method, mode=mode, shared_head=True, skip=1, on=on)
     model, spec = tiny_deit(cfg)
     path = export_onnx(model, tmp_path / "m.onnx", spec=spec)
@@ -52,11 +53,16 @@ def test_every_variant_custom_ops_vs_functions_vs_torch(ort_library, tmp_path, m
     custom = custom_session.run(None, {"images": x.numpy()})[0]
     functions = create_session(path, custom_ops="off")[0].run(None, {"images": x.numpy()})[0]
     np.testing.assert_allclose(custom, ref, atol=1e-4, rtol=1e-4)
+    assert np.abs(custom - functions).max() <= 1e-5
     if on == "v":  # the scatter sums in another order than the one-hot MatMul
-        assert ops.fused_v == 2  # 2 blocks: RPEScatter -> MatMul -> Add as one node
-        assert np.abs(custom - functions).max() <= 1e-5
-    else:  # gathers copy: the custom op path is the function path, bit for bit
-        assert np.array_equal(custom, functions)
+        assert ops.fused_v == 2 and ops.fused_softmax == 0  # no gather term to fuse with
+    else:  # gathers copy: without the Softmax fusion (own exp) the path is the functions'
+        # 2 blocks: Softmax(RPEGatherAdd) as one node; bias tables are constants folded at
+        # export (no RPE node), cross adds its two gathers before the logits (left unfused)
+        assert ops.fused_softmax == (2 if mode == "ctx" and method != "cross" else 0)
+        monkeypatch.setenv("IRPE_ORT_FUSE", "gather,scatter")
+        exact = create_session(path, custom_ops="on")[0].run(None, {"images": x.numpy()})[0]
+        assert np.array_equal(exact, functions)
     if mode == "ctx":  # the library's kernels ran, not the inlined functions
         profiled = _profiled_session(path)
         profiled.run(None, {"images": x.numpy()})
@@ -161,8 +167,11 @@ def test_export_benchmark_custom_op_rows(ort_library, tmp_path):
         (tmp_path / "export_ort.md").read_text()
 
 
-def test_k_and_q_terms_fused_into_one_node_stay_bit_identical(ort_library, tmp_path):
-    """iRPE on Q and K: both logits terms run as one RPEGatherAdd2 per block."""
+def test_k_and_q_terms_fused_into_one_node_stay_bit_identical(ort_library, tmp_path,
+                                                              monkeypatch):
+    """iRPE on Q and K: both logits terms run as one RPEGatherAdd2 per block (bit-identical
+    without the Softmax fusion, which has its own exp)."""
+    monkeypatch.setenv("IRPE_ORT_FUSE", "gather,scatter")
     cfg = RPEConfig(ratio=1.9, method="product", mode="ctx", shared_head=False, skip=1, on="qk")
     model, spec = tiny_deit(cfg)
     path = export_onnx(model, tmp_path / "m.onnx", spec=spec)

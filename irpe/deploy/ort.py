@@ -13,8 +13,9 @@ error; ``off`` never loads it. The mode comes from the caller, else ``$IRPE_ORT_
 ``$IRPE_ORT_OPS_LIBRARY`` names the library file (default: the checkout's build/plugins/).
 With the CPU library, each ``Add(x, RPEGather(...))`` is loaded as one ``RPEGatherAdd`` node
 and each V term ``Add(x, MatMul(RPEScatter(...), W))`` as one ``RPEScatterMatMulAdd``
-(:mod:`irpe.deploy.ort_fuse`; the file is not changed; ``$IRPE_ORT_FUSE=0`` turns both off,
-``$IRPE_ORT_FUSE=gather`` keeps only the gather fusion).
+and a Softmax of such logits as one ``RPEGatherAdd*Softmax*`` (:mod:`irpe.deploy.ort_fuse`; the
+file is not changed; ``$IRPE_ORT_FUSE=0`` turns them off, a comma list such as
+``gather,scatter`` keeps only those stages).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ log = logging.getLogger("irpe.deploy.ort")
 MODES = ("auto", "on", "off")
 MODE_ENV = "IRPE_ORT_CUSTOM_OPS"
 LIBRARY_ENV = "IRPE_ORT_OPS_LIBRARY"
-FUSE_ENV = "IRPE_ORT_FUSE"  # "0": no load-time fusion; "gather": the gather+Add ones only
+FUSE_ENV = "IRPE_ORT_FUSE"  # "0": no load-time fusion; else stages (ort_fuse.parse_stages)
 _BUILD_DIR = Path(__file__).resolve().parents[2] / "build" / "plugins"
 _CPU_LIB, _CUDA_LIB = "libirpe_ort_ops.so", "libirpe_ort_ops_cuda.so"
 _GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
@@ -51,12 +52,14 @@ class OpsPath:
     reason: str
     fused: int = 0  # Add(x, RPEGather) pairs run as one RPEGatherAdd
     fused_v: int = 0  # Add(x, MatMul(RPEScatter, W)) chains run as one RPEScatterMatMulAdd
+    fused_softmax: int = 0  # Softmax(RPEGatherAdd*) run as one RPEGatherAdd*Softmax*
 
     def describe(self) -> str:
         """One line for logs and reports."""
         if self.custom_ops:
             parts = [f"{self.fused} gather+Add"] if self.fused else []
             parts += [f"{self.fused_v} scatter+MatMul+Add"] if self.fused_v else []
+            parts += [f"{self.fused_softmax} Softmax"] if self.fused_softmax else []
             extra = f" ({', '.join(parts)} fused)" if parts else ""
             return f"iRPE ops: custom-op library {self.library}{extra}"
         return f"iRPE ops: ONNX functions ({self.reason})"
@@ -140,14 +143,17 @@ def _plan(ort: Any, mode: str, library: Optional[os.PathLike], cuda: bool,
 
 def _fused_source(source: Union[str, bytes], path: OpsPath) -> Tuple[Union[str, bytes], OpsPath]:
     """With the CPU library: the model with the RPE ops fused at load (irpe.deploy.ort_fuse)."""
-    setting = os.environ.get(FUSE_ENV, "1").strip().lower()
-    if not path.custom_ops or setting == "0":
+    if not path.custom_ops:
         return source, path
-    from .ort_fuse import fuse_model
-    fused, count, count_v = fuse_model(source, scatter=setting != "gather")
-    if not count and not count_v:
+    from .ort_fuse import fuse_model, parse_stages
+    stages = parse_stages(os.environ.get(FUSE_ENV, "1"))
+    if not stages:
         return source, path
-    return fused, OpsPath(True, path.library, path.reason, count, count_v)
+    fused, counts = fuse_model(source, stages)
+    if not counts.gather and not counts.scatter:
+        return source, path
+    return fused, OpsPath(True, path.library, path.reason, counts.gather, counts.scatter,
+                          counts.softmax)
 
 
 def create_session(model: Union[os.PathLike, bytes], providers: Optional[List] = None, *,

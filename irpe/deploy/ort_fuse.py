@@ -2,7 +2,10 @@
 ``RPEGatherAdd(t, i, x)``, one pass over the attention logits instead of two; two such in a row
 (the iRPE-K and iRPE-Q terms) -> one ``RPEGatherAdd2``; and the iRPE-V term
 ``Add(x, MatMul(RPEScatter(a, i), W))`` -> ``RPEScatterMatMulAdd(a, i, W, x)`` (the scatter's and
-the MatMul's outputs never reach memory).
+the MatMul's outputs never reach memory); then ``Softmax(RPEGatherAdd*(...))`` ->
+``RPEGatherAdd*Softmax`` (logits built and normalised in one pass) and, where the probabilities
+also feed an ``RPEScatterMatMulAdd``, ``RPEGatherAdd*SoftmaxScatter`` whose 2nd output (the V
+bucket sums, taken from each row while it is in cache) feeds ``RPEBucketMatMulAdd(sums, W, x)``.
 
 Applied by :func:`irpe.deploy.ort.create_session` to the model it hands to ONNX Runtime, only
 when the CPU library is registered; the file on disk is never changed. A pair is fused when the
@@ -12,16 +15,42 @@ onnx cannot parse, external data, no type information) leaves the model as it is
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Tuple, Union
+from typing import Dict, FrozenSet, List, NamedTuple, Tuple, Union
 
-__all__ = ["FUSED_OP", "SCATTER_OP", "fuse_gather_add", "fuse_model", "fuse_graph",
-           "fuse_chains", "fuse_scatter"]
+__all__ = ["FUSED_OP", "SCATTER_OP", "STAGES", "FuseCounts", "fuse_gather_add", "fuse_model",
+           "fuse_graph", "fuse_chains", "fuse_scatter", "fuse_softmax", "parse_stages"]
 
 log = logging.getLogger("irpe.deploy.ort")
 
 FUSED_OP = "RPEGatherAdd"
 SCATTER_OP = "RPEScatterMatMulAdd"
+BUCKET_OP = "RPEBucketMatMulAdd"
 _DOMAIN, _GATHER = "irpe", "RPEGather"
+STAGES = ("gather", "scatter", "softmax")  # the fusions, in the order they are applied
+
+
+class FuseCounts(NamedTuple):
+    """How many of each fusion a model got."""
+
+    gather: int = 0  # Add(x, RPEGather) pairs
+    scatter: int = 0  # Add(x, MatMul(RPEScatter, W)) chains
+    softmax: int = 0  # Softmax(RPEGatherAdd*) (of which with the V bucket sums: scatter_sums)
+    scatter_sums: int = 0
+
+
+def parse_stages(setting: str) -> FrozenSet[str]:
+    """``$IRPE_ORT_FUSE``: "1"/"" all, "0" none, else a comma list of :data:`STAGES`."""
+    text = setting.strip().lower()
+    if text in ("", "1", "all"):
+        return frozenset(STAGES)
+    if text in ("0", "none"):
+        return frozenset()
+    stages = frozenset(part.strip() for part in text.split(",") if part.strip())
+    unknown = sorted(stages - set(STAGES))
+    if unknown:
+        raise ValueError(f"IRPE_ORT_FUSE: unknown stage {', '.join(unknown)} "
+                         f"(0, 1 or a comma list of {', '.join(STAGES)})")
+    return stages
 
 
 def _float_outputs(graph) -> set:
@@ -182,29 +211,98 @@ def _rewrite(graph, drop: set, replace: dict) -> None:
     graph.value_info.extend(infos)
 
 
+def _softmax_on_last_axis(node, opset: int) -> bool:
+    """A Softmax over the last axis of its 4-D input (the fused ops' output is 4-D)."""
+    from onnx import helper
+    axis = {a.name: helper.get_attribute_value(a) for a in node.attribute}.get(
+        "axis", -1 if opset >= 13 else 1)
+    return axis in (-1, 3)
+
+
+def _v_partner(graph, name: str, softmax_at: int, producer) -> int:
+    """The index of the one RPEScatterMatMulAdd reading probabilities ``name`` as its input 0
+    (its V index produced before ``softmax_at``); -1 when there is none or more than one."""
+    found = [k for k, n in enumerate(graph.node)
+             if n.domain == _DOMAIN and n.op_type == SCATTER_OP and n.input[0] == name]
+    if len(found) != 1:
+        return -1
+    made_at = producer.get(graph.node[found[0]].input[1], -1)
+    return found[0] if made_at < softmax_at else -1
+
+
+def fuse_softmax(graph, opset: int = 18, scatter: bool = True) -> Tuple[int, int]:
+    """``Softmax(RPEGatherAdd*(...))`` -> ``RPEGatherAdd*Softmax`` (with ``scatter`` and an
+    RPEScatterMatMulAdd on the probabilities: the *SoftmaxScatter form + RPEBucketMatMulAdd),
+    in place; returns (fused softmaxes, of which with the V sums)."""
+    from onnx import helper
+    producer = {out: k for k, node in enumerate(graph.node) for out in node.output}
+    uses = _consumers(graph)
+    drop, replace, with_v = set(), {}, 0
+    for k, node in enumerate(graph.node):
+        if (node.op_type != "Softmax" or node.domain not in ("", "ai.onnx") or
+                not _softmax_on_last_axis(node, opset)):
+            continue
+        g = producer.get(node.input[0])
+        add = graph.node[g] if g is not None else None
+        if (add is None or add.domain != _DOMAIN or add.op_type not in (FUSED_OP, FUSED_OP + "2")
+                or uses.get(node.input[0]) != 1 or g in drop):
+            continue
+        v = _v_partner(graph, node.output[0], k, producer) if scatter else -1
+        inputs, outputs = list(add.input), list(node.output)
+        attrs = list(add.attribute)
+        if v >= 0:
+            vnode = graph.node[v]
+            sums = node.output[0] + "/irpe_v_sums"
+            inputs.append(vnode.input[1])
+            outputs.append(sums)
+            buckets = {a.name: helper.get_attribute_value(a) for a in vnode.attribute}
+            attrs.append(helper.make_attribute("scatter_buckets", int(buckets["num_buckets"])))
+            bucket = helper.make_node(BUCKET_OP, [sums, vnode.input[2], vnode.input[3]],
+                                      list(vnode.output), name=vnode.name + "/sums",
+                                      domain=_DOMAIN)
+            bucket.attribute.extend(vnode.attribute)
+            replace[v] = bucket
+            with_v += 1
+        op = add.op_type + ("SoftmaxScatter" if v >= 0 else "Softmax")
+        fused = helper.make_node(op, inputs, outputs, name=node.name + "/irpe_fused_softmax",
+                                 domain=_DOMAIN)
+        fused.attribute.extend(attrs)
+        drop.add(g)
+        replace[k] = fused
+    _rewrite(graph, drop, replace)
+    return len(replace) - with_v, with_v
+
+
 def fuse_gather_add(source: Union[str, bytes]) -> Tuple[Union[str, bytes], int]:
     """The model (path or bytes) with the gather pairs fused, as bytes, and the count; the
     source itself and 0 when there is nothing to fuse or the model cannot be handled here."""
-    fused, gathers, _ = fuse_model(source, scatter=False)
-    return fused, gathers
+    fused, counts = fuse_model(source, stages=("gather",))
+    return fused, counts.gather
 
 
-def fuse_model(source: Union[str, bytes], scatter: bool = True
-               ) -> Tuple[Union[str, bytes], int, int]:
-    """The model with the gather pairs (and with ``scatter`` the V chains) fused, and the two
-    counts; the source itself and 0, 0 when nothing is fused or the model cannot be handled."""
+def _opset(model) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def fuse_model(source: Union[str, bytes], stages=STAGES
+               ) -> Tuple[Union[str, bytes], FuseCounts]:
+    """The model with the fusions in ``stages`` (:data:`STAGES`) applied, and their counts; the
+    source itself and zero counts when nothing is fused or the model cannot be handled."""
     try:
         import onnx
         from onnx.external_data_helper import uses_external_data
         model = (onnx.load_from_string(source) if isinstance(source, bytes)
                  else onnx.load(source, load_external_data=False))
-        if any(uses_external_data(t) for t in model.graph.initializer):
-            return source, 0, 0
+        if any(uses_external_data(t) for t in model.graph.initializer) or "gather" not in stages:
+            return source, FuseCounts()
         count = fuse_graph(model.graph)
         if count:
             fuse_chains(model.graph)
-        v = fuse_scatter(model.graph) if scatter else 0
-        return (model.SerializeToString(), count, v) if count or v else (source, 0, 0)
+        v = fuse_scatter(model.graph) if "scatter" in stages else 0
+        soft, sums = (fuse_softmax(model.graph, _opset(model), scatter="scatter" in stages)
+                      if "softmax" in stages else (0, 0))
+        counts = FuseCounts(count, v, soft, sums)
+        return (model.SerializeToString(), counts) if count or v else (source, FuseCounts())
     except Exception as exc:  # leave the model to ONNX Runtime, which reports its own errors
         log.debug("no RPE fusion: %s", exc)
-        return source, 0, 0
+        return source, FuseCounts()

@@ -1,6 +1,7 @@
 // Node attributes (read robustly: every one optional except RPEScatter's num_buckets), the
 // problem sizes from the input shapes, and the on-the-fly id cache.
 #include <algorithm>
+#include <cstdlib>
 
 #include "irpe_methods.h"
 #include "rpe_cpu.h"
@@ -108,8 +109,17 @@ std::string check(const RpeConfig& c)
 
 }  // namespace
 
-char const* op_name(Op op, bool grid, int adds)
+char const* op_name(Op op, bool grid, int adds, Fused fused)
 {
+    if (fused == Fused::kSoftmax) {
+        return adds == 2 ? "RPEGatherAdd2Softmax" : "RPEGatherAddSoftmax";
+    }
+    if (fused == Fused::kSoftmaxScatter) {
+        return adds == 2 ? "RPEGatherAdd2SoftmaxScatter" : "RPEGatherAddSoftmaxScatter";
+    }
+    if (fused == Fused::kBucketMatMulAdd) {
+        return "RPEBucketMatMulAdd";
+    }
     if (adds) {
         return adds == 2 ? "RPEGatherAdd2" : "RPEGatherAdd";
     }
@@ -117,6 +127,22 @@ char const* op_name(Op op, bool grid, int adds)
         return grid ? "RPEGatherGrid" : "RPEGather";
     }
     return grid ? "RPEScatterGrid" : "RPEScatter";
+}
+
+Simd simd_level()
+{
+    Simd cpu = Simd::kPortable;
+    if (__builtin_cpu_supports("avx512f")) {
+        cpu = Simd::kAvx512;
+    } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        cpu = Simd::kAvx2;
+    }
+    const char* cap = std::getenv("IRPE_ORT_SIMD");
+    const std::string want = cap ? cap : "";
+    const Simd limit = want == "portable" ? Simd::kPortable
+                       : want == "avx2"   ? Simd::kAvx2
+                                          : Simd::kAvx512;
+    return std::min(cpu, limit);
 }
 
 int RpeConfig::method_id() const
@@ -135,6 +161,14 @@ std::string read_config(const OrtApi& api, const OrtKernelInfo* info, RpeConfig&
     }
     if (get_int(api, info, "num_buckets", c.num_buckets) == Attr::kWrongType) {
         return "attribute 'num_buckets' must be an int";
+    }
+    if (c.fused == Fused::kSoftmaxScatter) {
+        if (get_int(api, info, "scatter_buckets", c.scatter_buckets) == Attr::kWrongType) {
+            return "attribute 'scatter_buckets' must be an int";
+        }
+        if (c.scatter_buckets < 1 || c.scatter_buckets > INT32_MAX) {
+            return "attribute 'scatter_buckets' (K of the V index) must be in [1, 2^31)";
+        }
     }
     if (c.grid) {  // the plain ops ignore these, as TensorRT's parser does (not their fields)
         if (get_string(api, info, "method", c.method) == Attr::kWrongType) {

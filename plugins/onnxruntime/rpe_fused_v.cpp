@@ -12,6 +12,7 @@
 
 #include "rpe_cpu.h"
 #include "rpe_ort.h"
+#include "rpe_simd.h"
 
 namespace irpe_ort {
 
@@ -30,7 +31,7 @@ struct VJob {
     const float* base = nullptr;
     int64_t base_stride[3] = {0, 0, 0};  // element strides of base over b, h, i (0: broadcast)
     float* out = nullptr;
-    bool avx2 = false;
+    WeightRowsFn simd4 = nullptr, simd1 = nullptr;  // rpe_simd.h weight rows (4 rows, 1 row)
     std::vector<int32_t> off, pos;
 };
 
@@ -74,42 +75,34 @@ void rows_times_weight(const float* s, int64_t k, const float* __restrict w, int
     }
 }
 
-// The same with AVX2 + FMA (chosen at run time): strips of 16 columns, 2 ymm per row.
+// out_r = base_r + s_r @ weight for R rows: the SIMD strips (rpe_simd.h) where the CPU has
+// them, the portable strips and tail for the rest of the columns.
 template <int R>
-__attribute__((target("avx2,fma"))) void rows_times_weight_avx2(
-    const float* s, int64_t k, const float* __restrict w, int64_t d, const float* const* base,
-    float* const* out)
+void times_weight(const VJob& job, const float* s, const float* const* base, float* const* out)
 {
-    int64_t c0 = 0;
-    for (; c0 + 16 <= d; c0 += 16) {
-        __m256 lo[R], hi[R];
-        for (int r = 0; r < R; ++r) {
-            lo[r] = _mm256_setzero_ps();
-            hi[r] = _mm256_setzero_ps();
-        }
-        for (int64_t t = 0; t < k; ++t) {
-            const __m256 w0 = _mm256_loadu_ps(w + t * d + c0);
-            const __m256 w1 = _mm256_loadu_ps(w + t * d + c0 + 8);
-            for (int r = 0; r < R; ++r) {
-                const __m256 st = _mm256_set1_ps(s[r * k + t]);
-                lo[r] = _mm256_fmadd_ps(st, w0, lo[r]);
-                hi[r] = _mm256_fmadd_ps(st, w1, hi[r]);
-            }
-        }
-        for (int r = 0; r < R; ++r) {
-            _mm256_storeu_ps(out[r] + c0, _mm256_add_ps(_mm256_loadu_ps(base[r] + c0), lo[r]));
-            _mm256_storeu_ps(out[r] + c0 + 8,
-                             _mm256_add_ps(_mm256_loadu_ps(base[r] + c0 + 8), hi[r]));
-        }
+    const WeightRowsFn simd = R == 4 ? job.simd4 : job.simd1;
+    const int64_t c0 = simd != nullptr ? simd(s, job.p.k, job.weight, job.d, base, out) : 0;
+    if (c0 == job.d) {
+        return;
     }
-    if (c0 < d) {  // D % 16 columns: the portable strips and tail
-        const float* b2[R];
-        float* o2[R];
-        for (int r = 0; r < R; ++r) {
-            b2[r] = base[r] + c0;
-            o2[r] = out[r] + c0;
-        }
-        rows_times_weight<R>(s, k, w + c0, d, d - c0, b2, o2);
+    const float* b2[R];
+    float* o2[R];
+    for (int r = 0; r < R; ++r) {
+        b2[r] = base[r] + c0;
+        o2[r] = out[r] + c0;
+    }
+    rows_times_weight<R>(s, job.p.k, job.weight + c0, job.d, job.d - c0, b2, o2);
+}
+
+// The weight rows of this SIMD level (rpe_simd_*.cpp); portable: the V4 strips only.
+void pick_simd(VJob& job, Simd simd)
+{
+    if (simd == Simd::kAvx512) {
+        job.simd4 = &weight_rows4_avx512;
+        job.simd1 = &weight_rows1_avx512;
+    } else if (simd == Simd::kAvx2) {
+        job.simd4 = &weight_rows4_avx2;
+        job.simd1 = &weight_rows1_avx2;
     }
 }
 
@@ -137,54 +130,79 @@ void v_chunk(void* data, size_t chunk)
         }
         if (count == 4) {
             scatter_rows4(job.attn + r * p.lk, p.lq * p.lk, off, pos, p.k, sums.data(), p.k);
-            if (job.avx2) {
-                rows_times_weight_avx2<4>(sums.data(), p.k, job.weight, job.d, base, out);
-            } else {
-                rows_times_weight<4>(sums.data(), p.k, job.weight, job.d, job.d, base, out);
-            }
+            times_weight<4>(job, sums.data(), base, out);
             continue;
         }
         for (int64_t c = 0; c < count; ++c) {
             scatter_row(job.attn + (r + c * p.lq) * p.lk, off, pos, p.k, sums.data());
-            if (job.avx2) {
-                rows_times_weight_avx2<1>(sums.data(), p.k, job.weight, job.d, base + c, out + c);
-            } else {
-                rows_times_weight<1>(sums.data(), p.k, job.weight, job.d, job.d, base + c,
-                                     out + c);
-            }
+            times_weight<1>(job, sums.data(), base + c, out + c);
         }
     }
 }
 
-OrtStatusPtr v_fail(const std::string& message)
+// RPEBucketMatMulAdd: blocks of 4 consecutive rows r (flattened b, h, i) of the given sums.
+void bucket_chunk(void* data, size_t chunk)
 {
-    const std::string text = "RPEScatterMatMulAdd: " + message;
+    const VJob& job = *static_cast<const VJob*>(data);
+    const Problem& p = job.p;
+    const int64_t rows = p.batch * p.heads * p.lq;
+    const int64_t begin = static_cast<int64_t>(chunk) * job.chunk * 4;
+    const int64_t end = std::min(begin + job.chunk * 4, rows);
+    const float* sums = static_cast<const float*>(job.ids);
+    const int64_t* bs = job.base_stride;
+    for (int64_t r = begin; r < end; r += 4) {
+        const int64_t count = std::min<int64_t>(4, end - r);
+        const float* base[4];
+        float* out[4];
+        for (int64_t c = 0; c < count; ++c) {
+            const int64_t i = (r + c) % p.lq, bh = (r + c) / p.lq;
+            base[c] = job.base + bh / p.heads * bs[0] + bh % p.heads * bs[1] + i * bs[2];
+            out[c] = job.out + (r + c) * job.d;
+        }
+        if (count == 4) {
+            times_weight<4>(job, sums + r * p.k, base, out);
+            continue;
+        }
+        for (int64_t c = 0; c < count; ++c) {
+            times_weight<1>(job, sums + (r + c) * p.k, base + c, out + c);
+        }
+    }
+}
+
+OrtStatusPtr v_fail(const std::string& message, const char* op = "RPEScatterMatMulAdd")
+{
+    const std::string text = std::string(op) + ": " + message;
     return Ort::GetApi().CreateStatus(ORT_INVALID_ARGUMENT, text.c_str());
 }
 
 // Weight [..., K, D] with leading dims 1; base broadcasting to [B, H, Lq, D] along its first
 // three dims (strides set here): "" or what is wrong.
-std::string check_shapes(VJob& job, const std::vector<int64_t>& w, std::vector<int64_t> base)
+std::string check_shapes(VJob& job, const std::vector<int64_t>& w, std::vector<int64_t> base,
+                         int weight_input)
 {
     if (w.size() < 2 || w[w.size() - 2] != job.p.k) {
-        return "input 2 (weight) must be [..., K=" + std::to_string(job.p.k) + ", D]";
+        return "input " + std::to_string(weight_input) + " (weight) must be [..., K=" +
+               std::to_string(job.p.k) + ", D]";
     }
     for (size_t n = 0; n + 2 < w.size(); ++n) {
         if (w[n] != 1) {
-            return "input 2 (weight) must be shared by all heads (leading dims 1)";
+            return "input " + std::to_string(weight_input) +
+                   " (weight) must be shared by all heads (leading dims 1)";
         }
     }
     const Problem& p = job.p;
     const int64_t out[4] = {p.batch, p.heads, p.lq, w.back()};
     if (base.size() > 4 || base.empty() || base.back() != w.back()) {
-        return "input 3 (base) must broadcast to [B, H, Lq, D] with its last dim D = " +
+        return "input " + std::to_string(weight_input + 1) +
+               " (base) must broadcast to [B, H, Lq, D] with its last dim D = " +
                std::to_string(w.back());
     }
     base.insert(base.begin(), 4 - base.size(), 1);
     int64_t stride = base[3];
     for (int d = 2; d >= 0; --d) {
         if (base[d] != out[d] && base[d] != 1) {
-            return "input 3 (base) dim " + std::to_string(d) + " is " + std::to_string(base[d]) +
+            return "input " + std::to_string(weight_input + 1) + " (base) dim " +
+                   std::to_string(d) + " is " + std::to_string(base[d]) +
                    ", the output's " + std::to_string(out[d]);
         }
         job.base_stride[d] = base[d] == 1 ? 0 : stride;
@@ -212,7 +230,8 @@ OrtStatusPtr scatter_matmul_add_cpu(const RpeConfig& c, Ort::KernelContext& ctx)
         return v_fail("index must be int32 or int64");
     }
     const auto w_dims = weight.GetTensorTypeAndShapeInfo().GetShape();
-    const std::string error = check_shapes(job, w_dims, base.GetTensorTypeAndShapeInfo().GetShape());
+    const std::string error =
+        check_shapes(job, w_dims, base.GetTensorTypeAndShapeInfo().GetShape(), 2);
     if (!error.empty()) {
         return v_fail(error);
     }
@@ -227,7 +246,7 @@ OrtStatusPtr scatter_matmul_add_cpu(const RpeConfig& c, Ort::KernelContext& ctx)
     job.weight = weight.GetTensorData<float>();
     job.base = base.GetTensorData<float>();
     job.out = out.GetTensorMutableData<float>();
-    job.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    pick_simd(job, c.simd);
     job.off.assign(static_cast<size_t>(p.lq * (p.k + 1)), 0);
     job.pos.resize(static_cast<size_t>(p.lq * p.lk));
     const int64_t rows = chunk_rows(p.lq, p.lk);
@@ -237,6 +256,45 @@ OrtStatusPtr scatter_matmul_add_cpu(const RpeConfig& c, Ort::KernelContext& ctx)
     job.groups = (p.batch * p.heads + 3) / 4 * p.lq;
     job.chunk = chunk_rows(job.groups, 4 * (p.lk + p.k * job.d / 4));
     parallel(ctx, &v_chunk, (job.groups + job.chunk - 1) / job.chunk, &job);
+    return nullptr;
+}
+
+OrtStatusPtr bucket_matmul_add_cpu(Simd simd, Ort::KernelContext& ctx)
+{
+    auto sums = ctx.GetInput(0);
+    auto weight = ctx.GetInput(1);
+    auto base = ctx.GetInput(2);
+    const auto dims = sums.GetTensorTypeAndShapeInfo().GetShape();
+    constexpr const char* kOp = "RPEBucketMatMulAdd";
+    if (dims.size() != 4) {
+        return v_fail("input 0 (bucket sums) must be [B, H, Lq, K]", kOp);
+    }
+    VJob job;
+    job.p.batch = dims[0];
+    job.p.heads = dims[1];
+    job.p.lq = dims[2];
+    job.p.k = dims[3];
+    const auto w_dims = weight.GetTensorTypeAndShapeInfo().GetShape();
+    const std::string error =
+        check_shapes(job, w_dims, base.GetTensorTypeAndShapeInfo().GetShape(), 1);
+    if (!error.empty()) {
+        return v_fail(error, kOp);
+    }
+    const Problem& p = job.p;
+    job.d = w_dims.back();
+    auto out = ctx.GetOutput(0, {p.batch, p.heads, p.lq, job.d});
+    const int64_t rows = p.batch * p.heads * p.lq;
+    if (rows == 0 || job.d == 0) {
+        return nullptr;
+    }
+    job.ids = sums.GetTensorData<float>();
+    job.weight = weight.GetTensorData<float>();
+    job.base = base.GetTensorData<float>();
+    job.out = out.GetTensorMutableData<float>();
+    pick_simd(job, simd);
+    job.chunk = chunk_rows((rows + 3) / 4, 4 * p.k * job.d / 4);
+    const int64_t blocks = (rows + 3) / 4;
+    parallel(ctx, &bucket_chunk, (blocks + job.chunk - 1) / job.chunk, &job);
     return nullptr;
 }
 

@@ -20,6 +20,16 @@ namespace irpe_ort {
 
 enum class Op { kGather, kScatter };
 
+// The load-time fused forms beyond RPEGatherAdd* (irpe/deploy/ort_fuse.py): Softmax of the
+// gather-add (kSoftmax), the same plus the iRPE-V bucket sums as a 2nd output
+// (kSoftmaxScatter), and base + sums @ weight (kBucketMatMulAdd, RPEBucketMatMulAdd).
+enum class Fused { kNone, kSoftmax, kSoftmaxScatter, kBucketMatMulAdd };
+
+// The vector code the CPU kernels use: the widest the CPU has, capped by $IRPE_ORT_SIMD
+// (portable | avx2 | avx512; read when a kernel is created) to test or compare the paths.
+enum class Simd { kPortable, kAvx2, kAvx512 };
+Simd simd_level();
+
 // The node's attributes: exactly the fields the TensorRT creator of the same name advertises
 // (plugins/tensorrt/README.md): RPEGather/RPEScatter num_buckets; the *Grid forms (ids computed
 // on the fly from input 1's last two dims) method, ratio, skip and an optional num_buckets.
@@ -28,7 +38,10 @@ struct RpeConfig {
     bool grid = false;
     int adds = 0;  // RPEGatherAdd (1): input 2 + gather; RPEGatherAdd2 (2): + a 2nd gather of
                    // inputs 3, 4. Adds fused at session load (irpe/deploy/ort_fuse.py)
+    Fused fused = Fused::kNone;
+    Simd simd = Simd::kPortable;
     int64_t num_buckets = 0;  // 0 = not set (RPEGather: the table's last dim)
+    int64_t scatter_buckets = 0;  // kSoftmaxScatter: K of the iRPE-V index (attribute)
     std::string method;       // "" = ids from input 1; else computed (on the fly)
     float ratio = 0.0f;
     int64_t skip = 0;
@@ -36,7 +49,7 @@ struct RpeConfig {
     int method_id() const;
 };
 
-char const* op_name(Op op, bool grid = false, int adds = 0);
+char const* op_name(Op op, bool grid = false, int adds = 0, Fused fused = Fused::kNone);
 
 // Reads and checks the node's attributes; returns "" or what is wrong with them.
 std::string read_config(const OrtApi& api, const OrtKernelInfo* info, RpeConfig& config);
@@ -86,16 +99,49 @@ void lists_task(void* data, size_t chunk)
     }
 }
 
+// Bucket lists (rpe_cpu.h) of every row of an [Lq, Lk] index: row i's at off[i * (K + 1)] and
+// pos[i * Lk].
+struct BucketLists {
+    std::vector<int32_t> off, pos;
+};
+
+// A kernel's bucket lists: built once per (Lq, Lk, K) when its index input is constant (an
+// initializer), else on every call (rpe_ort_rows.cpp).
+class BucketListCache {
+ public:
+    bool constant = false;
+    std::shared_ptr<const BucketLists> get(Ort::KernelContext& ctx, const void* ids, bool wide,
+                                           int64_t lq, int64_t lk, int64_t k);
+
+ private:
+    struct Entry {
+        int64_t lq, lk, k;
+        std::shared_ptr<const BucketLists> lists;
+    };
+    std::mutex mutex_;
+    std::vector<Entry> entries_;
+};
+
+class NarrowedIds;  // rpe_terms.h
+
 // CPU compute of RPEGather / RPEScatter (rpe_ort_rows.cpp): every output row on ORT's pool.
 OrtStatusPtr rows_cpu(const RpeConfig& c, GridIdCache& cache, Ort::KernelContext& ctx);
 
 // CPU compute of RPEGatherAdd / RPEGatherAdd2 (rpe_fused.cpp), float32.
-OrtStatusPtr gather_add_cpu(const RpeConfig& c, Ort::KernelContext& ctx);
+OrtStatusPtr gather_add_cpu(const RpeConfig& c, NarrowedIds& ids, Ort::KernelContext& ctx);
+
+// CPU compute of RPEGatherAdd*Softmax* (rpe_softmax.cpp), float32.
+OrtStatusPtr softmax_cpu(const RpeConfig& c, NarrowedIds& ids, BucketListCache& lists,
+                         Ort::KernelContext& ctx);
 
 // RpeConfig::adds of RPEScatterMatMulAdd (base + RPEScatter @ weight; rpe_fused_v.cpp, fp32 CPU).
 constexpr int kScatterMatMulAdd = 3;
 constexpr const char* kScatterMatMulAddName = "RPEScatterMatMulAdd";
 OrtStatusPtr scatter_matmul_add_cpu(const RpeConfig& c, Ort::KernelContext& ctx);
+
+// RPEBucketMatMulAdd(sums, weight, base) = base + sums @ weight (rpe_fused_v.cpp, fp32 CPU):
+// the iRPE-V term when RPEGatherAdd*SoftmaxScatter already gave the bucket sums.
+OrtStatusPtr bucket_matmul_add_cpu(Simd simd, Ort::KernelContext& ctx);
 
 #ifdef IRPE_ORT_WITH_CUDA
 // CUDA EP compute (rpe_ort_cuda.cpp): runs the plugins/kernels kernels on ORT's stream.

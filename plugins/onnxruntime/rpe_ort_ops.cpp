@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <exception>
 
-#include "rpe_ort.h"
+#include "rpe_terms.h"
 
 #define IRPE_ORT_STR2(x) #x
 #define IRPE_ORT_STR(x) IRPE_ORT_STR2(x)
@@ -47,10 +47,25 @@ std::string node_name(const OrtApi& api, const OrtKernelInfo* info)
     return name;
 }
 
+// Whether input `index` of the node is a constant (an initializer): its data never changes.
+bool constant_input(const OrtApi& api, const OrtKernelInfo* info, size_t index)
+{
+    int constant = 0;
+    const OrtValue* value = nullptr;
+    OrtStatus* s = api.KernelInfoGetConstantInput_tensor(info, index, &constant, &value);
+    if (s != nullptr) {
+        api.ReleaseStatus(s);
+        return false;
+    }
+    return constant != 0;
+}
+
 struct RpeKernel {
     RpeConfig config;
     bool cuda = false;
     GridIdCache grid_cache;
+    NarrowedIds narrowed;    // fused gather terms: constant ids narrowed to int32 once
+    BucketListCache lists;   // *SoftmaxScatter: the V index's bucket lists
 
     OrtStatusPtr ComputeV2(OrtKernelContext* context)
     {
@@ -61,14 +76,22 @@ struct RpeKernel {
                 return cuda_compute(Ort::GetApi(), config, ctx);
             }
 #endif
+            if (config.fused == Fused::kSoftmax || config.fused == Fused::kSoftmaxScatter) {
+                return softmax_cpu(config, narrowed, lists, ctx);
+            }
+            if (config.fused == Fused::kBucketMatMulAdd) {
+                return bucket_matmul_add_cpu(config.simd, ctx);
+            }
             if (config.adds == kScatterMatMulAdd) {
                 return scatter_matmul_add_cpu(config, ctx);
             }
-            return config.adds ? gather_add_cpu(config, ctx) : rows_cpu(config, grid_cache, ctx);
+            return config.adds ? gather_add_cpu(config, narrowed, ctx)
+                               : rows_cpu(config, grid_cache, ctx);
         } catch (const std::exception& e) {
             const bool v = config.adds == kScatterMatMulAdd;
             return fail(std::string(v ? kScatterMatMulAddName
-                                      : op_name(config.op, config.grid, config.adds)) + ": " + e.what());
+                                      : op_name(config.op, config.grid, config.adds, config.fused)) +
+                        ": " + e.what());
         }
     }
 
@@ -77,13 +100,17 @@ struct RpeKernel {
 // One registration per (op, EP, value type); input 1 accepts any type (checked when run:
 // an index must be int32/int64; on the fly only its shape is read).
 struct RpeOp : Ort::CustomOpBase<RpeOp, RpeKernel, true> {
-    RpeOp(Op op, bool grid, bool cuda, ONNXTensorElementDataType type, int adds = 0)
-        : op_(op), grid_(grid), adds_(adds), cuda_(cuda), type_(type)
+    RpeOp(Op op, bool grid, bool cuda, ONNXTensorElementDataType type, int adds = 0,
+          Fused fused = Fused::kNone)
+        : op_(op), grid_(grid), adds_(adds), fused_(fused), cuda_(cuda), type_(type)
     {
         OrtCustomOp::InferOutputShapeFn = &RpeOp::infer_shape;
-        if (adds) {  // the fused ops may write into their base when ORT can spare it
+        if (adds || fused != Fused::kNone) {  // fused ops may write into their base when ORT can
             OrtCustomOp::GetMayInplace =
                 adds == kScatterMatMulAdd ? &RpeOp::base3_inplace : &RpeOp::base_inplace;
+            if (fused == Fused::kBucketMatMulAdd) {
+                OrtCustomOp::GetMayInplace = &RpeOp::base_inplace;
+            }
             OrtCustomOp::ReleaseMayInplace = &RpeOp::release_inplace;
         }
     }
@@ -94,8 +121,17 @@ struct RpeOp : Ort::CustomOpBase<RpeOp, RpeKernel, true> {
         kernel->config.op = op_;
         kernel->config.grid = grid_;
         kernel->config.adds = adds_;
+        kernel->config.fused = fused_;
+        kernel->config.simd = simd_level();
         kernel->cuda = cuda_;
         const std::string error = read_config(api, info, kernel->config);
+        if (error.empty() && adds_ && adds_ != kScatterMatMulAdd) {  // gather terms' index inputs
+            kernel->narrowed.constant[0] = constant_input(api, info, 1);
+            kernel->narrowed.constant[1] = adds_ == 2 && constant_input(api, info, 4);
+        }
+        if (error.empty() && fused_ == Fused::kSoftmaxScatter) {
+            kernel->lists.constant = constant_input(api, info, GetInputTypeCount() - 1);
+        }
         if (!error.empty()) {
             return api.CreateStatus(ORT_INVALID_ARGUMENT, (std::string(GetName()) + " node '" +
                                                            node_name(api, info) + "': " + error)
@@ -107,18 +143,29 @@ struct RpeOp : Ort::CustomOpBase<RpeOp, RpeKernel, true> {
 
     const char* GetName() const
     {
-        return adds_ == kScatterMatMulAdd ? kScatterMatMulAddName : op_name(op_, grid_, adds_);
+        return adds_ == kScatterMatMulAdd ? kScatterMatMulAddName
+                                          : op_name(op_, grid_, adds_, fused_);
     }
     const char* GetExecutionProviderType() const
     {
         return cuda_ ? "CUDAExecutionProvider" : "CPUExecutionProvider";
     }
-    size_t GetInputTypeCount() const { return adds_ == 2 ? 5 : adds_ == 3 ? 4 : adds_ ? 3 : 2; }
+    size_t GetInputTypeCount() const
+    {
+        if (fused_ == Fused::kBucketMatMulAdd) {
+            return 3;  // sums, weight, base
+        }
+        const size_t gathers = adds_ == 2 ? 5 : adds_ == 3 ? 4 : adds_ ? 3 : 2;
+        return gathers + (fused_ == Fused::kSoftmaxScatter ? 1 : 0);  // + the V index
+    }
     ONNXTensorElementDataType GetInputType(size_t i) const
     {
-        return i == 1 || i == 4 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : type_;
+        const bool index = fused_ == Fused::kBucketMatMulAdd ? false
+                           : i == 1 || (i == 4 && adds_ == 2) ||
+                                 (fused_ == Fused::kSoftmaxScatter && i + 1 == GetInputTypeCount());
+        return index ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : type_;
     }
-    size_t GetOutputTypeCount() const { return 1; }
+    size_t GetOutputTypeCount() const { return fused_ == Fused::kSoftmaxScatter ? 2 : 1; }
     ONNXTensorElementDataType GetOutputType(size_t) const { return type_; }
 
  private:
@@ -147,6 +194,7 @@ struct RpeOp : Ort::CustomOpBase<RpeOp, RpeKernel, true> {
     Op op_;
     bool grid_;
     int adds_;
+    Fused fused_;
     bool cuda_;
     ONNXTensorElementDataType type_;
 };
@@ -158,7 +206,8 @@ OrtStatusPtr ORT_API_CALL RpeOp::infer_shape(const OrtCustomOp* self, OrtShapeIn
         Ort::ShapeInferContext ctx(&Ort::GetApi(), c);
         const auto in = ctx.GetInputShape(0);
         const auto index = ctx.GetInputShape(1);
-        if (op.grid_ || op.adds_ || in.size() != 4 || index.size() != 2) {
+        if (op.grid_ || op.adds_ || op.fused_ != Fused::kNone || in.size() != 4 ||
+            index.size() != 2) {
             return nullptr;  // on the fly or unknown rank: the kernel checks at run time
         }
         using Dim = Ort::ShapeInferContext::SymbolicInteger;
@@ -206,13 +255,19 @@ void make_ops()
             }
         }
         for (int adds = 1; adds <= 2 && !cuda; ++adds) {  // irpe.deploy.ort's fusion (CPU, fp32)
-            g_ops.push_back(std::make_unique<RpeOp>(Op::kGather, false, false,
-                                                    ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, adds));
+            for (Fused fused : {Fused::kNone, Fused::kSoftmax, Fused::kSoftmaxScatter}) {
+                g_ops.push_back(std::make_unique<RpeOp>(Op::kGather, false, false,
+                                                        ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, adds,
+                                                        fused));
+            }
         }
         if (!cuda) {  // RPEScatterMatMulAdd (irpe.deploy.ort_fuse, CPU, fp32)
             g_ops.push_back(std::make_unique<RpeOp>(Op::kScatter, false, false,
                                                     ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
                                                     kScatterMatMulAdd));
+            g_ops.push_back(std::make_unique<RpeOp>(Op::kScatter, false, false,
+                                                    ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, 0,
+                                                    Fused::kBucketMatMulAdd));
         }
     }
 }

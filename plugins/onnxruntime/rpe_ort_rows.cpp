@@ -30,6 +30,48 @@ void parallel(Ort::KernelContext& ctx, void (*fn)(void*, size_t), int64_t tasks,
 
 namespace {
 
+struct ListsJob {  // lists_task's job
+    Problem p;
+    const void* ids = nullptr;
+    std::vector<int32_t> off, pos;
+};
+
+}  // namespace
+
+std::shared_ptr<const BucketLists> BucketListCache::get(Ort::KernelContext& ctx, const void* ids,
+                                                        bool wide, int64_t lq, int64_t lk,
+                                                        int64_t k)
+{
+    std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
+    if (constant) {
+        lock.lock();  // one build per size even when sessions run concurrently
+        for (const Entry& e : entries_) {
+            if (e.lq == lq && e.lk == lk && e.k == k) {
+                return e.lists;
+            }
+        }
+    }
+    ListsJob job;
+    job.p.lq = lq;
+    job.p.lk = lk;
+    job.p.k = k;
+    job.ids = ids;
+    job.off.assign(static_cast<size_t>(lq * (k + 1)), 0);
+    job.pos.resize(static_cast<size_t>(lq * lk));
+    const int64_t rows = chunk_rows(lq, lk);
+    parallel(ctx, wide ? &lists_task<int64_t, ListsJob> : &lists_task<int32_t, ListsJob>,
+             (lq + rows - 1) / rows, &job);
+    auto lists = std::make_shared<BucketLists>();
+    lists->off = std::move(job.off);
+    lists->pos = std::move(job.pos);
+    if (constant) {
+        entries_.push_back({lq, lk, k, lists});
+    }
+    return lists;
+}
+
+namespace {
+
 OrtStatusPtr fail(const std::string& message)
 {
     return Ort::GetApi().CreateStatus(ORT_INVALID_ARGUMENT, message.c_str());
