@@ -128,4 +128,46 @@ int64_t weight_rows1_avx512(const float*, int64_t, const float*, int64_t, const 
 
 }  // namespace irpe_ort
 
+// The members of a vector type V that only differ by the intrinsics' width W (256 / 512):
+// element-wise float ops and scale (y * 2^n for integral n in [-127, 127]; 2^-127 encodes as 0,
+// so exp gives 0 there). min(a, b) returns b when either is NaN: exp keeps a NaN.
+#define IRPE_SIMD_ELEMENTWISE(W)                                                               \
+    static T set1(float v) { return _mm##W##_set1_ps(v); }                                     \
+    static T load(const float* p) { return _mm##W##_loadu_ps(p); }                            \
+    static void store(float* p, T v) { _mm##W##_storeu_ps(p, v); }                             \
+    static T max(T a, T b) { return _mm##W##_max_ps(a, b); }                                   \
+    static T min(T a, T b) { return _mm##W##_min_ps(a, b); }                                   \
+    static T add(T a, T b) { return _mm##W##_add_ps(a, b); }                                   \
+    static T sub(T a, T b) { return _mm##W##_sub_ps(a, b); }                                   \
+    static T mul(T a, T b) { return _mm##W##_mul_ps(a, b); }                                   \
+    static T fmadd(T a, T b, T c) { return _mm##W##_fmadd_ps(a, b, c); }                      \
+    static T fnmadd(T a, T b, T c) { return _mm##W##_fnmadd_ps(a, b, c); }                     \
+    static T scale(T y, T n)                                                                   \
+    {                                                                                          \
+        return _mm##W##_mul_ps(y, _mm##W##_castsi##W##_ps(_mm##W##_slli_epi32(                 \
+            _mm##W##_add_epi32(_mm##W##_cvtps_epi32(n), _mm##W##_set1_epi32(127)), 23)));      \
+    }
+
+// The entry points above for vector type V, named with suffix ISA (one use per rpe_simd_*.cpp,
+// inside namespace irpe_ort).
+#define IRPE_SIMD_ENTRY_POINTS(V, ISA)                                                         \
+    void softmax_rows4_##ISA(float* const* x, int64_t n, float* const* out)                    \
+    {                                                                                          \
+        softmax_rows<V, 4>(x, n, out);                                                         \
+    }                                                                                          \
+    void softmax_rows1_##ISA(float* const* x, int64_t n, float* const* out)                    \
+    {                                                                                          \
+        softmax_rows<V, 1>(x, n, out);                                                         \
+    }                                                                                          \
+    int64_t weight_rows4_##ISA(const float* s, int64_t k, const float* w, int64_t d,           \
+                               const float* const* base, float* const* out)                    \
+    {                                                                                          \
+        return rows_times_weight<V, 4>(s, k, w, d, base, out);                                 \
+    }                                                                                          \
+    int64_t weight_rows1_##ISA(const float* s, int64_t k, const float* w, int64_t d,           \
+                               const float* const* base, float* const* out)                    \
+    {                                                                                          \
+        return rows_times_weight<V, 1>(s, k, w, d, base, out);                                 \
+    }
+
 #endif  // IRPE_ORT_RPE_SIMD_H

@@ -130,7 +130,8 @@ std::string read_lists(const RpeConfig& c, Ort::KernelContext& ctx, SoftmaxJob& 
     const auto info = index.GetTensorTypeAndShapeInfo();
     const auto dims = info.GetShape();
     const auto type = info.GetElementType();
-    if (type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 && type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64) {
+    if (type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 &&
+        type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64) {
         return "the scatter index must be int32 or int64";
     }
     if (dims.size() != 2 || dims[0] != job.add.lq || dims[1] != job.add.lk) {
