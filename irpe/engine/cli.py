@@ -92,6 +92,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise CLIError(f"--json {args.json}: folder {os.path.dirname(args.json)} not found")
     torch.set_num_threads(args.threads)
     dist, device = setup(args.device)
+    ended_well = False
     try:
         model, spec = load_for_eval(args.model, args.checkpoint)
         model = model.to(device)
@@ -103,8 +104,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         else:
             metrics = evaluate_detection(model, dataset, args.batch_size, device, category_ids,
                                          dist)
+        ended_well = True
     finally:
-        teardown(dist)
+        teardown(dist, meet=ended_well)
     if dist.main:
         _report(spec, args, metrics)
     return 0

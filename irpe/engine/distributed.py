@@ -110,11 +110,17 @@ def setup(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> Tuple[D
     return Dist(rank, world, local_rank, dist.get_backend()), dev
 
 
-def teardown(d: Dist) -> None:
-    """Leave the process group (end of a torchrun job)."""
+def teardown(d: Dist, meet: bool = True) -> None:
+    """Leave the process group (end of a torchrun job). With ``meet`` (a job that ended well)
+    all ranks meet first: a gloo rank that destroys its group while a peer is still working
+    (rank 0 writing checkpoints) can abort at exit ("terminate called without an active
+    exception", seen once in a full test run). A failing rank leaves at once (no barrier that
+    would hold it until the timeout)."""
     if d.world > 1:
         import torch.distributed as dist
         if dist.is_initialized():
+            if meet:
+                dist.barrier()
             dist.destroy_process_group()
 
 

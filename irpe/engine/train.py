@@ -273,9 +273,12 @@ def train(cfg: TrainConfig) -> Dict:
     """Run a training job end to end; returns the final record (metrics, time, best)."""
     trainer = Trainer(cfg)
     try:
-        return trainer.run()
-    finally:
-        teardown(trainer.dist)
+        record = trainer.run()
+    except BaseException:
+        teardown(trainer.dist, meet=False)
+        raise
+    teardown(trainer.dist)
+    return record
 
 
 CONFIG_FIELDS = {f.name for f in fields(TrainConfig)}
