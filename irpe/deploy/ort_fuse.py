@@ -219,11 +219,10 @@ def _softmax_on_last_axis(node, opset: int) -> bool:
     return axis in (-1, 3)
 
 
-def _v_partner(graph, name: str, softmax_at: int, producer) -> int:
+def _v_partner(graph, name: str, softmax_at: int, producer, v_readers) -> int:
     """The index of the one RPEScatterMatMulAdd reading probabilities ``name`` as its input 0
     (its V index produced before ``softmax_at``); -1 when there is none or more than one."""
-    found = [k for k, n in enumerate(graph.node)
-             if n.domain == _DOMAIN and n.op_type == SCATTER_OP and n.input[0] == name]
+    found = v_readers.get(name, [])
     if len(found) != 1:
         return -1
     made_at = producer.get(graph.node[found[0]].input[1], -1)
@@ -237,6 +236,10 @@ def fuse_softmax(graph, opset: int = 18, scatter: bool = True) -> Tuple[int, int
     from onnx import helper
     producer = {out: k for k, node in enumerate(graph.node) for out in node.output}
     uses = _consumers(graph)
+    v_readers: Dict[str, List[int]] = {}  # probabilities -> the RPEScatterMatMulAdd nodes
+    for k, node in enumerate(graph.node):
+        if node.domain == _DOMAIN and node.op_type == SCATTER_OP:
+            v_readers.setdefault(node.input[0], []).append(k)
     drop, replace, with_v = set(), {}, 0
     for k, node in enumerate(graph.node):
         if (node.op_type != "Softmax" or node.domain not in ("", "ai.onnx") or
@@ -247,7 +250,7 @@ def fuse_softmax(graph, opset: int = 18, scatter: bool = True) -> Tuple[int, int
         if (add is None or add.domain != _DOMAIN or add.op_type not in (FUSED_OP, FUSED_OP + "2")
                 or uses.get(node.input[0]) != 1 or g in drop):
             continue
-        v = _v_partner(graph, node.output[0], k, producer) if scatter else -1
+        v = _v_partner(graph, node.output[0], k, producer, v_readers) if scatter else -1
         inputs, outputs = list(add.input), list(node.output)
         attrs = list(add.attribute)
         if v >= 0:
