@@ -166,6 +166,7 @@ bool use_avx2(AddJob& job, NarrowedIds* cache, Simd simd)
         }
         job.ids32[n] = job.narrowed[n]->data();
     }
+    job.avx512 = simd == Simd::kAvx512;
     return true;
 }
 

@@ -5,6 +5,7 @@
 
 #include "rpe_cpu.h"
 #include "rpe_ort.h"
+#include "rpe_simd.h"
 
 namespace irpe_ort {
 
@@ -19,12 +20,34 @@ int64_t chunk_rows(int64_t rows, int64_t width)
     return std::max(by_work, (rows + kMaxTasks - 1) / kMaxTasks);
 }
 
+namespace {
+
+struct Task {  // a kernel's task function and job, and whether the CPU has AVX-512
+    void (*fn)(void*, size_t);
+    void* job;
+    bool avx512;
+};
+
+// Runs one task, then leaves the thread's AVX-512 state clean (rpe_simd.h leave_avx512).
+void run_task(void* data, size_t chunk)
+{
+    const Task& task = *static_cast<const Task*>(data);
+    task.fn(task.job, chunk);
+    if (task.avx512) {
+        leave_avx512();
+    }
+}
+
+}  // namespace
+
 void parallel(Ort::KernelContext& ctx, void (*fn)(void*, size_t), int64_t tasks, void* job)
 {
+    static const bool avx512 = __builtin_cpu_supports("avx512f");
+    Task task{fn, job, avx512};
     if (tasks <= 1) {
-        fn(job, 0);
+        run_task(&task, 0);
     } else {
-        ctx.ParallelFor(fn, static_cast<size_t>(tasks), 0, job);
+        ctx.ParallelFor(&run_task, static_cast<size_t>(tasks), 0, &task);
     }
 }
 

@@ -30,6 +30,7 @@ struct AddJob {
     const float* base = nullptr;
     bool wide = true;                   // ids are int64 (else int32)
     const int32_t* ids32[2] = {nullptr, nullptr};  // AVX2 rows: ids as int32, -1 outside [0, K)
+    bool avx512 = false;                // with ids32: the AVX-512 rows (rpe_rows_avx512.cpp)
     std::shared_ptr<const std::vector<int32_t>> narrowed[2];  // ids32's storage
 };
 
@@ -59,7 +60,7 @@ std::string read_term(const RpeConfig& c, Ort::KernelContext& ctx, size_t first,
 // base strides: "" or what is wrong.
 std::string read_add_job(const RpeConfig& c, Ort::KernelContext& ctx, AddJob& job);
 
-// Sets job.ids32 when the AVX2 rows can run (CPU, base contiguous along keys, ids fit int32):
+// Sets job.ids32 (and job.avx512 at that level) when the SIMD rows can run (CPU, base contiguous along keys, ids fit int32):
 // from `cache` for constant ids, else narrowed now. False: the scalar rows.
 bool use_avx2(AddJob& job, NarrowedIds* cache, Simd simd);
 
@@ -135,10 +136,17 @@ __attribute__((target("avx2"))) void add_row_avx2(const AddJob& job, int64_t r,
     }
 }
 
-// The row function for this job: AVX2 when job.ids32 is set, else scalar by index type.
 using AddRowFn = void (*)(const AddJob&, int64_t, float*);
+
+// The AVX-512 row function for this job's terms (rpe_rows_avx512.cpp); needs job.ids32.
+AddRowFn add_row_avx512_fn(const AddJob& job);
+
+// The row function for this job: AVX-512 or AVX2 when job.ids32 is set, else scalar by index type.
 inline AddRowFn add_row_fn(const AddJob& job)
 {
+    if (job.ids32[0] != nullptr && job.avx512) {
+        return add_row_avx512_fn(job);
+    }
     if (job.ids32[0] != nullptr) {
         return job.terms == 2 ? &add_row_avx2<2> : &add_row_avx2<1>;
     }
