@@ -1,10 +1,12 @@
 """ONNX Runtime throughput of exported DeiT-S iRPE-K / iRPE-QKV relative to exported plain DeiT-S.
 
-    python -m benchmarks.export_ort [--batch 8] [--threads 2] [--repeats 7] [--quick] [--no-custom-ops]
+    python -m benchmarks.export_ort [--batch 8] [--threads 2] [--repeats 7] [--sessions 2]
+                                    [--quick] [--no-custom-ops]
 
 Each model is exported with ``export.onnx.export_onnx`` (RPE nodes + local functions, random
-weights, non-zero iRPE tables), loaded into its own CPU session, warmed up and then timed
-round-robin (one run of each model per round) so machine drift hits all alike. Where the
+weights, non-zero iRPE tables), loaded into ``--sessions`` CPU sessions of its own, warmed up and
+then timed round-robin (one run of each session per round; a row's round time is the mean of its
+sessions) so machine drift hits all alike and no row hangs on one session's memory placement. Where the
 custom-op library (plugins/onnxruntime) is built, each iRPE file also gets a second session with
 it registered (rows ``*_ops``), timed in the same rounds with the same threads. Reports the
 median / p90 per run, images/s and the throughput ratio to the plain model against the goals
@@ -126,7 +128,7 @@ def measure_ops(threads: int, repeats: int, warmup: int,
     for key, run in runs.items():
         kind, out = key.split(":")[0], run()[0]
         np.testing.assert_allclose(out, reference.setdefault(kind, out), rtol=1e-5, atol=1e-5)
-    return _round_robin(runs, repeats, warmup, "ops")
+    return _round_robin({key: [run] for key, run in runs.items()}, repeats, warmup, "ops")
 
 
 def export_models(models: Dict[str, str], folder: Path, overrides: Dict) -> Dict[str, Path]:
@@ -146,19 +148,23 @@ def export_models(models: Dict[str, str], folder: Path, overrides: Dict) -> Dict
 
 
 def measure(paths: Dict[str, Path], batch: int, threads: int, repeats: int,
-            warmup: int, custom_ops: bool = False) -> Dict[str, List[float]]:
+            warmup: int, custom_ops: bool = False, sessions: int = 1) -> Dict[str, List[float]]:
     """Seconds per session.run for each exported file, interleaved round-robin; with
-    ``custom_ops`` the iRPE files also run with the library (key + OPS_SUFFIX)."""
+    ``custom_ops`` the iRPE files also run with the library (key + OPS_SUFFIX). With
+    ``sessions`` > 1 each row gets that many sessions of its own, each run once per round, and
+    the round's time is their mean: one session's memory placement does not decide the row."""
     x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224), dtype=np.float32)
-    runs: Dict[str, Callable[[], object]] = {}
+    runs: Dict[str, List[Callable[[], object]]] = {}
     outputs = {}
     for key, path in paths.items():
         for ops in (False, True) if custom_ops and key != "plain" else (False,):
-            session, _ = create_session(path, threads=threads, custom_ops="on" if ops else "off",
-                                        quiet=True)
             label = key + OPS_SUFFIX if ops else key
-            runs[label] = functools.partial(session.run, None, {"images": x})
-            outputs[label] = runs[label]()[0]
+            for _ in range(sessions):
+                session, _ = create_session(path, threads=threads,
+                                            custom_ops="on" if ops else "off", quiet=True)
+                runs.setdefault(label, []).append(
+                    functools.partial(session.run, None, {"images": x}))
+            outputs[label] = runs[label][0]()[0]
     for key in paths:  # the custom ops must give the functions' logits
         if key + OPS_SUFFIX in outputs:
             np.testing.assert_allclose(outputs[key + OPS_SUFFIX], outputs[key], rtol=1e-5,
@@ -166,14 +172,20 @@ def measure(paths: Dict[str, Path], batch: int, threads: int, repeats: int,
     return _round_robin(runs, repeats, warmup, "models")
 
 
-def _round_robin(runs: Dict[str, Callable[[], object]], repeats: int, warmup: int,
+def _round_robin(runs: Dict[str, List[Callable[[], object]]], repeats: int, warmup: int,
                  label: str) -> Dict[str, List[float]]:
+    """Per key, the mean seconds of its callables in each round; a round runs the first
+    callable of every key, then the second, ... so all keys see the same machine state."""
     times: Dict[str, List[float]] = {key: [] for key in runs}
     for round_ in range(warmup + repeats):
-        elapsed = {key: _seconds(run) for key, run in runs.items()}
+        elapsed: Dict[str, List[float]] = {key: [] for key in runs}
+        for n in range(max(len(fns) for fns in runs.values())):
+            for key, fns in runs.items():
+                if n < len(fns):
+                    elapsed[key].append(_seconds(fns[n]))
         for key, seconds in elapsed.items():
             if round_ >= warmup:
-                times[key].append(seconds)
+                times[key].append(statistics.fmean(seconds))
         print(f"  {label} round {round_ + 1}/{warmup + repeats}"
               f"{' (warm-up)' if round_ < warmup else ''}", flush=True)
     return times
@@ -225,7 +237,7 @@ def write_report(result: Dict, out_dir: Path) -> Path:
     lines = [f"# ONNX Runtime, exported models, on {result['device']}", "",
              f"batch {result['batch']}, {result['threads']} threads, onnxruntime "
              f"{result['onnxruntime']}, torch {result['torch']}, {result['repeats']} timed "
-             f"rounds (median), load average {result['load_before']} -> {result['load_after']}.",
+             f"rounds (median) of {result.get('sessions', 1)} session(s) per row, load average {result['load_before']} -> {result['load_after']}.",
              "", "| variant | model | median ms | p90 ms | img/s | throughput / plain | per round "
              "| best | goal |", "|---|---|---|---|---|---|---|---|---|"]
     for key, row in result["results"].items():
@@ -245,7 +257,8 @@ def _load() -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for option, default in (("batch", 8), ("threads", 2), ("repeats", 7), ("warmup", 2)):
+    for option, default in (("batch", 8), ("threads", 2), ("repeats", 7), ("warmup", 2),
+                            ("sessions", 2)):
         parser.add_argument(f"--{option}", type=int, default=default)
     parser.add_argument("--quick", action="store_true",
                         help="2-block DeiT-Ti, batch 1, 1 round: checks the report only")
@@ -253,9 +266,11 @@ def main(argv=None) -> int:
     parser.add_argument("--no-custom-ops", action="store_true",
                         help="time only the function path (no custom-op library rows)")
     args = parser.parse_args(argv)
+    if min(args.batch, args.threads, args.repeats, args.sessions) < 1 or args.warmup < 0:
+        parser.error("--batch, --threads, --repeats and --sessions must be >= 1, --warmup >= 0")
     models, overrides = dict(MODELS), {}
     if args.quick:
-        args.batch, args.repeats, args.warmup = 1, 1, 1
+        args.batch, args.repeats, args.warmup, args.sessions = 1, 1, 1, 1
         models = {k: v.replace("small", "tiny") for k, v in MODELS.items() if k != "irpe_qkv"}
         overrides = QUICK_OVERRIDES
     import onnxruntime
@@ -269,12 +284,12 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         paths = export_models(models, Path(tmp), overrides)
         times = measure(paths, args.batch, args.threads, args.repeats, args.warmup,
-                        library is not None)
+                        library is not None, args.sessions)
     ops = {} if args.quick else measure_ops(args.threads, 3 * args.repeats, args.warmup,
                                             library is not None)
     result = {"device": device_name(), "onnxruntime": onnxruntime.__version__,
               "torch": torch.__version__, "batch": args.batch, "threads": args.threads,
-              "repeats": args.repeats, "quick": args.quick, "date": time.strftime("%Y-%m-%d"),
+              "repeats": args.repeats, "sessions": args.sessions, "quick": args.quick, "date": time.strftime("%Y-%m-%d"),
               "custom_op_library": str(library) if library else None,
               "load_before": load_before, "load_after": _load(),
               "results": summarize(times, models, args.batch), "ops": summarize_ops(ops)}

@@ -1,5 +1,8 @@
 """The ONNX Runtime export benchmark runs end to end in --quick mode and writes a sane report."""
 import json
+import time
+
+import pytest
 
 from benchmarks import export_ort
 
@@ -9,9 +12,30 @@ def test_quick_export_benchmark_writes_report(tmp_path):
     data = json.loads((tmp_path / "export_ort.json").read_text())
     assert set(data["results"]) == {"plain", "irpe_k"}
     assert data["results"]["plain"]["throughput_ratio"] == 1.0
+    assert data["sessions"] == 1  # --quick: one session per row
     assert data["results"]["irpe_k"]["goal"] == 0.95
     assert isinstance(data["results"]["irpe_k"]["meets_goal"], bool)
     for row in data["results"].values():
         assert row["median_ms"] > 0 and row["images_per_s"] > 0 and len(row["samples_ms"]) == 1
     assert "| irpe_k | deit_tiny_patch16_224_ctx_product_50_shared_k |" in \
         (tmp_path / "export_ort.md").read_text()
+
+
+def test_round_robin_runs_every_session_once_per_round_and_averages_them():
+    calls = []
+
+    def run(name, seconds=0.0):
+        return lambda: (calls.append(name), time.sleep(seconds))
+
+    runs = {"a": [run("a0", 0.02), run("a1", 0.04)], "b": [run("b0")]}
+    times = export_ort._round_robin(runs, repeats=2, warmup=1, label="t")
+    assert calls == ["a0", "b0", "a1"] * 3  # session n of every row, then session n + 1
+    assert len(times["a"]) == len(times["b"]) == 2  # warm-up round dropped
+    assert all(t >= 0.03 for t in times["a"])  # the mean of its two sessions' runs
+
+
+def test_bad_counts_are_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        export_ort.main(["--sessions", "0"])
+    assert exit_.value.code == 2
+    assert "--sessions must be >= 1" in capsys.readouterr().err
