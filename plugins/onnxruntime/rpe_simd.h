@@ -128,7 +128,7 @@ int64_t weight_rows1_avx512(const float*, int64_t, const float*, int64_t, const 
 
 // Zeroes zmm16-31 and the upper halves (vzeroupper leaves zmm16-31 alone). Every task on an
 // AVX-512 CPU ends with it (rpe_ort_rows.cpp parallel): dirty zmm16-31 slow down the SSE code
-// ONNX Runtime runs next on that thread (docs/onnxruntime-ops.md).
+// ONNX Runtime runs next on that thread (measured: docs/export.md).
 void leave_avx512();
 
 }  // namespace irpe_ort
