@@ -53,6 +53,7 @@ class OpsPath:
     fused: int = 0  # Add(x, RPEGather) pairs run as one RPEGatherAdd
     fused_v: int = 0  # Add(x, MatMul(RPEScatter, W)) chains run as one RPEScatterMatMulAdd
     fused_softmax: int = 0  # Softmax(RPEGatherAdd*) run as one RPEGatherAdd*Softmax*
+    q_layout: int = 0  # iRPE-Q tables computed bucket-major (irpe.deploy.ort_qlayout)
 
     def describe(self) -> str:
         """One line for logs and reports."""
@@ -61,6 +62,7 @@ class OpsPath:
             parts += [f"{self.fused_v} scatter+MatMul+Add"] if self.fused_v else []
             parts += [f"{self.fused_softmax} Softmax"] if self.fused_softmax else []
             extra = f" ({', '.join(parts)} fused)" if parts else ""
+            extra += f" ({self.q_layout} Q tables bucket-major)" if self.q_layout else ""
             return f"iRPE ops: custom-op library {self.library}{extra}"
         return f"iRPE ops: ONNX functions ({self.reason})"
 
@@ -150,10 +152,10 @@ def _fused_source(source: Union[str, bytes], path: OpsPath) -> Tuple[Union[str, 
     if not stages:
         return source, path
     fused, counts = fuse_model(source, stages)
-    if not counts.gather and not counts.scatter:
+    if not counts.gather and not counts.scatter and not counts.qlayout:
         return source, path
     return fused, OpsPath(True, path.library, path.reason, counts.gather, counts.scatter,
-                          counts.softmax)
+                          counts.softmax, counts.qlayout)
 
 
 def create_session(model: Union[os.PathLike, bytes], providers: Optional[List] = None, *,

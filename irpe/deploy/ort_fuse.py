@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 from typing import Dict, FrozenSet, List, NamedTuple, Tuple, Union
 
+from irpe.deploy.ort_qlayout import relayout_q
+
 __all__ = ["FUSED_OP", "SCATTER_OP", "STAGES", "FuseCounts", "fuse_gather_add", "fuse_model",
            "fuse_graph", "fuse_chains", "fuse_scatter", "fuse_softmax", "parse_stages"]
 
@@ -26,7 +28,7 @@ FUSED_OP = "RPEGatherAdd"
 SCATTER_OP = "RPEScatterMatMulAdd"
 BUCKET_OP = "RPEBucketMatMulAdd"
 _DOMAIN, _GATHER = "irpe", "RPEGather"
-STAGES = ("gather", "scatter", "softmax")  # the fusions, in the order they are applied
+STAGES = ("qlayout", "gather", "scatter", "softmax")  # in the order they are applied
 
 
 class FuseCounts(NamedTuple):
@@ -36,6 +38,7 @@ class FuseCounts(NamedTuple):
     scatter: int = 0  # Add(x, MatMul(RPEScatter, W)) chains
     softmax: int = 0  # Softmax(RPEGatherAdd*) (of which with the V bucket sums: scatter_sums)
     scatter_sums: int = 0
+    qlayout: int = 0  # Q-form gathers made bucket-major (irpe.deploy.ort_qlayout)
 
 
 def parse_stages(setting: str) -> FrozenSet[str]:
@@ -296,16 +299,18 @@ def fuse_model(source: Union[str, bytes], stages=STAGES
         from onnx.external_data_helper import uses_external_data
         model = (onnx.load_from_string(source) if isinstance(source, bytes)
                  else onnx.load(source, load_external_data=False))
-        if any(uses_external_data(t) for t in model.graph.initializer) or "gather" not in stages:
+        if any(uses_external_data(t) for t in model.graph.initializer) or not stages:
             return source, FuseCounts()
-        count = fuse_graph(model.graph)
+        q = (relayout_q(model.graph, lambda name: _float_rank(model.graph, name))
+             if "qlayout" in stages else 0)
+        count = fuse_graph(model.graph) if "gather" in stages else 0
         if count:
             fuse_chains(model.graph)
         v = fuse_scatter(model.graph) if "scatter" in stages else 0
         soft, sums = (fuse_softmax(model.graph, _opset(model), scatter="scatter" in stages)
                       if "softmax" in stages else (0, 0))
-        counts = FuseCounts(count, v, soft, sums)
-        return (model.SerializeToString(), counts) if count or v else (source, FuseCounts())
+        counts = FuseCounts(count, v, soft, sums, q)
+        return (model.SerializeToString(), counts) if count or v or q else (source, FuseCounts())
     except Exception as exc:  # leave the model to ONNX Runtime, which reports its own errors
         log.debug("no RPE fusion: %s", exc)
         return source, FuseCounts()
