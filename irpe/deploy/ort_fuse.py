@@ -6,6 +6,7 @@ the MatMul's outputs never reach memory); then ``Softmax(RPEGatherAdd*(...))`` -
 ``RPEGatherAdd*Softmax`` (logits built and normalised in one pass) and, where the probabilities
 also feed an ``RPEScatterMatMulAdd``, ``RPEGatherAdd*SoftmaxScatter`` whose 2nd output (the V
 bucket sums, taken from each row while it is in cache) feeds ``RPEBucketMatMulAdd(sums, W, x)``.
+First of all (stage ``qlayout``, irpe.deploy.ort_qlayout) the iRPE-Q table is made bucket-major.
 
 Applied by :func:`irpe.deploy.ort.create_session` to the model it hands to ONNX Runtime, only
 when the CPU library is registered; the file on disk is never changed. A pair is fused when the
