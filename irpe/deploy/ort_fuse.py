@@ -302,8 +302,8 @@ def fuse_model(source: Union[str, bytes], stages=STAGES
                  else onnx.load(source, load_external_data=False))
         if any(uses_external_data(t) for t in model.graph.initializer) or not stages:
             return source, FuseCounts()
-        q = (relayout_q(model.graph, lambda name: _float_rank(model.graph, name))
-             if "qlayout" in stages else 0)
+        q = (relayout_q(model.graph, lambda name: _float_rank(model.graph, name),
+                        _consumers(model.graph)) if "qlayout" in stages else 0)
         count = fuse_graph(model.graph) if "gather" in stages else 0
         if count:
             fuse_chains(model.graph)

@@ -70,17 +70,11 @@ def _scaled_source(name: str, producer: Dict, uses: Dict, inits: Dict, rank) -> 
     return name, np.float32(1), None
 
 
-def relayout_q(graph, rank) -> int:
+def relayout_q(graph, rank, uses: Dict[str, int]) -> int:
     """Rewrites every Q-form RPEGather of ``graph`` in place (``rank(name)``: a float tensor's
-    declared rank, -1 unknown); returns how many."""
+    declared rank, -1 unknown; ``uses``: readers per tensor name); returns how many."""
     from onnx import helper, numpy_helper
     producer = {out: node for node in graph.node for out in node.output}
-    uses: Dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            uses[name] = uses.get(name, 0) + 1
-    for out in graph.output:
-        uses[out.name] = uses.get(out.name, 0) + 1
     inits = {t.name: t for t in graph.initializer}
     swap: Dict[int, List] = {}  # id(old node) -> its replacement nodes (the Mul: none)
     replaced = set()  # initializers given a rewritten twin: dropped below when unused
