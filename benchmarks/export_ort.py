@@ -6,7 +6,8 @@
 Each model is exported with ``export.onnx.export_onnx`` (RPE nodes + local functions, random
 weights, non-zero iRPE tables), loaded into ``--sessions`` CPU sessions of its own, warmed up and
 then timed round-robin (one run of each session per round; a row's round time is the mean of its
-sessions) so machine drift hits all alike and no row hangs on one session's memory placement. Where the
+sessions) so machine drift hits all alike and no row hangs on one session's memory placement.
+Where the
 custom-op library (plugins/onnxruntime) is built, each iRPE file also gets a second session with
 it registered (rows ``*_ops``), timed in the same rounds with the same threads. Reports the
 median / p90 per run, images/s and the throughput ratio to the plain model against the goals
@@ -237,7 +238,8 @@ def write_report(result: Dict, out_dir: Path) -> Path:
     lines = [f"# ONNX Runtime, exported models, on {result['device']}", "",
              f"batch {result['batch']}, {result['threads']} threads, onnxruntime "
              f"{result['onnxruntime']}, torch {result['torch']}, {result['repeats']} timed "
-             f"rounds (median) of {result.get('sessions', 1)} session(s) per row, load average {result['load_before']} -> {result['load_after']}.",
+             f"rounds (median) of {result.get('sessions', 1)} session(s) per row, load average "
+             f"{result['load_before']} -> {result['load_after']}.",
              "", "| variant | model | median ms | p90 ms | img/s | throughput / plain | per round "
              "| best | goal |", "|---|---|---|---|---|---|---|---|---|"]
     for key, row in result["results"].items():
@@ -289,7 +291,8 @@ def main(argv=None) -> int:
                                             library is not None)
     result = {"device": device_name(), "onnxruntime": onnxruntime.__version__,
               "torch": torch.__version__, "batch": args.batch, "threads": args.threads,
-              "repeats": args.repeats, "sessions": args.sessions, "quick": args.quick, "date": time.strftime("%Y-%m-%d"),
+              "repeats": args.repeats, "sessions": args.sessions, "quick": args.quick,
+              "date": time.strftime("%Y-%m-%d"),
               "custom_op_library": str(library) if library else None,
               "load_before": load_before, "load_after": _load(),
               "results": summarize(times, models, args.batch), "ops": summarize_ops(ops)}

@@ -15,15 +15,11 @@ __all__ = ["relayout_q"]
 _SUFFIX = "/irpe_qlayout"
 
 
-def _q_codes(ids, kb: int):
-    """c of ids j * kb + c (0 <= c < kb) for every entry, or None when any is of another form."""
-    import numpy as np
-    c = ids.astype(np.int64) - np.arange(ids.shape[1], dtype=np.int64)[None, :] * kb
-    return c if ids.ndim == 2 and bool(((c >= 0) & (c < kb)).all()) else None
-
-
-def _match(node, producer: Dict, uses: Dict, inits: Dict, rank) -> Optional[tuple]:
-    """(MatMul node, W, bucket-major ids) when ``node`` is the Q-form RPEGather; else None."""
+def _match(node, producer: Dict, uses: Dict, inits: Dict, rank,
+           majors: Dict) -> Optional[tuple]:
+    """(MatMul, Mul or None, k, scaled W, bucket-major ids) when ``node`` is the Q-form
+    RPEGather; else None. ``majors``: index name -> its bucket-major ids (or None), filled here
+    so an index the blocks share is decoded once."""
     import numpy as np
     from onnx import helper, numpy_helper
     if node.op_type != "RPEGather" or node.domain != "irpe" or len(node.input) != 2:
@@ -38,18 +34,33 @@ def _match(node, producer: Dict, uses: Dict, inits: Dict, rank) -> Optional[tupl
             matmul.input[1] not in inits or node.input[1] not in inits or
             rank(matmul.input[0]) != 4):
         return None
-    w, ids = (numpy_helper.to_array(inits[n]) for n in (matmul.input[1], node.input[1]))
-    source, scale, mul = _scaled_source(matmul.input[0], producer, uses, inits, rank)
+    w = numpy_helper.to_array(inits[matmul.input[1]])
     buckets = {a.name: helper.get_attribute_value(a) for a in node.attribute}.get("num_buckets")
-    if w.dtype != np.float32 or w.ndim != 4 or w.shape[0] != 1 or ids.ndim != 2:
+    if w.dtype != np.float32 or w.ndim != 4 or w.shape[0] != 1:
         return None
-    kb, keys = w.shape[3], ids.shape[1]
-    codes = _q_codes(ids, kb)
-    if (codes is None or buckets != keys * kb or len(shape) != 4 or shape[2] != 1 or
-            shape[3] not in (-1, keys * kb)):
+    kb = w.shape[3]
+    key = (node.input[1], kb)
+    if key not in majors:
+        majors[key] = _bucket_major(numpy_helper.to_array(inits[node.input[1]]), kb)
+    major = majors[key]
+    if (major is None or buckets != major.shape[1] * kb or len(shape) != 4 or shape[2] != 1 or
+            shape[3] not in (-1, major.shape[1] * kb)):
         return None
-    major = codes * keys + np.arange(keys, dtype=np.int64)[None, :]
-    return matmul, mul, source, (w * scale).astype(np.float32), major.astype(ids.dtype)
+    source, scale, mul = _scaled_source(matmul.input[0], producer, uses, inits, rank)
+    return matmul, mul, source, (w * scale).astype(np.float32), major
+
+
+def _bucket_major(ids, kb: int):
+    """ids c * L + j for Q-form ids j * kb + c, 0 <= c < kb ([Lq, L]), same dtype; None when
+    any id is of another form."""
+    import numpy as np
+    if ids.ndim != 2:
+        return None
+    keys = np.arange(ids.shape[1], dtype=np.int64)[None, :]
+    codes = ids.astype(np.int64) - keys * kb
+    if not bool(((codes >= 0) & (codes < kb)).all()):
+        return None
+    return (codes * ids.shape[1] + keys).astype(ids.dtype)
 
 
 def _scaled_source(name: str, producer: Dict, uses: Dict, inits: Dict, rank) -> tuple:
@@ -78,8 +89,9 @@ def relayout_q(graph, rank, uses: Dict[str, int]) -> int:
     inits = {t.name: t for t in graph.initializer}
     swap: Dict[int, List] = {}  # id(old node) -> its replacement nodes (the Mul: none)
     replaced = set()  # initializers given a rewritten twin: dropped below when unused
+    majors: Dict = {}
     for node in list(graph.node):
-        found = _match(node, producer, uses, inits, rank)
+        found = _match(node, producer, uses, inits, rank, majors)
         if found is None:
             continue
         matmul, mul, source, w, major = found

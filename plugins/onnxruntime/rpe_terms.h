@@ -60,7 +60,8 @@ std::string read_term(const RpeConfig& c, Ort::KernelContext& ctx, size_t first,
 // base strides: "" or what is wrong.
 std::string read_add_job(const RpeConfig& c, Ort::KernelContext& ctx, AddJob& job);
 
-// Sets job.ids32 (and job.avx512 at that level) when the SIMD rows can run (CPU, base contiguous along keys, ids fit int32):
+// Sets job.ids32 (and job.avx512 at that level) when the SIMD rows can run (CPU, base contiguous
+// along keys, ids fit int32):
 // from `cache` for constant ids, else narrowed now. False: the scalar rows.
 bool use_avx2(AddJob& job, NarrowedIds* cache, Simd simd);
 
