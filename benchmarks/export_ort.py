@@ -7,7 +7,9 @@ Each model is exported with ``export.onnx.export_onnx`` (RPE nodes + local funct
 weights, non-zero iRPE tables), loaded into ``--sessions`` CPU sessions of its own, warmed up and
 then timed round-robin (one run of each session per round; a row's round time is the mean of its
 sessions) so machine drift hits all alike and no row hangs on one session's memory placement.
-Where the
+All sessions share ONE intra-op thread pool (``irpe.deploy.ort.share_thread_pool``): with a
+pool each, the idle workers of the session that ran last spin on the cores for tens of ms and
+slow the next one, which skewed the ratios by several hundredths (docs/export.md). Where the
 custom-op library (plugins/onnxruntime) is built, each iRPE file also gets a second session with
 it registered (rows ``*_ops``), timed in the same rounds with the same threads. Reports the
 median / p90 per run, images/s and the throughput ratio to the plain model against the goals
@@ -34,7 +36,7 @@ import torch
 
 from benchmarks import deit_forward
 from benchmarks.deit_forward import MODELS, device_name
-from irpe.deploy.ort import create_session, find_library
+from irpe.deploy.ort import create_session, find_library, share_thread_pool
 
 GOALS = {"irpe_k": 0.95, "irpe_qkv": 0.90, "irpe_k_ops": 0.98, "irpe_qkv_ops": 0.95}
 OPS_SUFFIX = "_ops"  # rows of the sessions with the custom-op library
@@ -238,7 +240,8 @@ def write_report(result: Dict, out_dir: Path) -> Path:
     lines = [f"# ONNX Runtime, exported models, on {result['device']}", "",
              f"batch {result['batch']}, {result['threads']} threads, onnxruntime "
              f"{result['onnxruntime']}, torch {result['torch']}, {result['repeats']} timed "
-             f"rounds (median) of {result.get('sessions', 1)} session(s) per row, load average "
+             f"rounds (median) of {result.get('sessions', 1)} session(s) per row, "
+             f"{result.get('thread_pool', 'per session')} thread pool, load average "
              f"{result['load_before']} -> {result['load_after']}.",
              "", "| variant | model | median ms | p90 ms | img/s | throughput / plain | per round "
              "| best | goal |", "|---|---|---|---|---|---|---|---|---|"]
@@ -277,6 +280,7 @@ def main(argv=None) -> int:
         overrides = QUICK_OVERRIDES
     import onnxruntime
     torch.set_num_threads(args.threads)
+    shared = share_thread_pool(args.threads)
     print(f"ONNX Runtime export benchmark: batch {args.batch}, {args.threads} threads, "
           f"{args.repeats} rounds", flush=True)
     library = None if args.no_custom_ops else find_library()
@@ -292,6 +296,7 @@ def main(argv=None) -> int:
     result = {"device": device_name(), "onnxruntime": onnxruntime.__version__,
               "torch": torch.__version__, "batch": args.batch, "threads": args.threads,
               "repeats": args.repeats, "sessions": args.sessions, "quick": args.quick,
+              "thread_pool": "shared" if shared else "per session",
               "date": time.strftime("%Y-%m-%d"),
               "custom_op_library": str(library) if library else None,
               "load_before": load_before, "load_after": _load(),

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 __all__ = ["MODES", "MODE_ENV", "LIBRARY_ENV", "FUSE_ENV", "CustomOpsError", "OpsPath", "default_library",
-           "resolve_mode", "find_library", "session_options", "create_session"]
+           "resolve_mode", "find_library", "share_thread_pool", "session_options",
+           "create_session"]
 
 log = logging.getLogger("irpe.deploy.ort")
 
@@ -37,6 +38,7 @@ FUSE_ENV = "IRPE_ORT_FUSE"  # "0": no load-time fusion; else stages (ort_fuse.pa
 _BUILD_DIR = Path(__file__).resolve().parents[2] / "build" / "plugins"
 _CPU_LIB, _CUDA_LIB = "libirpe_ort_ops.so", "libirpe_ort_ops_cuda.so"
 _GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+_shared_pool: Optional[int] = None  # intra-op threads of the process-wide pool, once made
 
 
 class CustomOpsError(RuntimeError):
@@ -99,10 +101,33 @@ def find_library(library: Optional[os.PathLike] = None, cuda: bool = False) -> O
     return path if path.is_file() else None
 
 
+def share_thread_pool(threads: int) -> bool:
+    """Makes ONE process-wide ONNX Runtime intra-op pool of ``threads`` threads for every session
+    this module makes from then on. Sessions timed side by side then do not meet each other's
+    idle workers, which spin for tens of ms after a run (docs/export.md). Process-wide and for
+    good: ONNX Runtime then refuses a session with a pool of its own, so call it only in a
+    process whose sessions all come from here (the benchmarks). False when the pool exists with
+    another size or could not be made."""
+    global _shared_pool
+    if _shared_pool is not None:
+        return _shared_pool == int(threads)
+    import onnxruntime as ort
+    try:
+        ort.set_global_thread_pool_sizes(int(threads), 1)
+    except Exception as exc:  # made before, outside this module: "cannot replace them"
+        log.warning("no shared thread pool: %s", _first_line(exc))
+        return False
+    _shared_pool = int(threads)
+    return True
+
+
 def session_options(ort: Any, threads: Optional[int] = None) -> Any:
-    """SessionOptions with intra-op threads (inter-op 1) when ``threads`` is given."""
+    """SessionOptions on the shared pool once there is one (:func:`share_thread_pool`), else
+    with a pool of ``threads`` intra-op threads (inter-op 1) when given."""
     options = ort.SessionOptions()
-    if threads:
+    if _shared_pool is not None:
+        options.use_per_session_threads = False
+    elif threads:
         options.intra_op_num_threads, options.inter_op_num_threads = int(threads), 1
     return options
 
