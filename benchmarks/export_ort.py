@@ -1,7 +1,7 @@
 """ONNX Runtime throughput of exported DeiT-S iRPE-K / iRPE-QKV relative to exported plain DeiT-S.
 
     python -m benchmarks.export_ort [--batch 8] [--threads 2] [--repeats 7] [--sessions 2]
-                                    [--quick] [--no-custom-ops]
+                                    [--quick] [--no-custom-ops] [--own-pools]
 
 Each model is exported with ``export.onnx.export_onnx`` (RPE nodes + local functions, random
 weights, non-zero iRPE tables), loaded into ``--sessions`` CPU sessions of its own, warmed up and
@@ -9,7 +9,8 @@ then timed round-robin (one run of each session per round; a row's round time is
 sessions) so machine drift hits all alike and no row hangs on one session's memory placement.
 All sessions share ONE intra-op thread pool (``irpe.deploy.ort.share_thread_pool``): with a
 pool each, the idle workers of the session that ran last spin on the cores for tens of ms and
-slow the next one, which skewed the ratios by several hundredths (docs/export.md). Where the
+slow the next one, which skewed the ratios by several hundredths (docs/export.md;
+``--own-pools`` times it that way). Where the
 custom-op library (plugins/onnxruntime) is built, each iRPE file also gets a second session with
 it registered (rows ``*_ops``), timed in the same rounds with the same threads. Reports the
 median / p90 per run, images/s and the throughput ratio to the plain model against the goals
@@ -235,8 +236,11 @@ def _ops_lines(ops: Dict[str, Dict]) -> List[str]:
 
 
 def write_report(result: Dict, out_dir: Path) -> Path:
+    """JSON + Markdown in ``out_dir``: export_ort.*, or export_ort_own_pools.* for --own-pools."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "export_ort.json").write_text(json.dumps(result, indent=2) + "\n")
+    stem = "export_ort" if result.get("thread_pool", "shared") == "shared" else \
+        "export_ort_own_pools"
+    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# ONNX Runtime, exported models, on {result['device']}", "",
              f"batch {result['batch']}, {result['threads']} threads, onnxruntime "
              f"{result['onnxruntime']}, torch {result['torch']}, {result['repeats']} timed "
@@ -251,7 +255,7 @@ def write_report(result: Dict, out_dir: Path) -> Path:
         lines.append(f"| {key} | {row['model']} | {row['median_ms']:.1f} | {row['p90_ms']:.1f} "
                      f"| {row['images_per_s']:.1f} | {row['throughput_ratio']:.3f} "
                      f"| {row['ratio_round_median']:.3f} | {row['ratio_best']:.3f} | {goal} |")
-    path = out_dir / "export_ort.md"
+    path = out_dir / f"{stem}.md"
     path.write_text("\n".join(lines + _ops_lines(result.get("ops", {}))) + "\n")
     return path
 
@@ -268,6 +272,9 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="2-block DeiT-Ti, batch 1, 1 round: checks the report only")
     parser.add_argument("--out", type=Path, default=None, help="results folder")
+    parser.add_argument("--own-pools", action="store_true",
+                        help="a thread pool per session, as before the shared pool: shows how "
+                             "much the idle sessions' spinning workers move the ratios")
     parser.add_argument("--no-custom-ops", action="store_true",
                         help="time only the function path (no custom-op library rows)")
     args = parser.parse_args(argv)
@@ -280,7 +287,7 @@ def main(argv=None) -> int:
         overrides = QUICK_OVERRIDES
     import onnxruntime
     torch.set_num_threads(args.threads)
-    shared = share_thread_pool(args.threads)
+    shared = not args.own_pools and share_thread_pool(args.threads)
     print(f"ONNX Runtime export benchmark: batch {args.batch}, {args.threads} threads, "
           f"{args.repeats} rounds", flush=True)
     library = None if args.no_custom_ops else find_library()

@@ -12,14 +12,18 @@ from benchmarks import export_ort
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_quick_export_benchmark_writes_report(tmp_path):
+@pytest.mark.parametrize("own_pools", [False, True])
+def test_quick_export_benchmark_writes_report(tmp_path, own_pools):
     # its own process, as users run it: the shared ONNX Runtime pool is process-wide
     done = subprocess.run([sys.executable, "-m", "benchmarks.export_ort", "--quick",
-                           "--no-custom-ops", "--out", str(tmp_path)], cwd=ROOT,
+                           "--no-custom-ops", "--out", str(tmp_path)] +
+                          ["--own-pools"] * own_pools, cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    data = json.loads((tmp_path / "export_ort.json").read_text())
-    assert data["thread_pool"] == "shared"
+    stem = "export_ort_own_pools" if own_pools else "export_ort"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{stem}.json", f"{stem}.md"]
+    data = json.loads((tmp_path / f"{stem}.json").read_text())
+    assert data["thread_pool"] == ("per session" if own_pools else "shared")
     assert set(data["results"]) == {"plain", "irpe_k"}
     assert data["results"]["plain"]["throughput_ratio"] == 1.0
     assert data["sessions"] == 1  # --quick: one session per row
@@ -27,9 +31,9 @@ def test_quick_export_benchmark_writes_report(tmp_path):
     assert isinstance(data["results"]["irpe_k"]["meets_goal"], bool)
     for row in data["results"].values():
         assert row["median_ms"] > 0 and row["images_per_s"] > 0 and len(row["samples_ms"]) == 1
-    report = (tmp_path / "export_ort.md").read_text()
+    report = (tmp_path / f"{stem}.md").read_text()
     assert "| irpe_k | deit_tiny_patch16_224_ctx_product_50_shared_k |" in report
-    assert "shared thread pool" in report
+    assert f"{data['thread_pool']} thread pool" in report
 
 
 def test_round_robin_runs_every_session_once_per_round_and_averages_them():
