@@ -66,6 +66,9 @@ def cmd_models(args: argparse.Namespace) -> int:
     folder = out_dir(args.out)
     cfg = {"device": args.device, "threads": args.threads, "repeats": args.repeats,
            "warmup": args.warmup, "cache": _cache("onnx")}
+    if "onnxruntime" in backends:  # one pool: no session's idle workers spin beside another's
+        from irpe.deploy.ort import share_thread_pool
+        cfg["ort_thread_pool"] = "shared" if share_thread_pool(args.threads) else "per session"
     jobs = mb.plan(families, batches, backends, precisions, args.quick, detr_sizes, args.device)
     results = mb.run_all(jobs, cfg)
     settings = {**{k: v for k, v in cfg.items() if k != "cache"}, "models": families,
@@ -79,6 +82,9 @@ def cmd_models(args: argparse.Namespace) -> int:
                 "torch.cuda.max_memory_allocated (nvml_used_mb: NVML device total, when pynvml "
                 "is present); fp16 = .half(), bf16 = .to(torch.bfloat16)"]
                if args.device.startswith("cuda") else []),
+             *([f"onnxruntime rows: {cfg['ort_thread_pool']} thread pool (with a pool per "
+                "session, the idle workers of the session that ran last spin beside the next "
+                "one: docs/export.md)"] if "ort_thread_pool" in cfg else []),
              *mb.skipped(backends, precisions, args.device), *mb.compile_notes(results),
              *args.note]
     doc = envelope("models", settings, results, notes)
