@@ -52,6 +52,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return _run(app, settings)
 
 
+def _share_ort_pool(settings) -> None:
+    """`irpe serve` owns its process: its onnxruntime models share one intra-op pool
+    (``ort_thread_pool: shared``), made before the server loads them (docs/serve.md)."""
+    import logging
+    names = [m.name for m in settings.models if m.backend == "onnxruntime"]
+    if settings.ort_thread_pool != "shared" or not names:
+        return
+    from irpe.deploy.ort import share_thread_pool
+    shared = share_thread_pool(settings.threads)
+    logging.getLogger("irpe.serve").info("onnxruntime thread pool", extra={
+        "pool": "shared" if shared else "per_model", "threads": settings.threads or "default",
+        "models": names})
+
+
 def _user_errors(fn, *args):
     """``fn(*args)`` with settings and exporter problems turned into one-line CLI errors."""
     from irpe.errors import CLIError
@@ -113,6 +127,7 @@ def _run(app, settings) -> int:
     from .net import listen_socket
     from .server import AnnouncingServer
     sock = listen_socket(settings.host, settings.port)
+    _share_ort_pool(settings)  # here, not before: --prepare and start-up errors make no pool
     config = uvicorn.Config(app, log_config=None, access_log=False,
                             timeout_graceful_shutdown=settings.shutdown_timeout_s)
     AnnouncingServer(config, settings.model_names()).run(sockets=[sock])

@@ -122,6 +122,11 @@ class ServeSettings(BaseSettings):
     max_images: int = Field(32, ge=1, description="images per request")
     cors_origins: List[str] = Field(default_factory=list, description="empty: CORS off")
     threads: int = Field(0, ge=0, description="torch / onnxruntime CPU threads; 0 = default")
+    ort_thread_pool: Literal["shared", "per_model"] = Field(
+        "shared", description="irpe serve: the onnxruntime models share ONE intra-op pool of "
+        "`threads` threads, so one model's idle workers never spin beside another's run; "
+        "per_model: a pool each. Only `irpe serve` makes the shared pool (ONNX Runtime's "
+        "global pool is process-wide); an app built in another process keeps pools per model")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "json"
     shutdown_timeout_s: float = Field(30.0, gt=0, description="drain time on SIGTERM")
