@@ -10,7 +10,6 @@ writes JSON + Markdown under benchmarks/results/<device>/.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import re
@@ -21,6 +20,7 @@ from typing import Dict, List
 
 import torch
 
+from benchmarks.report import write_json_md
 from irpe import create_model, randomize_tables
 
 MODELS = {
@@ -77,8 +77,6 @@ def summarize(times: Dict[str, List[float]], models: Dict[str, str], batch: int)
 
 
 def write_report(result: Dict, out_dir: Path) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "deit_forward.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# DeiT forward on {result['device']}", "",
              f"batch {result['batch']}, {result['threads']} threads, torch {result['torch']}, "
              f"{result['repeats']} timed rounds (median).", "",
@@ -86,9 +84,7 @@ def write_report(result: Dict, out_dir: Path) -> Path:
     for key, row in result["results"].items():
         lines.append(f"| {key} | {row['model']} | {row['median_ms']:.1f} | {row['p90_ms']:.1f} | "
                      f"{row['images_per_s']:.1f} | {row['ratio_to_plain']:.3f} |")
-    path = out_dir / "deit_forward.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_json_md(out_dir, "deit_forward", result, lines)
 
 
 def main(argv=None) -> int:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import statistics
 import tempfile
@@ -37,6 +36,7 @@ import torch
 
 from benchmarks import deit_forward
 from benchmarks.deit_forward import MODELS, device_name
+from benchmarks.report import write_json_md
 from irpe.deploy.ort import create_session, find_library, share_thread_pool
 
 GOALS = {"irpe_k": 0.95, "irpe_qkv": 0.90, "irpe_k_ops": 0.98, "irpe_qkv_ops": 0.95}
@@ -237,10 +237,8 @@ def _ops_lines(ops: Dict[str, Dict]) -> List[str]:
 
 def write_report(result: Dict, out_dir: Path) -> Path:
     """JSON + Markdown in ``out_dir``: export_ort.*, or export_ort_own_pools.* for --own-pools."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     stem = "export_ort" if result.get("thread_pool", "shared") == "shared" else \
         "export_ort_own_pools"
-    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# ONNX Runtime, exported models, on {result['device']}", "",
              f"batch {result['batch']}, {result['threads']} threads, onnxruntime "
              f"{result['onnxruntime']}, torch {result['torch']}, {result['repeats']} timed "
@@ -255,9 +253,7 @@ def write_report(result: Dict, out_dir: Path) -> Path:
         lines.append(f"| {key} | {row['model']} | {row['median_ms']:.1f} | {row['p90_ms']:.1f} "
                      f"| {row['images_per_s']:.1f} | {row['throughput_ratio']:.3f} "
                      f"| {row['ratio_round_median']:.3f} | {row['ratio_best']:.3f} | {goal} |")
-    path = out_dir / f"{stem}.md"
-    path.write_text("\n".join(lines + _ops_lines(result.get("ops", {}))) + "\n")
-    return path
+    return write_json_md(out_dir, stem, result, lines + _ops_lines(result.get("ops", {})))
 
 
 def _load() -> str:

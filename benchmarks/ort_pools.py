@@ -23,6 +23,8 @@ from typing import Dict, List
 
 import numpy as np
 
+from benchmarks.report import write_json_md
+
 MODES = ("shared", "per_model")
 
 
@@ -66,8 +68,6 @@ def child(mode: str, paths: List[str], threads: int, repeats: int) -> Dict:
 
 
 def _report(result: Dict, out_dir: Path) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "ort_pools.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# Two ONNX Runtime models called in turn, on {result['device']}", "",
              f"{result['threads']} threads, {result['repeats']} calls per median, onnxruntime "
              f"{result['onnxruntime']}.", "",
@@ -79,9 +79,7 @@ def _report(result: Dict, out_dir: Path) -> Path:
     lines += ["", "In turn, a pool per model / one shared pool: " + ", ".join(
         f"{m} {result['modes']['per_model'][m]['mixed_ms'] / row['mixed_ms']:.2f}x"
         for m, row in result["modes"]["shared"].items())]
-    path = out_dir / "ort_pools.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_json_md(out_dir, "ort_pools", result, lines)
 
 
 def main(argv=None) -> int:

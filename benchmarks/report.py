@@ -73,6 +73,15 @@ def _cpus() -> Optional[int]:
     return os.cpu_count()
 
 
+def write_json_md(folder: Path, stem: str, result: Dict, lines: Sequence[str]) -> Path:
+    """``stem``.json (the result) and ``stem``.md (the lines) in ``folder``; the .md path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    path = folder / f"{stem}.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def out_dir(given: Optional[Path]) -> Path:
     """The folder reports go to (default benchmarks/results/<device>)."""
     return Path(given) if given else RESULTS / device()
