@@ -62,7 +62,7 @@ def _share_ort_pool(settings) -> None:
     from irpe.deploy.ort import share_thread_pool
     shared = share_thread_pool(settings.threads)
     logging.getLogger("irpe.serve").info("onnxruntime thread pool", extra={
-        "pool": "shared" if shared else "per_model", "threads": settings.threads or "default",
+        "pool": "shared" if shared else "per_model", "threads": settings.threads,  # 0: default
         "models": names})
 
 
