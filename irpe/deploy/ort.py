@@ -106,8 +106,8 @@ def share_thread_pool(threads: int) -> bool:
     this module makes from then on. Sessions timed side by side then do not meet each other's
     idle workers, which spin for tens of ms after a run (docs/export.md). Process-wide and for
     good: ONNX Runtime then refuses a session with a pool of its own, so call it only in a
-    process whose sessions all come from here (the benchmarks). False when the pool exists with
-    another size or could not be made."""
+    process whose sessions all come from here (the benchmarks, ``irpe serve``). False when the
+    pool exists with another size or could not be made."""
     global _shared_pool
     if _shared_pool is not None:
         return _shared_pool == int(threads)
