@@ -13,16 +13,17 @@ docs/serve.md). Writes benchmarks/results/<device>/ort_pools.{json,md}.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Dict, List
 
 import numpy as np
 
+from benchmarks.ops_common import time_round_robin
 from benchmarks.report import write_json_md
 
 MODES = ("shared", "per_model")
@@ -44,27 +45,15 @@ def child(mode: str, paths: List[str], threads: int, repeats: int) -> Dict:
     from irpe.deploy.ort import create_session, share_thread_pool
     if mode == "shared" and not share_thread_pool(threads):
         raise RuntimeError("could not make the shared pool")
-    runs = []
+    runs = {}
     for path in paths:
         session, _ = create_session(path, threads=threads, quiet=True)
         feeds = _feeds(session, read_onnx_spec(path).task)
-        runs.append(lambda s=session, f=feeds: s.run(None, f))
-
-    def ms(fn) -> float:
-        start = time.perf_counter()
-        fn()
-        return (time.perf_counter() - start) * 1e3
-
-    for run in runs * 3:  # warm-up
-        run()
-    alone = [[ms(run) for _ in range(repeats)] for run in runs]
-    mixed: List[List[float]] = [[] for _ in runs]
-    for _ in range(repeats):
-        for n, run in enumerate(runs):
-            mixed[n].append(ms(run))
-    return {Path(p).stem.rsplit("-", 1)[0]: {"alone_ms": statistics.median(a),
-                                             "mixed_ms": statistics.median(m)}
-            for p, a, m in zip(paths, alone, mixed)}
+        runs[Path(path).stem.rsplit("-", 1)[0]] = functools.partial(session.run, None, feeds)
+    alone = {name: time_round_robin({name: run}, repeats, 3)[name] for name, run in runs.items()}
+    mixed = time_round_robin(runs, repeats, 3)  # the models in turn, round after round
+    return {name: {"alone_ms": 1e3 * statistics.median(alone[name]),
+                   "mixed_ms": 1e3 * statistics.median(mixed[name])} for name in runs}
 
 
 def _report(result: Dict, out_dir: Path) -> Path:

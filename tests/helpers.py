@@ -31,6 +31,14 @@ TINY = dict(img_size=40, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_c
 
 # ------------------------------------------------------------------------ artifacts and images
 
+def run_python(argv: List[str], timeout: float = 600,
+               env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+    """``python ARGV`` from the checkout in a process of its own (output captured): for code
+    that changes the whole process, such as ONNX Runtime's shared thread pool."""
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
 def save_untrained(name: str, path) -> str:
     """An untrained registered model written in trained-model format (shape class names)."""
     torch.manual_seed(0)

@@ -2,15 +2,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from irpe.cli import main
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import run_python
 
 PNG_MAGIC = b"\x89PNG"
 
@@ -33,10 +29,9 @@ def _report_file(folder, stem: str, kind: str) -> dict:
 
 def test_models_quick_side_by_side(tmp_path):
     # its own process, as users run it: the shared ONNX Runtime pool is process-wide
-    done = subprocess.run([sys.executable, "-m", "irpe.cli", "bench", "models", "--quick",
-                           "--models", "deit_tiny", "--batches", "1,2", "--backends",
-                           "eager,onnxruntime", "--out", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
+    done = run_python(["-m", "irpe.cli", "bench", "models", "--quick", "--models", "deit_tiny",
+                       "--batches", "1,2", "--backends", "eager,onnxruntime", "--out",
+                       str(tmp_path)], timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     doc = _report(tmp_path, "models")
     assert doc["settings"]["ort_thread_pool"] == "shared"

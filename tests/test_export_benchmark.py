@@ -1,24 +1,18 @@
 """The ONNX Runtime export benchmark runs end to end in --quick mode and writes a sane report."""
 import json
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from benchmarks import export_ort
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import run_python
 
 
 @pytest.mark.parametrize("own_pools", [False, True])
 def test_quick_export_benchmark_writes_report(tmp_path, own_pools):
     # its own process, as users run it: the shared ONNX Runtime pool is process-wide
-    done = subprocess.run([sys.executable, "-m", "benchmarks.export_ort", "--quick",
-                           "--no-custom-ops", "--out", str(tmp_path)] +
-                          ["--own-pools"] * own_pools, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    done = run_python(["-m", "benchmarks.export_ort", "--quick", "--no-custom-ops", "--out",
+                       str(tmp_path)] + ["--own-pools"] * own_pools)
     assert done.returncode == 0, done.stderr[-2000:]
     stem = "export_ort_own_pools" if own_pools else "export_ort"
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{stem}.json", f"{stem}.md"]

@@ -6,9 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -21,9 +18,7 @@ from irpe.artifact import save_trained
 from irpe.cli import main
 from irpe.deploy.ort import create_session
 from irpe.models import pad_images
-from tests.helpers import tiny_deit
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import run_python, tiny_deit
 
 pytestmark = pytest.mark.usefixtures("ort_library_env")  # fixtures: tests/conftest.py
 
@@ -162,9 +157,8 @@ def test_serve_backend_required_library_missing(qkv_file, tmp_path, monkeypatch)
 
 def test_export_benchmark_custom_op_rows(ort_library, tmp_path):
     """benchmarks.export_ort times the library's sessions beside the function ones."""
-    done = subprocess.run([sys.executable, "-m", "benchmarks.export_ort", "--quick", "--out",
-                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, IRPE_ORT_OPS_LIBRARY=str(ort_library)))
+    done = run_python(["-m", "benchmarks.export_ort", "--quick", "--out", str(tmp_path)],
+                      env=dict(os.environ, IRPE_ORT_OPS_LIBRARY=str(ort_library)))
     assert done.returncode == 0, done.stderr[-2000:]  # own process: the pool is process-wide
     data = json.loads((tmp_path / "export_ort.json").read_text())
     assert set(data["results"]) == {"plain", "irpe_k", "irpe_k_ops"}

@@ -1,16 +1,12 @@
 """benchmarks.ort_pools: the demo models called in turn, one shared pool vs a pool per model,
 each mode in a process of its own; a sane report, bad counts exit 2."""
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import run_python
 
 
 def _run(*argv):
-    return subprocess.run([sys.executable, "-m", "benchmarks.ort_pools", *argv], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    return run_python(["-m", "benchmarks.ort_pools", *argv])
 
 
 def test_quick_run_reports_both_modes(tmp_path):

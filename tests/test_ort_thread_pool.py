@@ -1,11 +1,8 @@
-"""irpe.deploy.ort.share_thread_pool: one process-wide ONNX Runtime pool that sessions of that
-thread count share. Run in fresh processes: the pool is process-wide and made once."""
-import subprocess
-import sys
+"""irpe.deploy.ort.share_thread_pool: one process-wide ONNX Runtime pool that every session
+made afterwards shares. Run in fresh processes: the pool is process-wide and made once."""
 import textwrap
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import run_python
 
 SCRIPT = textwrap.dedent("""
     import os, sys
@@ -43,8 +40,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_sessions_share_one_pool_made_once():
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    done = run_python(["-c", SCRIPT], timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     growth = dict(line.split() for line in done.stdout.splitlines() if "_growth" in line)
     assert int(growth["shared_growth"]) == 0  # four sessions, no new worker threads
@@ -63,6 +59,5 @@ UNSHARED = textwrap.dedent("""
 
 
 def test_without_a_shared_pool_sessions_get_their_own():
-    done = subprocess.run([sys.executable, "-c", UNSHARED], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    done = run_python(["-c", UNSHARED], timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
