@@ -14,11 +14,11 @@ import torch
 
 from export.onnx import export_onnx
 from irpe import RPEConfig, create_model, save_checkpoint
-from irpe.artifact import save_trained
+from irpe.artifact import default_spec, save_trained
 from irpe.cli import main
 from irpe.deploy.ort import create_session
 from irpe.models import pad_images
-from tests.helpers import run_python, tiny_deit
+from tests.helpers import TINY, run_python, tiny_deit
 
 pytestmark = pytest.mark.usefixtures("ort_library_env")  # fixtures: tests/conftest.py
 
@@ -60,6 +60,8 @@ def test_every_variant_custom_ops_vs_functions_vs_torch(ort_library, tmp_path, m
         # 2 blocks: Softmax(RPEGatherAdd) as one node; bias tables are constants folded at
         # export (no RPE node), cross adds its two gathers before the logits (left unfused)
         assert ops.fused_softmax == (2 if mode == "ctx" and method != "cross" else 0)
+        # and then each block as one RPEAttention (irpe.deploy.ort_attention)
+        assert ops.attention == ops.fused_softmax
         monkeypatch.setenv("IRPE_ORT_FUSE", "gather,scatter")
         exact = create_session(path, custom_ops="on")[0].run(None, {"images": x.numpy()})[0]
         assert np.array_equal(exact, functions)
@@ -77,6 +79,7 @@ def test_detr_one_file_three_resolutions(ort_library, tmp_path):
     path = export_onnx("detr_tiny_irpe", tmp_path / "d.onnx",
                        checkpoint=str(tmp_path / "w.safetensors"))
     custom, ops = create_session(path, custom_ops="on", threads=2)
+    assert ops.attention == 0  # separate q/k/v projections: not the pattern RPEAttention takes
     functions, _ = create_session(path, custom_ops="off")
     for height, width in [(96, 160), (128, 128), (75, 201)]:
         images, sizes = pad_images([torch.randn(3, height, width),
@@ -88,6 +91,23 @@ def test_detr_one_file_three_resolutions(ort_library, tmp_path):
         for g, w, r in zip(got, want, (ref["pred_logits"], ref["pred_boxes"])):
             assert np.array_equal(g, w)  # DETR has iRPE-K only: gathers, bit-identical
             np.testing.assert_allclose(g, r.numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_plain_deit_attention_runs_as_one_op(ort_library, tmp_path, monkeypatch):
+    """Without iRPE the attention blocks still become RPEAttention (no terms): the kernel the
+    benchmark's plain_ops row times; IRPE_ORT_FUSE without "attention" leaves them alone."""
+    model = create_model("deit_tiny_patch16_224", **TINY).eval()  # no rpe_config: plain
+    path = export_onnx(model, tmp_path / "p.onnx",
+                       spec=default_spec("deit_tiny_patch16_224", **TINY))
+    x = torch.randn(2, 3, 40, 40)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    session, ops = create_session(path, custom_ops="on", threads=2)
+    assert ops.attention == 2 and "2 attention blocks fused" in ops.describe()
+    np.testing.assert_allclose(session.run(None, {"images": x.numpy()})[0], ref, atol=1e-4,
+                               rtol=1e-4)
+    monkeypatch.setenv("IRPE_ORT_FUSE", "qlayout,gather,scatter,softmax")
+    assert create_session(path, custom_ops="on")[1].attention == 0
 
 
 @pytest.fixture(scope="module")
@@ -161,8 +181,12 @@ def test_export_benchmark_custom_op_rows(ort_library, tmp_path):
                       env=dict(os.environ, IRPE_ORT_OPS_LIBRARY=str(ort_library)))
     assert done.returncode == 0, done.stderr[-2000:]  # own process: the pool is process-wide
     data = json.loads((tmp_path / "export_ort.json").read_text())
-    assert set(data["results"]) == {"plain", "irpe_k", "irpe_k_ops"}
+    assert set(data["results"]) == {"plain", "plain_ops", "irpe_k", "irpe_k_ops"}
     assert data["results"]["irpe_k_ops"]["goal"] == 0.98
+    rows = data["results"]  # the library's rows also against plain with the library
+    assert rows["irpe_k_ops"]["ratio_to_plain_ops"] == pytest.approx(
+        rows["plain_ops"]["median_ms"] / rows["irpe_k_ops"]["median_ms"])
+    assert rows["irpe_k"]["ratio_to_plain_ops"] is None
     assert data["custom_op_library"] == str(ort_library)
     assert "| irpe_k_ops | deit_tiny_patch16_224_ctx_product_50_shared_k |" in \
         (tmp_path / "export_ort.md").read_text()

@@ -215,7 +215,8 @@ def test_left_unfused(ort_library, case):
 
 
 def test_fuse_stage_setting():
-    assert parse_stages("1") == parse_stages("") == {"qlayout", "gather", "scatter", "softmax"}
+    assert parse_stages("1") == parse_stages("") == {"qlayout", "gather", "scatter", "softmax",
+                                                     "attention"}
     assert parse_stages("0") == frozenset() and parse_stages("gather") == {"gather"}
     assert parse_stages(" Gather , softmax ") == {"gather", "softmax"}
     with pytest.raises(ValueError, match="IRPE_ORT_FUSE: unknown stage sofmax"):

@@ -56,6 +56,7 @@ class OpsPath:
     fused_v: int = 0  # Add(x, MatMul(RPEScatter, W)) chains run as one RPEScatterMatMulAdd
     fused_softmax: int = 0  # Softmax(RPEGatherAdd*) run as one RPEGatherAdd*Softmax*
     q_layout: int = 0  # iRPE-Q tables computed bucket-major (irpe.deploy.ort_qlayout)
+    attention: int = 0  # attention blocks run as one RPEAttention (irpe.deploy.ort_attention)
 
     def describe(self) -> str:
         """One line for logs and reports."""
@@ -63,6 +64,7 @@ class OpsPath:
             parts = [f"{self.fused} gather+Add"] if self.fused else []
             parts += [f"{self.fused_v} scatter+MatMul+Add"] if self.fused_v else []
             parts += [f"{self.fused_softmax} Softmax"] if self.fused_softmax else []
+            parts += [f"{self.attention} attention blocks"] if self.attention else []
             extra = f" ({', '.join(parts)} fused)" if parts else ""
             extra += f" ({self.q_layout} Q tables bucket-major)" if self.q_layout else ""
             return f"iRPE ops: custom-op library {self.library}{extra}"
@@ -177,10 +179,10 @@ def _fused_source(source: Union[str, bytes], path: OpsPath) -> Tuple[Union[str, 
     if not stages:
         return source, path
     fused, counts = fuse_model(source, stages)
-    if not counts.gather and not counts.scatter and not counts.qlayout:
+    if not (counts.gather or counts.scatter or counts.qlayout or counts.attention):
         return source, path
     return fused, OpsPath(True, path.library, path.reason, counts.gather, counts.scatter,
-                          counts.softmax, counts.qlayout)
+                          counts.softmax, counts.qlayout, counts.attention)
 
 
 def create_session(model: Union[os.PathLike, bytes], providers: Optional[List] = None, *,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Dict, FrozenSet, List, NamedTuple, Tuple, Union
 
+from irpe.deploy.ort_attention import fuse_attention
 from irpe.deploy.ort_qlayout import relayout_q
 
 __all__ = ["FUSED_OP", "SCATTER_OP", "STAGES", "FuseCounts", "fuse_gather_add", "fuse_model",
@@ -29,7 +30,7 @@ FUSED_OP = "RPEGatherAdd"
 SCATTER_OP = "RPEScatterMatMulAdd"
 BUCKET_OP = "RPEBucketMatMulAdd"
 _DOMAIN, _GATHER = "irpe", "RPEGather"
-STAGES = ("qlayout", "gather", "scatter", "softmax")  # in the order they are applied
+STAGES = ("qlayout", "gather", "scatter", "softmax", "attention")  # in the order applied
 
 
 class FuseCounts(NamedTuple):
@@ -40,6 +41,7 @@ class FuseCounts(NamedTuple):
     softmax: int = 0  # Softmax(RPEGatherAdd*) (of which with the V bucket sums: scatter_sums)
     scatter_sums: int = 0
     qlayout: int = 0  # Q-form gathers made bucket-major (irpe.deploy.ort_qlayout)
+    attention: int = 0  # whole attention blocks run as RPEAttention (irpe.deploy.ort_attention)
 
 
 def parse_stages(setting: str) -> FrozenSet[str]:
@@ -310,8 +312,10 @@ def fuse_model(source: Union[str, bytes], stages=STAGES
         v = fuse_scatter(model.graph) if "scatter" in stages else 0
         soft, sums = (fuse_softmax(model.graph, _opset(model), scatter="scatter" in stages)
                       if "softmax" in stages else (0, 0))
-        counts = FuseCounts(count, v, soft, sums, q)
-        return (model.SerializeToString(), counts) if count or v or q else (source, FuseCounts())
+        att = (fuse_attention(model.graph, _opset(model)) if "attention" in stages else 0)
+        counts = FuseCounts(count, v, soft, sums, q, att)
+        return ((model.SerializeToString(), counts) if count or v or q or att
+                else (source, FuseCounts()))
     except Exception as exc:  # leave the model to ONNX Runtime, which reports its own errors
         log.debug("no RPE fusion: %s", exc)
         return source, FuseCounts()

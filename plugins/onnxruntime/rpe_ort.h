@@ -143,6 +143,14 @@ OrtStatusPtr scatter_matmul_add_cpu(const RpeConfig& c, Ort::KernelContext& ctx)
 // the iRPE-V term when RPEGatherAdd*SoftmaxScatter already gave the bucket sums.
 OrtStatusPtr bucket_matmul_add_cpu(Simd simd, Ort::KernelContext& ctx);
 
+// Whether input `index` of the node is a constant (an initializer): its data never changes.
+bool constant_input(const OrtApi& api, const OrtKernelInfo* info, size_t index);
+
+// RPEAttention (rpe_attention.cpp, rpe_attention.h): a whole iRPE attention block, CPU fp32;
+// made at session load by the fusion stage "attention" (irpe/deploy/ort_attention.py).
+constexpr const char* kAttentionName = "RPEAttention";
+OrtCustomOp* attention_op();
+
 #ifdef IRPE_ORT_WITH_CUDA
 // CUDA EP compute (rpe_ort_cuda.cpp): runs the plugins/kernels kernels on ORT's stream.
 OrtStatusPtr cuda_compute(const OrtApi& api, const RpeConfig& c, Ort::KernelContext& ctx);

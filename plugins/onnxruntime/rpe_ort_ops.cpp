@@ -47,7 +47,9 @@ std::string node_name(const OrtApi& api, const OrtKernelInfo* info)
     return name;
 }
 
-// Whether input `index` of the node is a constant (an initializer): its data never changes.
+
+}  // namespace
+
 bool constant_input(const OrtApi& api, const OrtKernelInfo* info, size_t index)
 {
     int constant = 0;
@@ -59,6 +61,8 @@ bool constant_input(const OrtApi& api, const OrtKernelInfo* info, size_t index)
     }
     return constant != 0;
 }
+
+namespace {
 
 struct RpeKernel {
     RpeConfig config;
@@ -309,6 +313,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base)
         for (auto& op : irpe_ort::g_ops) {
             domain.Add(op.get());
         }
+        domain.Add(irpe_ort::attention_op());
         Ort::UnownedSessionOptions(options).Add(domain);
         irpe_ort::g_domains.push_back(std::move(domain));
         return nullptr;

@@ -1,7 +1,8 @@
-// rpe_simd.h's softmax rows and weight rows on AVX-512F (16 lanes). Compiled with
+// rpe_simd.h's softmax rows and weight rows and rpe_attention.h's pairs on AVX-512F (16 lanes). Compiled with
 // -mavx512f; called only where the CPU has it (rpe_softmax.cpp checks at run time).
 #include <immintrin.h>
 
+#include "rpe_attention.h"
 #include "rpe_simd.h"
 
 namespace irpe_ort {
@@ -18,11 +19,44 @@ struct Avx512 {
     }
     static float reduce_max(T v) { return _mm512_reduce_max_ps(v); }
     static float reduce_add(T v) { return _mm512_reduce_add_ps(v); }
+    static T gather(const float* base, const int32_t* ids)  // 0 where the id is negative
+    {
+        const __m512i i = _mm512_loadu_si512(ids);
+        const __mmask16 keep = _mm512_cmpgt_epi32_mask(i, _mm512_set1_epi32(-1));
+        return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), keep, i, base, 4);
+    }
+    struct Lut {  // a table row of <= 64 entries in 4 registers (permutes), else gathers
+        const float* row;
+        bool regs;
+        T t0, t1, t2, t3;
+        Lut(const float* r, int64_t n) : row(r), regs(r != nullptr && n <= 64)
+        {
+            if (regs) {  // the row is padded to 64 with zeros (attn_pad)
+                t0 = load(r), t1 = load(r + 16), t2 = load(r + 32), t3 = load(r + 48);
+            }
+        }
+        T get(const int32_t* ids) const
+        {
+            if (!regs) {
+                return gather(row, ids);
+            }
+            const __m512i i = _mm512_loadu_si512(ids);
+            const __mmask16 keep = _mm512_cmpgt_epi32_mask(i, _mm512_set1_epi32(-1));
+            const __mmask16 high = _mm512_test_epi32_mask(i, _mm512_set1_epi32(32));
+            const T lo = _mm512_permutex2var_ps(t0, i, t1), hi = _mm512_permutex2var_ps(t2, i, t3);
+            return _mm512_maskz_mov_ps(keep, _mm512_mask_blend_ps(high, lo, hi));
+        }
+    };
 };
 
 }  // namespace
 
 IRPE_SIMD_ENTRY_POINTS(Avx512, avx512)
+
+void attention_pair_avx512(const AttnProblem& p, int64_t bh, float* scratch)
+{
+    attn_pair<Avx512, kAttnRowsAvx512>(p, bh, scratch);
+}
 
 void leave_avx512()
 {

@@ -1,0 +1,349 @@
+// RPEAttention(q, k, v, [wk, idk], [wq, idq], [idv, wv]) -> out [B, H, L, d]: a whole attention
+// block with its iRPE terms in one op (rpe_attention.h per (b, h) pair), made by the load-time
+// fusion stage "attention" (irpe/deploy/ort_attention.py), CPU, float32:
+//   logits = q @ k^T + (q @ wk)[i, idk[i, j]] + (wq @ k^T)[idq[i, j]]   (q already scaled)
+//   out    = softmax(logits) @ v + (bucket sums of softmax by idv) @ wv
+// q, k, v [B, H, L, d]; wk [.., d, Kk], wq [.., Kq, d] (idq bucket-major: c * L + j), wv
+// [.., Kv, d], weights shared by the heads (leading dims 1); ids [L, L] int32/int64, an id
+// outside its table adds 0 (the gathers' contract) or is dropped (the scatter's). Each pair is
+// one task on ONNX Runtime's pool: deterministic for any thread count.
+#include <atomic>
+#include <cmath>
+#include <exception>
+
+#include "rpe_attention.h"
+#include "rpe_ort.h"
+
+namespace irpe_ort {
+
+namespace {
+
+struct Scalar {  // the portable path: rpe_attention.h's templates on plain floats
+    using T = float;
+    static constexpr int kLanes = 1;
+    static T set1(float v) { return v; }
+    static T load(const float* p) { return *p; }
+    static void store(float* p, T v) { *p = v; }
+    static T max(T a, T b) { return a > b ? a : b; }
+    static T min(T a, T b) { return b < a ? b : a; }
+    static T add(T a, T b) { return a + b; }
+    static T sub(T a, T b) { return a - b; }
+    static T mul(T a, T b) { return a * b; }
+    static T fmadd(T a, T b, T c) { return a * b + c; }
+    static T fnmadd(T a, T b, T c) { return c - a * b; }
+    static T round(T v) { return std::nearbyint(v); }
+    static T scale(T y, T n) { return std::ldexp(y, static_cast<int>(n)); }
+    static float reduce_max(T v) { return v; }
+    static float reduce_add(T v) { return v; }
+    static T gather(const float* base, const int32_t* ids) { return *ids < 0 ? 0.0f : base[*ids]; }
+    struct Lut {
+        const float* row;
+        Lut(const float* r, int64_t) : row(r) {}
+        T get(const int32_t* ids) const { return gather(row, ids); }
+    };
+};
+constexpr int kAttnRowsPortable = 4;
+
+void attention_pair_portable(const AttnProblem& p, int64_t bh, float* scratch)
+{
+    attn_pair<Scalar, kAttnRowsPortable>(p, bh, scratch);
+}
+
+// Padded int32 id tables of the terms (rpe_attention.h: [L, attn_pad(L)], -1 outside).
+enum IdKind { kIdK, kIdQ };
+
+std::vector<int32_t> pad_ids(const void* ids, bool wide, int64_t l, int64_t k, IdKind kind)
+{
+    const int64_t lp = attn_pad(l);
+    std::vector<int32_t> out(static_cast<size_t>(l * lp), -1);
+    for (int64_t i = 0; i < l; ++i) {
+        for (int64_t j = 0; j < l; ++j) {
+            const int64_t id = wide ? static_cast<const int64_t*>(ids)[i * l + j]
+                                    : static_cast<const int32_t*>(ids)[i * l + j];
+            if (kind == kIdK) {
+                out[i * lp + j] = id >= 0 && id < k ? static_cast<int32_t>(id) : -1;
+            } else if (id >= 0 && id < k * l) {  // bucket-major c * L + j -> c * lp + j
+                if (id % l != j) {
+                    throw std::invalid_argument("the Q index must be bucket-major (c * L + j)");
+                }
+                out[i * lp + j] = static_cast<int32_t>(id / l * lp + j);
+            }
+        }
+    }
+    return out;
+}
+
+struct Input {  // one optional input: data and dims (data == nullptr: absent)
+    const void* data = nullptr;
+    std::vector<int64_t> dims;
+    bool wide = false, index = false;  // int64; int32 or int64
+};
+
+Input read_input(Ort::KernelContext& ctx, size_t i)
+{
+    Input in;
+    if (i >= ctx.GetInputCount()) {
+        return in;
+    }
+    const auto value = ctx.GetInput(i);
+    if (!value) {
+        return in;
+    }
+    const auto info = value.GetTensorTypeAndShapeInfo();
+    in.dims = info.GetShape();
+    const auto type = info.GetElementType();
+    in.wide = type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+    in.index = in.wide || type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+    const bool index_input = i == 4 || i == 6 || i == 7;
+    if (index_input != in.index || (!in.index && type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)) {
+        throw std::invalid_argument("input " + std::to_string(i) +
+                                    (index_input ? " must be an int32/int64 index"
+                                                 : " must be float32"));
+    }
+    in.data = value.GetTensorRawData();
+    return in;
+}
+
+// A shared weight's two trailing dims (leading dims must be 1).
+void weight_dims(const Input& w, const char* name, int64_t& rows, int64_t& cols)
+{
+    const size_t n = w.dims.size();
+    bool shared = n >= 2;
+    for (size_t a = 0; a + 2 < n; ++a) {
+        shared = shared && w.dims[a] == 1;
+    }
+    if (!shared) {
+        throw std::invalid_argument(std::string(name) + " must be [.., rows, cols] with leading dims 1");
+    }
+    rows = w.dims[n - 2];
+    cols = w.dims[n - 1];
+}
+
+}  // namespace
+
+class AttentionKernel {
+ public:
+    Simd simd = Simd::kPortable;
+    bool constant_ids[2] = {false, false};  // idk, idq are initializers
+    BucketListCache lists;                  // of idv
+
+    OrtStatusPtr ComputeV2(OrtKernelContext* context)
+    {
+        try {
+            return compute(context);
+        } catch (const std::exception& e) {
+            const std::string text = std::string("RPEAttention: ") + e.what();
+            return Ort::GetApi().CreateStatus(ORT_INVALID_ARGUMENT, text.c_str());
+        }
+    }
+
+ private:
+    OrtStatusPtr compute(OrtKernelContext* context);
+    std::shared_ptr<const std::vector<int32_t>> ids(int which, const Input& in, int64_t l,
+                                                    int64_t k, IdKind kind);
+    std::mutex mutex_;
+    struct Entry {
+        int which;
+        const void* data;
+        int64_t l, k;
+        std::shared_ptr<const std::vector<int32_t>> ids;
+    };
+    std::vector<Entry> entries_;
+};
+
+void check_index(const Input& in, int64_t l)
+{
+    if (in.data == nullptr || in.dims.size() != 2 || in.dims[0] != l || in.dims[1] != l) {
+        throw std::invalid_argument("an index must be [L, L] = [" + std::to_string(l) + ", " +
+                                    std::to_string(l) + "]");
+    }
+}
+
+std::shared_ptr<const std::vector<int32_t>> AttentionKernel::ids(int which, const Input& in,
+                                                                 int64_t l, int64_t k,
+                                                                 IdKind kind)
+{
+    check_index(in, l);
+    std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
+    if (constant_ids[which]) {
+        lock.lock();
+        for (const Entry& e : entries_) {
+            if (e.which == which && e.data == in.data && e.l == l && e.k == k) {
+                return e.ids;
+            }
+        }
+    }
+    auto made = std::make_shared<const std::vector<int32_t>>(pad_ids(in.data, in.wide, l, k, kind));
+    if (constant_ids[which]) {
+        entries_.push_back({which, in.data, l, k, made});
+    }
+    return made;
+}
+
+namespace {
+
+struct AttnJob {
+    AttnProblem p;
+    AttnPairFn pair = nullptr;
+    int64_t scratch = 0;
+    std::atomic<bool> failed{false};
+};
+
+void attn_task(void* data, size_t bh)
+{
+    AttnJob& job = *static_cast<AttnJob*>(data);
+    try {
+        std::vector<float> scratch(static_cast<size_t>(job.scratch));
+        job.pair(job.p, static_cast<int64_t>(bh), scratch.data());
+    } catch (...) {  // never let an exception into ONNX Runtime's pool
+        job.failed = true;
+    }
+}
+
+// Weights padded to kAttnPad columns (rpe_attention.h): wk [d, Kk] -> [d, pad(Kk)], wv [Kv, d]
+// -> [Kv, pad(d)].
+std::vector<float> pad_columns(const float* w, int64_t rows, int64_t cols)
+{
+    const int64_t cp = attn_pad(cols);
+    std::vector<float> out(static_cast<size_t>(rows * cp), 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+        std::copy(w + r * cols, w + (r + 1) * cols, out.begin() + r * cp);
+    }
+    return out;
+}
+
+AttnPairFn pair_fn(Simd simd, int& rows)
+{
+    rows = simd == Simd::kAvx512 ? kAttnRowsAvx512 : simd == Simd::kAvx2 ? kAttnRowsAvx2
+                                                                           : kAttnRowsPortable;
+    return simd == Simd::kAvx512 ? &attention_pair_avx512
+           : simd == Simd::kAvx2 ? &attention_pair_avx2
+                                 : &attention_pair_portable;
+}
+
+}  // namespace
+
+OrtStatusPtr AttentionKernel::compute(OrtKernelContext* context)
+{
+    Ort::KernelContext ctx(context);
+    Input in[9];
+    for (size_t i = 0; i < 9; ++i) {
+        in[i] = read_input(ctx, i);
+    }
+    for (int i = 0; i < 3; ++i) {
+        if (in[i].data == nullptr || in[i].dims.size() != 4 || in[i].dims != in[0].dims) {
+            throw std::invalid_argument("q, k and v must be [B, H, L, d] of one shape");
+        }
+    }
+    AttnJob job;
+    AttnProblem& p = job.p;
+    const auto& dims = in[0].dims;
+    p.bh = dims[0] * dims[1];
+    p.l = dims[2];
+    p.d = dims[3];
+    if (p.l > 46340 || p.d > (1 << 20)) {
+        throw std::invalid_argument("L must be <= 46340 and d <= 2^20");
+    }
+    auto out = ctx.GetOutput(0, dims);
+    p.out = out.GetTensorMutableData<float>();
+    if (p.bh * p.l * p.d == 0) {
+        return nullptr;
+    }
+    p.q = static_cast<const float*>(in[0].data);
+    p.k = static_cast<const float*>(in[1].data);
+    p.v = static_cast<const float*>(in[2].data);
+    std::vector<float> wk, wv;
+    std::shared_ptr<const std::vector<int32_t>> idk, idq;
+    std::shared_ptr<const BucketLists> keep;
+    int64_t rows = 0;
+    if ((in[3].data == nullptr) != (in[4].data == nullptr) ||
+        (in[5].data == nullptr) != (in[6].data == nullptr) ||
+        (in[7].data == nullptr) != (in[8].data == nullptr)) {
+        throw std::invalid_argument("each term needs both its weight and its index");
+    }
+    if (in[3].data != nullptr) {  // iRPE-K
+        weight_dims(in[3], "wk", rows, p.kk);
+        if (rows != p.d || p.kk < 1) {
+            throw std::invalid_argument("wk must be [d, K] with d = " + std::to_string(p.d));
+        }
+        wk = pad_columns(static_cast<const float*>(in[3].data), p.d, p.kk);
+        idk = ids(0, in[4], p.l, p.kk, kIdK);
+        p.wk = wk.data();
+        p.idk = idk->data();
+    }
+    if (in[5].data != nullptr) {  // iRPE-Q, bucket-major
+        int64_t cols = 0;
+        weight_dims(in[5], "wq", p.kq, cols);
+        if (cols != p.d || p.kq < 1 || p.kq * attn_pad(p.l) > INT32_MAX) {
+            throw std::invalid_argument("wq must be [K, d] with d = " + std::to_string(p.d) +
+                                        " and K * L < 2^31");
+        }
+        idq = ids(1, in[6], p.l, p.kq, kIdQ);
+        p.wq = static_cast<const float*>(in[5].data);
+        p.idq = idq->data();
+    }
+    if (in[8].data != nullptr) {  // iRPE-V
+        int64_t cols = 0;
+        weight_dims(in[8], "wv", p.kv, cols);
+        if (cols != p.d || p.kv < 1) {
+            throw std::invalid_argument("wv must be [K, d] with d = " + std::to_string(p.d));
+        }
+        check_index(in[7], p.l);
+        keep = lists.get(ctx, in[7].data, in[7].wide, p.l, p.l, p.kv);
+        wv = pad_columns(static_cast<const float*>(in[8].data), p.kv, p.d);
+        p.wv = wv.data();
+        p.voff = keep->off.data();
+        p.vpos = keep->pos.data();
+    }
+    int mr = 1;
+    job.pair = pair_fn(simd, mr);
+    job.scratch = attn_scratch(p, mr);
+    parallel(ctx, &attn_task, p.bh, &job);
+    if (job.failed) {
+        throw std::runtime_error("out of memory for the per-task scratch");
+    }
+    return nullptr;
+}
+
+namespace {
+
+// One registration: CPU, float32; inputs 3-8 optional (absent terms), ids of any integer type.
+struct AttentionOp : Ort::CustomOpBase<AttentionOp, AttentionKernel, true> {
+    OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** out) const
+    {
+        auto kernel = std::make_unique<AttentionKernel>();
+        kernel->simd = simd_level();
+        kernel->constant_ids[0] = constant_input(api, info, 4);
+        kernel->constant_ids[1] = constant_input(api, info, 6);
+        kernel->lists.constant = constant_input(api, info, 7);
+        *out = kernel.release();
+        return nullptr;
+    }
+    const char* GetName() const { return kAttentionName; }
+    const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+    size_t GetInputTypeCount() const { return 9; }
+    ONNXTensorElementDataType GetInputType(size_t i) const
+    {
+        return i == 4 || i == 6 || i == 7 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED
+                                          : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    }
+    OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const
+    {
+        return i < 3 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+    }
+    size_t GetOutputTypeCount() const { return 1; }
+    ONNXTensorElementDataType GetOutputType(size_t) const
+    {
+        return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    }
+};
+
+}  // namespace
+
+OrtCustomOp* attention_op()
+{
+    static AttentionOp op;  // lives as long as the process: sessions keep pointers to it
+    return &op;
+}
+
+}  // namespace irpe_ort
