@@ -105,6 +105,33 @@ def _equal_parts(g: _Graph, q: str, k: str, v: str) -> bool:
     return True
 
 
+def _scale(g: _Graph, a: str) -> float:
+    """The scalar ``a`` = Mul(q, s) multiplies q by (1.0 when ``a`` is q itself)."""
+    from onnx import numpy_helper
+    k = g.made_by(a, "Mul")
+    if k >= 0:
+        for name in g.nodes[k].input:
+            t = g.inits.get(name)
+            if t is not None and all(d == 1 for d in t.dims):
+                return float(numpy_helper.to_array(t).reshape(-1)[0])
+    return 1.0
+
+
+def _packed(g: _Graph, q: str) -> Optional[str]:
+    """X when q = Squeeze(Split(Transpose(X, perm=[2, 0, 3, 1, 4]), axis 0)[0], axes [0]): the
+    qkv projection reshaped to [B, L, 3, H, d], which RPEAttention reads with strides."""
+    from onnx import numpy_helper
+    sq = g.made_by(q, "Squeeze")
+    split = g.made_by(g.nodes[sq].input[0], "Split") if sq >= 0 else -1
+    tr = g.made_by(g.nodes[split].input[0], "Transpose") if split >= 0 else -1
+    if tr < 0 or list(_attr(g.nodes[tr], "perm", [])) != [2, 0, 3, 1, 4] \
+            or _attr(g.nodes[split], "axis", 0) != 0:
+        return None
+    axes = g.inits.get(g.nodes[sq].input[1]) if len(g.nodes[sq].input) > 1 else None
+    axes = numpy_helper.to_array(axes).tolist() if axes is not None else _attr(g.nodes[sq], "axes")
+    return g.nodes[tr].input[0] if list(axes or []) == [0] else None
+
+
 def _terms(g: _Graph, at: int, gathers: int, a: str, k: str
            ) -> Optional[Tuple[Dict[str, str], List[int]]]:
     """The gather terms of node ``at`` as RPEAttention inputs (wk/idk, wq/idq) and the nodes
@@ -142,8 +169,10 @@ def _softmax_form(node, opset: int) -> Optional[Tuple[int, bool]]:
         else None
 
 
-def _block(g: _Graph, at: int, opset: int) -> Optional[Tuple[Dict[str, str], str, List[int]]]:
-    """(inputs, output, nodes replaced) of the attention block around softmax node ``at``."""
+def _block(g: _Graph, at: int, opset: int) -> Optional[Tuple[Dict[str, str], str, List[int],
+                                                              Dict]]:
+    """(inputs, output, nodes replaced, attributes) of the attention block around softmax node
+    ``at``."""
     node = g.nodes[at]
     form = _softmax_form(node, opset)
     if form is None:
@@ -164,6 +193,11 @@ def _block(g: _Graph, at: int, opset: int) -> Optional[Tuple[Dict[str, str], str
     if terms is None:
         return None
     inputs = dict(q=a, k=k, v=g.nodes[pv[0]].input[1], **terms[0])
+    attrs = {}
+    packed = _packed(g, _unscaled(g, a))
+    if packed is not None:  # read q, k, v from the projection; the scale becomes an attribute
+        inputs.update(q=packed, k="", v="")
+        attrs["scale"] = _scale(g, a)
     replaced = [at, mm, g.producer[g.nodes[mm].input[1]], pv[0]] + terms[1]
     out = g.nodes[pv[0]].output[0]
     if scatter:
@@ -176,16 +210,24 @@ def _block(g: _Graph, at: int, opset: int) -> Optional[Tuple[Dict[str, str], str
         inputs.update(idv=node.input[-1], wv=bucket.input[1])
         replaced.append(sums[0])
         out = bucket.output[0]
-    return inputs, out, replaced
+    readers = g.readers.get(out, [])
+    if (len(readers) == 1 and g.nodes[readers[0]].op_type == "Transpose" and out not in g.outputs
+            and list(_attr(g.nodes[readers[0]], "perm", [])) == [0, 2, 1, 3]):
+        attrs["out_layout"] = 1  # write [B, L, H, d]: the Transpose before the projection
+        replaced.append(readers[0])
+        out = g.nodes[readers[0]].output[0]
+    return inputs, out, replaced, attrs
+
+
+_FEEDERS = ("Transpose", "Reshape", "MatMul", "Mul", "Squeeze", "Split")  # side-effect free
 
 
 def _unread(nodes: list, outputs: set) -> list:
-    """``nodes`` less the Transpose / Reshape / MatMul nodes none of whose outputs is read
-    (what fed a replaced block only), repeatedly."""
+    """``nodes`` less the _FEEDERS none of whose outputs is read (what fed a replaced block
+    only: the q, k, v split, the k transposes, the Q-table product), repeatedly."""
     while True:
         read = {name for node in nodes for name in node.input} | outputs
-        keep = [n for n in nodes if n.op_type not in ("Transpose", "Reshape", "MatMul")
-                or any(o in read for o in n.output)]
+        keep = [n for n in nodes if n.op_type not in _FEEDERS or any(o in read for o in n.output)]
         if len(keep) == len(nodes):
             return nodes
         nodes = keep
@@ -202,11 +244,11 @@ def fuse_attention(graph, opset: int = 18) -> int:
         found = _block(g, at, opset)
         if found is None or gone & set(found[2]):
             continue
-        inputs, out, replaced = found
+        inputs, out, replaced, attrs = found
         gone |= set(replaced)
         fused_at[max(replaced)] = helper.make_node(
             ATTENTION_OP, [inputs.get(n, "") for n in order], [out],
-            name=f"{g.nodes[at].name}/irpe_attention", domain=_DOMAIN)
+            name=f"{g.nodes[at].name}/irpe_attention", domain=_DOMAIN, **attrs)
     if not fused_at:
         return 0
     nodes = [fused_at.get(k, n) for k, n in enumerate(g.nodes) if k not in gone or k in fused_at]
@@ -215,7 +257,7 @@ def fuse_attention(graph, opset: int = 18) -> int:
     infos = [v for v in graph.value_info if v.name in made]
     read = {name for n in nodes for name in n.input}
     fed = {name for k in gone for name in g.nodes[k].input} | \
-        {name for n in g.nodes if n.op_type in ("Transpose", "Reshape", "MatMul") for name in n.input}
+        {name for n in g.nodes if n.op_type in _FEEDERS for name in n.input}
     inits = [t for t in graph.initializer if t.name in read or t.name not in fed]
     for field, kept in (("node", nodes), ("value_info", infos), ("initializer", inits)):
         del getattr(graph, field)[:]

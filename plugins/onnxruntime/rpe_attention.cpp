@@ -1,15 +1,19 @@
-// RPEAttention(q, k, v, [wk, idk], [wq, idq], [idv, wv]) -> out [B, H, L, d]: a whole attention
-// block with its iRPE terms in one op (rpe_attention.h per (b, h) pair), made by the load-time
-// fusion stage "attention" (irpe/deploy/ort_attention.py), CPU, float32:
-//   logits = q @ k^T + (q @ wk)[i, idk[i, j]] + (wq @ k^T)[idq[i, j]]   (q already scaled)
+// RPEAttention(q, k, v, [wk, idk], [wq, idq], [idv, wv]) -> out: a whole attention block with
+// its iRPE terms in one op (rpe_attention.h per (b, h) pair), made by the load-time fusion stage
+// "attention" (irpe/deploy/ort_attention.py), CPU, float32:
+//   logits = scale * q @ k^T + (scale * q @ wk)[i, idk[i, j]] + (wq @ k^T)[idq[i, j]]
 //   out    = softmax(logits) @ v + (bucket sums of softmax by idv) @ wv
-// q, k, v [B, H, L, d]; wk [.., d, Kk], wq [.., Kq, d] (idq bucket-major: c * L + j), wv
+// q, k, v [B, H, L, d], or input 0 the packed qkv [B, L, 3, H, d] (timm's reshape of the qkv
+// projection; inputs 1, 2 empty); out [B, H, L, d], or [B, L, H, d] with attribute
+// out_layout = 1; attribute scale (default 1). wk [.., d, Kk], wq [.., Kq, d] (idq bucket-major:
+// c * L + j), wv
 // [.., Kv, d], weights shared by the heads (leading dims 1); ids [L, L] int32/int64, an id
 // outside its table adds 0 (the gathers' contract) or is dropped (the scatter's). Each pair is
 // one task on ONNX Runtime's pool: deterministic for any thread count.
 #include <atomic>
 #include <cmath>
 #include <exception>
+#include <memory>
 
 #include "rpe_attention.h"
 #include "rpe_ort.h"
@@ -124,6 +128,8 @@ void weight_dims(const Input& w, const char* name, int64_t& rows, int64_t& cols)
 class AttentionKernel {
  public:
     Simd simd = Simd::kPortable;
+    float scale = 1.0f;   // attribute scale
+    int64_t out_layout = 0;  // attribute out_layout: 0 [B, H, L, d], 1 [B, L, H, d]
     bool constant_ids[2] = {false, false};  // idk, idq are initializers
     BucketListCache lists;                  // of idv
 
@@ -189,27 +195,76 @@ struct AttnJob {
     std::atomic<bool> failed{false};
 };
 
+// The calling thread's scratch, at least `floats` long: kept between calls (no allocation and
+// no zero fill per pair; every pair writes what it reads).
+float* thread_scratch(int64_t floats)
+{
+    thread_local std::unique_ptr<float[]> buffer;
+    thread_local int64_t size = 0;
+    if (size < floats) {
+        buffer.reset();
+        size = 0;
+        buffer.reset(new float[static_cast<size_t>(floats)]);
+        size = floats;
+    }
+    return buffer.get();
+}
+
 void attn_task(void* data, size_t bh)
 {
     AttnJob& job = *static_cast<AttnJob*>(data);
     try {
-        std::vector<float> scratch(static_cast<size_t>(job.scratch));
-        job.pair(job.p, static_cast<int64_t>(bh), scratch.data());
+        job.pair(job.p, static_cast<int64_t>(bh), thread_scratch(job.scratch));
     } catch (...) {  // never let an exception into ONNX Runtime's pool
         job.failed = true;
     }
 }
 
-// Weights padded to kAttnPad columns (rpe_attention.h): wk [d, Kk] -> [d, pad(Kk)], wv [Kv, d]
-// -> [Kv, pad(d)].
-std::vector<float> pad_columns(const float* w, int64_t rows, int64_t cols)
+// Weights times `factor`, padded to kAttnPad columns (rpe_attention.h): wk [d, Kk] ->
+// [d, pad(Kk)], wv [Kv, d] -> [Kv, pad(d)].
+std::vector<float> pad_columns(const float* w, int64_t rows, int64_t cols, float factor)
 {
     const int64_t cp = attn_pad(cols);
     std::vector<float> out(static_cast<size_t>(rows * cp), 0.0f);
     for (int64_t r = 0; r < rows; ++r) {
-        std::copy(w + r * cols, w + (r + 1) * cols, out.begin() + r * cp);
+        for (int64_t c = 0; c < cols; ++c) {
+            out[r * cp + c] = factor * w[r * cols + c];
+        }
     }
     return out;
+}
+
+// q, k, v of inputs 0-2 (three [B, H, L, d], or input 0 [B, L, 3, H, d] alone) into p; returns B.
+int64_t read_qkv(const Input* in, AttnProblem& p)
+{
+    const auto& dims = in[0].dims;
+    if (dims.size() == 5 && dims[2] == 3 && in[1].data == nullptr && in[2].data == nullptr) {
+        const int64_t h = dims[3], d = dims[4], row = 3 * h * d;
+        p.heads = h;
+        p.l = dims[1];
+        p.d = d;
+        p.bh = dims[0] * h;
+        p.in = AttnLayout{dims[1] * row, d, row};
+        p.q = static_cast<const float*>(in[0].data);
+        p.k = p.q + h * d;
+        p.v = p.q + 2 * h * d;
+        return dims[0];
+    }
+    for (int i = 0; i < 3; ++i) {
+        if (in[i].data == nullptr || in[i].dims.size() != 4 || in[i].dims != dims) {
+            throw std::invalid_argument("q, k and v must be [B, H, L, d] of one shape (or input 0 "
+                                        "the qkv [B, L, 3, H, d] alone)");
+        }
+    }
+    p.heads = dims[1];
+    p.l = dims[2];
+    p.d = dims[3];
+    p.bh = dims[0] * dims[1];
+    p.in = AttnLayout{dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3]};
+    p.q = static_cast<const float*>(in[0].data);
+    p.k = static_cast<const float*>(in[1].data);
+    p.v = static_cast<const float*>(in[2].data);
+    return dims[0];
 }
 
 AttnPairFn pair_fn(Simd simd, int& rows)
@@ -230,28 +285,21 @@ OrtStatusPtr AttentionKernel::compute(OrtKernelContext* context)
     for (size_t i = 0; i < 9; ++i) {
         in[i] = read_input(ctx, i);
     }
-    for (int i = 0; i < 3; ++i) {
-        if (in[i].data == nullptr || in[i].dims.size() != 4 || in[i].dims != in[0].dims) {
-            throw std::invalid_argument("q, k and v must be [B, H, L, d] of one shape");
-        }
-    }
     AttnJob job;
     AttnProblem& p = job.p;
-    const auto& dims = in[0].dims;
-    p.bh = dims[0] * dims[1];
-    p.l = dims[2];
-    p.d = dims[3];
+    const int64_t batch = read_qkv(in, p);
     if (p.l > 46340 || p.d > (1 << 20)) {
         throw std::invalid_argument("L must be <= 46340 and d <= 2^20");
     }
-    auto out = ctx.GetOutput(0, dims);
+    const int64_t h = p.heads, l = p.l, d = p.d;
+    p.out_layout = out_layout == 1 ? AttnLayout{l * h * d, d, h * d} : AttnLayout{h * l * d, l * d, d};
+    auto out = ctx.GetOutput(0, out_layout == 1 ? std::vector<int64_t>{batch, l, h, d}
+                                                : std::vector<int64_t>{batch, h, l, d});
     p.out = out.GetTensorMutableData<float>();
+    p.scale = scale;
     if (p.bh * p.l * p.d == 0) {
         return nullptr;
     }
-    p.q = static_cast<const float*>(in[0].data);
-    p.k = static_cast<const float*>(in[1].data);
-    p.v = static_cast<const float*>(in[2].data);
     std::vector<float> wk, wv;
     std::shared_ptr<const std::vector<int32_t>> idk, idq;
     std::shared_ptr<const BucketLists> keep;
@@ -266,7 +314,7 @@ OrtStatusPtr AttentionKernel::compute(OrtKernelContext* context)
         if (rows != p.d || p.kk < 1) {
             throw std::invalid_argument("wk must be [d, K] with d = " + std::to_string(p.d));
         }
-        wk = pad_columns(static_cast<const float*>(in[3].data), p.d, p.kk);
+        wk = pad_columns(static_cast<const float*>(in[3].data), p.d, p.kk, scale);
         idk = ids(0, in[4], p.l, p.kk, kIdK);
         p.wk = wk.data();
         p.idk = idk->data();
@@ -290,7 +338,7 @@ OrtStatusPtr AttentionKernel::compute(OrtKernelContext* context)
         }
         check_index(in[7], p.l);
         keep = lists.get(ctx, in[7].data, in[7].wide, p.l, p.l, p.kv);
-        wv = pad_columns(static_cast<const float*>(in[8].data), p.kv, p.d);
+        wv = pad_columns(static_cast<const float*>(in[8].data), p.kv, p.d, 1.0f);
         p.wv = wv.data();
         p.voff = keep->off.data();
         p.vpos = keep->pos.data();
@@ -307,12 +355,40 @@ OrtStatusPtr AttentionKernel::compute(OrtKernelContext* context)
 
 namespace {
 
+// scale (float, finite, default 1) and out_layout (0 or 1, default 0): "" or what is wrong.
+std::string read_attention_attributes(const OrtApi& api, const OrtKernelInfo* info,
+                                      AttentionKernel& kernel)
+{
+    float scale = 1.0f;
+    OrtStatus* status = api.KernelInfoGetAttribute_float(info, "scale", &scale);
+    if (status != nullptr) {
+        api.ReleaseStatus(status);
+        scale = 1.0f;
+    }
+    int64_t layout = 0;
+    status = api.KernelInfoGetAttribute_int64(info, "out_layout", &layout);
+    if (status != nullptr) {
+        api.ReleaseStatus(status);
+        layout = 0;
+    }
+    if (!std::isfinite(scale) || (layout != 0 && layout != 1)) {
+        return "scale must be finite and out_layout 0 ([B, H, L, d]) or 1 ([B, L, H, d])";
+    }
+    kernel.scale = scale;
+    kernel.out_layout = layout;
+    return {};
+}
+
 // One registration: CPU, float32; inputs 3-8 optional (absent terms), ids of any integer type.
 struct AttentionOp : Ort::CustomOpBase<AttentionOp, AttentionKernel, true> {
     OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** out) const
     {
         auto kernel = std::make_unique<AttentionKernel>();
         kernel->simd = simd_level();
+        const std::string error = read_attention_attributes(api, info, *kernel);
+        if (!error.empty()) {
+            return api.CreateStatus(ORT_INVALID_ARGUMENT, ("RPEAttention: " + error).c_str());
+        }
         kernel->constant_ids[0] = constant_input(api, info, 4);
         kernel->constant_ids[1] = constant_input(api, info, 6);
         kernel->lists.constant = constant_input(api, info, 7);
@@ -329,7 +405,7 @@ struct AttentionOp : Ort::CustomOpBase<AttentionOp, AttentionKernel, true> {
     }
     OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const
     {
-        return i < 3 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+        return i == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;  // k, v: not with qkv
     }
     size_t GetOutputTypeCount() const { return 1; }
     ONNXTensorElementDataType GetOutputType(size_t) const

@@ -15,20 +15,29 @@
 
 namespace irpe_ort {
 
-// Column padding of every scratch row and id row: a multiple of both ISAs' 2-vector tiles.
-constexpr int64_t kAttnPad = 32;
+// Column padding of every scratch row and id row: 16 floats, one AVX-512 vector (the GEMM
+// tiles are 2 vectors wide, and 1 vector for a last 16 columns).
+constexpr int64_t kAttnPad = 16;
 inline int64_t attn_pad(int64_t n) { return (n + kAttnPad - 1) / kAttnPad * kAttnPad; }
 
 // One call's sizes and data. Ids are int32 [L, attn_pad(L)], -1 outside the table and in the
 // padding; a term is present when its weight is not null.
+struct AttnLayout {  // element strides of batch, head and row (a row: d contiguous floats)
+    int64_t batch = 0, head = 0, row = 0;
+    int64_t at(int64_t bh, int64_t heads) const { return bh / heads * batch + bh % heads * head; }
+};
+
 struct AttnProblem {
-    int64_t l = 0, d = 0, bh = 0;                // tokens, head dim, batch * heads
-    const float* q = nullptr;                    // [bh, L, d], already scaled
-    const float* k = nullptr;                    // [bh, L, d]
-    const float* v = nullptr;                    // [bh, L, d]
-    float* out = nullptr;                        // [bh, L, d]
+    int64_t l = 0, d = 0, bh = 0, heads = 1;     // tokens, head dim, batch * heads, heads
+    float scale = 1.0f;                          // logits = scale * q k^T + terms
+    const float* q = nullptr;                    // pair (0, 0), row 0 of q, k, v, at `in`
+    const float* k = nullptr;
+    const float* v = nullptr;
+    AttnLayout in;                               // [B, H, L, d] or the qkv [B, L, 3, H, d]
+    float* out = nullptr;                        // at `out_layout`: [B, H, L, d] or [B, L, H, d]
+    AttnLayout out_layout;
     int64_t kk = 0;                              // iRPE-K: table q @ wk, wk [d, attn_pad(kk)]
-    const float* wk = nullptr;                   //   (zero columns past kk)
+    const float* wk = nullptr;                   //   (scale folded in, zero columns past kk)
     const int32_t* idk = nullptr;                //   ids into the query's table row
     int64_t kq = 0;                              // iRPE-Q: table wq @ k^T [kq, attn_pad(L)],
     const float* wq = nullptr;                   //   wq [kq, d]
@@ -44,68 +53,93 @@ inline int64_t attn_scratch(const AttnProblem& p, int mr)
 {
     const int64_t lp = attn_pad(p.l), dp = attn_pad(p.d);
     const int64_t tq = p.wq != nullptr ? (p.kq + mr - 1) / mr * mr * lp : 0;
-    return p.d * lp + tq + mr * lp + mr * attn_pad(p.kk) + mr * dp + mr * p.kv + p.l * dp;
+    return p.d * lp + tq + mr * lp + mr * attn_pad(p.kk) + mr * dp + mr * p.kv +
+           (p.d != dp ? p.l * dp : 0);
 }
 
-// C[MR rows, 2 vectors] (+)= A[MR, kk] B[kk, 2 vectors]: A's rows at stride lda (rows >= m
+// C[MR rows, NV vectors] (+)= A[MR, kk] B[kk, NV vectors]: A's rows at stride lda (rows >= m
 // repeat row m - 1; C always gets MR rows), B's at ldb. The accumulators stay in registers.
-template <class V, int MR>
+template <class V, int MR, int NV>
 inline void attn_tile(const float* a, int64_t lda, int m, const float* b, int64_t ldb,
                       int64_t kk, float* c, int64_t ldc, bool acc)
 {
     using T = typename V::T;
     const float* ar[MR];
-    T c0[MR], c1[MR];
+    T cv[NV][MR];
     for (int r = 0; r < MR; ++r) {
         ar[r] = a + (r < m ? r : m - 1) * lda;
-        c0[r] = acc ? V::load(c + r * ldc) : V::set1(0.0f);
-        c1[r] = acc ? V::load(c + r * ldc + V::kLanes) : V::set1(0.0f);
+        for (int u = 0; u < NV; ++u) {
+            cv[u][r] = acc ? V::load(c + r * ldc + u * V::kLanes) : V::set1(0.0f);
+        }
     }
     for (int64_t t = 0; t < kk; ++t) {
-        const T b0 = V::load(b + t * ldb), b1 = V::load(b + t * ldb + V::kLanes);
+        T bv[NV];
+        for (int u = 0; u < NV; ++u) {
+            bv[u] = V::load(b + t * ldb + u * V::kLanes);
+        }
         for (int r = 0; r < MR; ++r) {
             const T x = V::set1(ar[r][t]);
-            c0[r] = V::fmadd(x, b0, c0[r]);
-            c1[r] = V::fmadd(x, b1, c1[r]);
+            for (int u = 0; u < NV; ++u) {
+                cv[u][r] = V::fmadd(x, bv[u], cv[u][r]);
+            }
         }
     }
     for (int r = 0; r < MR; ++r) {
-        V::store(c + r * ldc, c0[r]);
-        V::store(c + r * ldc + V::kLanes, c1[r]);
+        for (int u = 0; u < NV; ++u) {
+            V::store(c + r * ldc + u * V::kLanes, cv[u][r]);
+        }
     }
 }
 
-// C[MR, n] (+)= A[m rows, kk] B[kk, n], n a multiple of 2 vectors.
+// C[MR, n] (+)= A[m rows, kk] B[kk, n], n a multiple of kAttnPad: 2-vector tiles, then a
+// 1-vector one; m at most half of MR runs the half-height tiles (the last query block).
 template <class V, int MR>
 inline void attn_gemm(const float* a, int64_t lda, int m, const float* b, int64_t ldb, int64_t kk,
                       int64_t n, float* c, int64_t ldc, bool acc)
 {
-    for (int64_t j = 0; j < n; j += 2 * V::kLanes) {
-        attn_tile<V, MR>(a, lda, m, b + j, ldb, kk, c + j, ldc, acc);
+    if constexpr (MR % 2 == 0 && MR > 2) {
+        if (2 * m <= MR) {
+            attn_gemm<V, MR / 2>(a, lda, m, b, ldb, kk, n, c, ldc, acc);
+            return;
+        }
+    }
+    int64_t j = 0;
+    for (; j + 2 * V::kLanes <= n; j += 2 * V::kLanes) {
+        attn_tile<V, MR, 2>(a, lda, m, b + j, ldb, kk, c + j, ldc, acc);
+    }
+    for (; j < n; j += V::kLanes) {
+        attn_tile<V, MR, 1>(a, lda, m, b + j, ldb, kk, c + j, ldc, acc);
     }
 }
 
-// Logits row += looked-up terms (K first, then Q: the graph's order); padding set to -inf.
+// Logits row = scale * row + looked-up terms (K first, then Q: the graph's order); padding
+// set to -inf.
 template <class V>
 inline void attn_terms(const AttnProblem& p, int64_t i, float* row, const float* tk,
                        const float* tq)
 {
+    using T = typename V::T;
     const int64_t lp = attn_pad(p.l);
     const typename V::Lut lut(tk, attn_pad(p.kk));
     const int32_t* idk = tk != nullptr ? p.idk + i * lp : nullptr;
     const int32_t* idq = tq != nullptr ? p.idq + i * lp : nullptr;
+    const T scale = V::set1(p.scale);
     if (tk != nullptr && tq != nullptr) {
         for (int64_t j = 0; j < lp; j += V::kLanes) {
-            const typename V::T x = V::add(V::load(row + j), lut.get(idk + j));
+            const T x = V::add(V::mul(V::load(row + j), scale), lut.get(idk + j));
             V::store(row + j, V::add(x, V::gather(tq, idq + j)));
         }
     } else if (tk != nullptr) {
         for (int64_t j = 0; j < lp; j += V::kLanes) {
-            V::store(row + j, V::add(V::load(row + j), lut.get(idk + j)));
+            V::store(row + j, V::add(V::mul(V::load(row + j), scale), lut.get(idk + j)));
         }
     } else if (tq != nullptr) {
         for (int64_t j = 0; j < lp; j += V::kLanes) {
-            V::store(row + j, V::add(V::load(row + j), V::gather(tq, idq + j)));
+            V::store(row + j, V::add(V::mul(V::load(row + j), scale), V::gather(tq, idq + j)));
+        }
+    } else if (p.scale != 1.0f) {
+        for (int64_t j = 0; j < lp; j += V::kLanes) {
+            V::store(row + j, V::mul(V::load(row + j), scale));
         }
     }
     for (int64_t j = p.l; j < lp; ++j) {
@@ -135,10 +169,11 @@ inline void attn_block(const AttnProblem& p, int64_t bh, int64_t i0, int m, cons
                        float* c, float* sums)
 {
     const int64_t l = p.l, d = p.d, lp = attn_pad(l), dp = attn_pad(d), kp = attn_pad(p.kk);
-    const float* q = p.q + (bh * l + i0) * d;
-    attn_gemm<V, MR>(q, d, m, kt, lp, d, lp, s, lp, false);
+    const int64_t ld = p.in.row;
+    const float* q = p.q + p.in.at(bh, p.heads) + i0 * ld;
+    attn_gemm<V, MR>(q, ld, m, kt, lp, d, lp, s, lp, false);
     if (p.wk != nullptr) {
-        attn_gemm<V, MR>(q, d, m, p.wk, kp, d, kp, tk, kp, false);
+        attn_gemm<V, MR>(q, ld, m, p.wk, kp, d, kp, tk, kp, false);
     }
     for (int r = 0; r < m; ++r) {
         attn_terms<V>(p, i0 + r, s + r * lp, p.wk != nullptr ? tk + r * kp : nullptr, tq);
@@ -152,10 +187,10 @@ inline void attn_block(const AttnProblem& p, int64_t bh, int64_t i0, int m, cons
         }
         attn_gemm<V, MR>(sums, p.kv, m, p.wv, dp, p.kv, dp, c, dp, true);
     }
-    float* out = p.out + (bh * l + i0) * d;
+    float* out = p.out + p.out_layout.at(bh, p.heads) + i0 * p.out_layout.row;
     for (int r = 0; r < m; ++r) {
         for (int64_t j = 0; j < d; ++j) {
-            out[r * d + j] = c[r * dp + j];
+            out[r * p.out_layout.row + j] = c[r * dp + j];
         }
     }
 }
@@ -165,8 +200,9 @@ inline void attn_block(const AttnProblem& p, int64_t bh, int64_t i0, int m, cons
 template <class V, int MR>
 inline void attn_pair(const AttnProblem& p, int64_t bh, float* scratch)
 {
-    const int64_t l = p.l, d = p.d, lp = attn_pad(l), dp = attn_pad(d);
-    const float* k = p.k + bh * l * d;
+    const int64_t l = p.l, d = p.d, lp = attn_pad(l), dp = attn_pad(d), ld = p.in.row;
+    const int64_t at = p.in.at(bh, p.heads);
+    const float* k = p.k + at;
     float* kt = scratch;
     float* tq = kt + d * lp;
     float* s = tq + (p.wq != nullptr ? (p.kq + MR - 1) / MR * MR * lp : 0);
@@ -176,7 +212,7 @@ inline void attn_pair(const AttnProblem& p, int64_t bh, float* scratch)
     float* vp = sums + MR * p.kv;
     for (int64_t t = 0; t < d; ++t) {
         for (int64_t j = 0; j < l; ++j) {
-            kt[t * lp + j] = k[j * d + t];
+            kt[t * lp + j] = k[j * ld + t];
         }
         for (int64_t j = l; j < lp; ++j) {
             kt[t * lp + j] = 0.0f;
@@ -188,12 +224,12 @@ inline void attn_pair(const AttnProblem& p, int64_t bh, float* scratch)
             attn_gemm<V, MR>(p.wq + c0 * d, d, m, kt, lp, d, lp, tq + c0 * lp, lp, false);
         }
     }
-    const float* v = p.v + bh * l * d;
-    int64_t ldv = d;
+    const float* v = p.v + at;
+    int64_t ldv = ld;
     if (d != dp) {
         for (int64_t j = 0; j < l; ++j) {
             for (int64_t t = 0; t < dp; ++t) {
-                vp[j * dp + t] = t < d ? v[j * d + t] : 0.0f;
+                vp[j * dp + t] = t < d ? v[j * ld + t] : 0.0f;
             }
         }
         v = vp;

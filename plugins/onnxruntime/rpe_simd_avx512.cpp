@@ -31,9 +31,11 @@ struct Avx512 {
         T t0, t1, t2, t3;
         Lut(const float* r, int64_t n) : row(r), regs(r != nullptr && n <= 64)
         {
-            if (regs) {  // the row is padded to 64 with zeros (attn_pad)
-                t0 = load(r), t1 = load(r + 16), t2 = load(r + 32), t3 = load(r + 48);
-            }
+            const T zero = set1(0.0f);  // the row is padded to a multiple of 16 (attn_pad)
+            t0 = regs ? load(r) : zero;
+            t1 = regs && n > 16 ? load(r + 16) : zero;
+            t2 = regs && n > 32 ? load(r + 32) : zero;
+            t3 = regs && n > 48 ? load(r + 48) : zero;
         }
         T get(const int32_t* ids) const
         {
