@@ -11,7 +11,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from irpe import bucket_ids
-from irpe.deploy.ort import create_session
+from irpe.deploy.ort import CustomOpsError, create_session
 
 pytestmark = pytest.mark.usefixtures("ort_library_env")  # fixtures: tests/conftest.py
 
@@ -67,13 +67,13 @@ def _reference(x) -> np.ndarray:
     return out.numpy()
 
 
-def _model(x, constant=True) -> bytes:
+def _model(x, constant=True, **attrs) -> bytes:
     """One RPEAttention node; weights and ids as initializers (constant) or graph inputs."""
     feeds = [n for n in ORDER if n in x and (n in ("q", "k", "v") or not constant)]
     inits = [numpy_helper.from_array(np.asarray(x[n]), n) for n in ORDER
              if n in x and n not in feeds]
     node = helper.make_node("RPEAttention", [n if n in x else "" for n in ORDER], ["out"],
-                            domain="irpe")
+                            domain="irpe", **attrs)
     types = {n: helper.np_dtype_to_tensor_dtype(np.asarray(x[n]).dtype) for n in feeds}
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, types[n], None)
                                             for n in feeds],
@@ -85,10 +85,10 @@ def _model(x, constant=True) -> bytes:
     return model.SerializeToString()
 
 
-def _run(x, threads=1, constant=True, session=None):
+def _run(x, threads=1, constant=True, session=None, **attrs):
     if session is None:
-        session, _ = create_session(_model(x, constant), threads=threads, custom_ops="on",
-                                    quiet=True)
+        session, _ = create_session(_model(x, constant, **attrs), threads=threads,
+                                    custom_ops="on", quiet=True)
     names = {i.name for i in session.get_inputs()}
     return session.run(None, {n: np.asarray(v) for n, v in x.items() if n in names})[0]
 
@@ -155,3 +155,29 @@ def test_a_weight_without_its_index_is_refused(ort_library):
     with pytest.raises(ort.capi.onnxruntime_pybind11_state.InvalidArgument,
                        match="each term needs both its weight and its index"):
         _run(x, session=session)
+
+
+@pytest.mark.parametrize("simd", SIMD)
+@pytest.mark.parametrize("terms,d", [("", 24), ("kqv", 24), ("kv", 7)])
+def test_packed_qkv_input_scale_and_output_layout(ort_library, monkeypatch, simd, terms, d):
+    """Input 0 the qkv projection [B, L, 3, H, d] (k, v empty), logits scaled by the attribute,
+    output [B, L, H, d]: the form the fusion writes for timm's attention."""
+    monkeypatch.setenv("IRPE_ORT_SIMD", simd)
+    x = _case(terms, d=d, seed=4)
+    scale = 0.37
+    x["q"] = x["q"] / np.float32(d ** -0.5)  # unscaled: the op scales
+    packed = {n: v for n, v in x.items() if n not in ("q", "k", "v")}
+    packed["q"] = np.ascontiguousarray(np.stack([x["q"], x["k"], x["v"]], 2).transpose(0, 3, 2, 1, 4))
+    want = _reference(dict(x, q=x["q"] * np.float32(scale)))  # scale q, not the logits
+    got = _run(packed, scale=scale, out_layout=1)
+    assert got.shape == (2, 26, 3, d)
+    np.testing.assert_allclose(got.transpose(0, 2, 1, 3), want, rtol=0, atol=3e-6)
+    got = _run(packed, scale=scale)  # out_layout 0: [B, H, L, d]
+    np.testing.assert_allclose(got, want, rtol=0, atol=3e-6)
+
+
+@pytest.mark.parametrize("attrs", [dict(out_layout=2), dict(scale=float("nan"))])
+def test_bad_attributes_are_refused_when_the_session_is_made(ort_library, attrs):
+    message = r"RPEAttention: scale must be finite and out_layout 0 \(\[B, H, L, d\]\) or 1"
+    with pytest.raises(CustomOpsError, match=message):
+        _run(_case(""), **attrs)
