@@ -14,6 +14,7 @@
 #include <cmath>
 #include <exception>
 #include <memory>
+#include <thread>
 
 #include "rpe_attention.h"
 #include "rpe_ort.h"
@@ -48,9 +49,10 @@ struct Scalar {  // the portable path: rpe_attention.h's templates on plain floa
 };
 constexpr int kAttnRowsPortable = 4;
 
-void attention_pair_portable(const AttnProblem& p, int64_t bh, float* scratch)
+void attention_pair_portable(const AttnProblem& p, int64_t bh, int64_t row0, int64_t row1,
+                             float* scratch)
 {
-    attn_pair<Scalar, kAttnRowsPortable>(p, bh, scratch);
+    attn_pair<Scalar, kAttnRowsPortable>(p, bh, row0, row1, scratch);
 }
 
 // Padded int32 id tables of the terms (rpe_attention.h: [L, attn_pad(L)], -1 outside).
@@ -192,8 +194,18 @@ struct AttnJob {
     AttnProblem p;
     AttnPairFn pair = nullptr;
     int64_t scratch = 0;
+    int64_t parts = 1, rows = 0;  // tasks per pair and query rows per task (a multiple of MR)
     std::atomic<bool> failed{false};
 };
+
+// Tasks per pair: 1, unless there are fewer pairs than twice the CPU's threads (small batches):
+// then the queries of a pair are split too (each part repeats the pair's k^T / Q-table setup).
+int64_t parts_per_pair(int64_t pairs, int64_t l, int mr)
+{
+    const int64_t want = 2 * static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+    const int64_t most = std::max<int64_t>(1, l / (2 * mr));  // at least 2 row blocks a part
+    return pairs >= want ? 1 : std::min(most, (want + pairs - 1) / pairs);
+}
 
 // The calling thread's scratch, at least `floats` long: kept between calls (no allocation and
 // no zero fill per pair; every pair writes what it reads).
@@ -210,11 +222,13 @@ float* thread_scratch(int64_t floats)
     return buffer.get();
 }
 
-void attn_task(void* data, size_t bh)
+void attn_task(void* data, size_t task)
 {
     AttnJob& job = *static_cast<AttnJob*>(data);
     try {
-        job.pair(job.p, static_cast<int64_t>(bh), thread_scratch(job.scratch));
+        const int64_t bh = static_cast<int64_t>(task) / job.parts;
+        const int64_t row0 = static_cast<int64_t>(task) % job.parts * job.rows;
+        job.pair(job.p, bh, row0, std::min(job.p.l, row0 + job.rows), thread_scratch(job.scratch));
     } catch (...) {  // never let an exception into ONNX Runtime's pool
         job.failed = true;
     }
@@ -346,7 +360,11 @@ OrtStatusPtr AttentionKernel::compute(OrtKernelContext* context)
     int mr = 1;
     job.pair = pair_fn(simd, mr);
     job.scratch = attn_scratch(p, mr);
-    parallel(ctx, &attn_task, p.bh, &job);
+    job.parts = parts_per_pair(p.bh, p.l, mr);
+    job.rows = (p.l + job.parts - 1) / job.parts;
+    job.rows = (job.rows + mr - 1) / mr * mr;
+    job.parts = (p.l + job.rows - 1) / job.rows;
+    parallel(ctx, &attn_task, p.bh * job.parts, &job);
     if (job.failed) {
         throw std::runtime_error("out of memory for the per-task scratch");
     }

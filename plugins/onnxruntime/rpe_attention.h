@@ -195,10 +195,12 @@ inline void attn_block(const AttnProblem& p, int64_t bh, int64_t i0, int m, cons
     }
 }
 
-// Pair bh: k^T packed [d, lp] (zero padding), the bucket-major Q table, v padded when d is not
-// a multiple of kAttnPad, then the query row blocks. scratch: attn_scratch(p, MR) floats.
+// Query rows [row0, row1) of pair bh: k^T packed [d, lp] (zero padding), the bucket-major Q
+// table, v padded when d is not a multiple of kAttnPad, then the query row blocks. scratch:
+// attn_scratch(p, MR) floats.
 template <class V, int MR>
-inline void attn_pair(const AttnProblem& p, int64_t bh, float* scratch)
+inline void attn_pair(const AttnProblem& p, int64_t bh, int64_t row0, int64_t row1,
+                      float* scratch)
 {
     const int64_t l = p.l, d = p.d, lp = attn_pad(l), dp = attn_pad(d), ld = p.in.row;
     const int64_t at = p.in.at(bh, p.heads);
@@ -235,16 +237,18 @@ inline void attn_pair(const AttnProblem& p, int64_t bh, float* scratch)
         v = vp;
         ldv = dp;
     }
-    for (int64_t i0 = 0; i0 < l; i0 += MR) {
-        const int m = static_cast<int>(l - i0 < MR ? l - i0 : MR);
+    for (int64_t i0 = row0; i0 < row1; i0 += MR) {
+        const int m = static_cast<int>(row1 - i0 < MR ? row1 - i0 : MR);
         attn_block<V, MR>(p, bh, i0, m, kt, p.wq != nullptr ? tq : nullptr, v, ldv, s, tk, c,
                           sums);
     }
 }
 
-using AttnPairFn = void (*)(const AttnProblem&, int64_t, float*);
-void attention_pair_avx2(const AttnProblem& p, int64_t bh, float* scratch);
-void attention_pair_avx512(const AttnProblem& p, int64_t bh, float* scratch);
+using AttnPairFn = void (*)(const AttnProblem&, int64_t, int64_t, int64_t, float*);
+void attention_pair_avx2(const AttnProblem& p, int64_t bh, int64_t row0, int64_t row1,
+                         float* scratch);
+void attention_pair_avx512(const AttnProblem& p, int64_t bh, int64_t row0, int64_t row1,
+                           float* scratch);
 constexpr int kAttnRowsAvx2 = 6, kAttnRowsAvx512 = 12;
 
 }  // namespace irpe_ort

@@ -46,9 +46,10 @@ struct Avx2 {
 
 IRPE_SIMD_ENTRY_POINTS(Avx2, avx2)
 
-void attention_pair_avx2(const AttnProblem& p, int64_t bh, float* scratch)
+void attention_pair_avx2(const AttnProblem& p, int64_t bh, int64_t row0, int64_t row1,
+                         float* scratch)
 {
-    attn_pair<Avx2, kAttnRowsAvx2>(p, bh, scratch);
+    attn_pair<Avx2, kAttnRowsAvx2>(p, bh, row0, row1, scratch);
 }
 
 }  // namespace irpe_ort

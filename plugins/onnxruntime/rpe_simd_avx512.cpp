@@ -55,9 +55,10 @@ struct Avx512 {
 
 IRPE_SIMD_ENTRY_POINTS(Avx512, avx512)
 
-void attention_pair_avx512(const AttnProblem& p, int64_t bh, float* scratch)
+void attention_pair_avx512(const AttnProblem& p, int64_t bh, int64_t row0, int64_t row1,
+                          float* scratch)
 {
-    attn_pair<Avx512, kAttnRowsAvx512>(p, bh, scratch);
+    attn_pair<Avx512, kAttnRowsAvx512>(p, bh, row0, row1, scratch);
 }
 
 void leave_avx512()
