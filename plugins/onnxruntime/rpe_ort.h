@@ -150,6 +150,9 @@ bool constant_input(const OrtApi& api, const OrtKernelInfo* info, size_t index);
 // made at session load by the fusion stage "attention" (irpe/deploy/ort_attention.py).
 constexpr const char* kAttentionName = "RPEAttention";
 OrtCustomOp* attention_op();
+struct AttnProblem;  // rpe_attention.h
+// Runs every pair of `p` on ORT's pool (rpe_attention_run.cpp); throws when it cannot.
+void run_attention(Ort::KernelContext& ctx, const AttnProblem& p, Simd simd);
 
 #ifdef IRPE_ORT_WITH_CUDA
 // CUDA EP compute (rpe_ort_cuda.cpp): runs the plugins/kernels kernels on ORT's stream.
