@@ -18,7 +18,8 @@ median / p90 per run, images/s and the throughput ratio to the plain model again
 median times; on shared machines also see the median of the per-round ratios and the ratio of
 the best times, which load spikes disturb less. The same run
 times the RPE function bodies against the alternatives they were chosen over and the custom
-ops, on one DeiT-S layer (``LAYER``). Writes JSON + Markdown under benchmarks/results/<device>/.
+ops, on one DeiT-S layer (``LAYER``), and block 0's attention cut out of the exported plain and
+iRPE-QKV files (``BLOCK_IO``): stock, as one RPEAttention, and (iRPE) the fused ops without it. Writes JSON + Markdown under benchmarks/results/<device>/.
 """
 from __future__ import annotations
 
@@ -45,6 +46,10 @@ QUICK_OVERRIDES = dict(depth=2)  # DeiT-Ti with 2 blocks: checks the report, not
 
 
 LAYER = dict(B=8, H=6, L=197, K=50)  # DeiT-S attention at 224x224, product ratio 1.9 + cls
+# Block 0's attention in an exported DeiT: the reshaped qkv projection in, the input of the
+# output projection out (what the fusion stage "attention" turns into one RPEAttention)
+BLOCK_IO = ("/model/blocks.0/attn/Reshape_output_0", "/model/blocks.0/attn/Transpose_2_output_0")
+SESSION4_STAGES = "qlayout,gather,scatter,softmax"  # the fused ops without RPEAttention
 
 
 def _graph(nodes, inputs, opset: int = 18, functions=()):
@@ -112,21 +117,53 @@ def _layer_feeds() -> Dict[str, np.ndarray]:
             "row_shape": np.array([0, 0, 1, -1]),
             "index_t": (ids + np.arange(length)[:, None] * k).T.copy(),
             "attn_shape": np.array([b, h, length, length]),
-            "zeros": np.zeros((b, h, length, k), np.float32)}
+            "zeros": np.zeros((b, h, length, k), np.float32),
+            BLOCK_IO[0]: rng.standard_normal((b, length, 3, h, 64), dtype=np.float32)}
 
 
-def measure_ops(threads: int, repeats: int, warmup: int,
-                custom_ops: bool) -> Dict[str, List[float]]:
+def attention_blocks(paths: Dict[str, Path]) -> Dict[str, bytes]:
+    """Block 0's attention (BLOCK_IO) cut out of the exported plain and iRPE-QKV files, as
+    formulations: the file's nodes (ours), run as they are or with the custom-op library."""
+    import onnx
+    from onnx.utils import Extractor
+    names = {"plain": "attention block, plain", "irpe_qkv": "attention block, iRPE-QKV"}
+    return {f"{names[key]}: exported nodes (ours)": Extractor(onnx.load(paths[key]))
+            .extract_model([BLOCK_IO[0]], [BLOCK_IO[1]]).SerializeToString()
+            for key in names if key in paths}
+
+
+def _session(graph: bytes, threads: int, ops: bool, stages: str = "1"):
+    """A session of ``graph`` with or without the library, fusion stages ``stages``."""
+    before = os.environ.get("IRPE_ORT_FUSE")
+    os.environ["IRPE_ORT_FUSE"] = stages
+    try:
+        return create_session(graph, threads=threads, custom_ops="on" if ops else "off",
+                              quiet=True)[0]
+    finally:
+        if before is None:
+            del os.environ["IRPE_ORT_FUSE"]
+        else:
+            os.environ["IRPE_ORT_FUSE"] = before
+
+
+def measure_ops(threads: int, repeats: int, warmup: int, custom_ops: bool,
+                blocks: Dict[str, bytes] = None) -> Dict[str, List[float]]:
     """Seconds per run of each formulation (checked equal to the first of its kind); with
-    ``custom_ops`` each of ours also as the custom op (key ``... [custom op]``)."""
+    ``custom_ops`` each of ours also as the custom op (key ``... [custom op]``), and the iRPE
+    attention block also with the fused ops of session 4 (no RPEAttention)."""
     feeds = _layer_feeds()
     runs: Dict[str, Callable[[], object]] = {}
-    for key, graph in formulations().items():
-        for ops in (False, True) if custom_ops and "(ours)" in key else (False,):
-            session, _ = create_session(graph, threads=threads, custom_ops="on" if ops else "off",
-                                        quiet=True)
+    for key, graph in dict(formulations(), **(blocks or {})).items():
+        variants = [(False, "1")]
+        if custom_ops and "(ours)" in key:
+            variants.append((True, "1"))
+        if custom_ops and key.startswith("attention block, iRPE"):
+            variants.append((True, SESSION4_STAGES))
+        for ops, stages in variants:
+            session = _session(graph, threads, ops, stages)
             names = [i.name for i in session.get_inputs()]
-            label = key.replace("(ours)", "(custom op)") if ops else key
+            label = key if not ops else key.replace(
+                "(ours)", "(custom op)" if stages == "1" else "(fused ops, no RPEAttention)")
             runs[label] = functools.partial(session.run, None, {k: feeds[k] for k in names})
     reference = {}
     for key, run in runs.items():
@@ -232,7 +269,8 @@ def _ops_lines(ops: Dict[str, Dict]) -> List[str]:
     if not ops:
         return []
     layer = ", ".join(f"{k}={v}" for k, v in LAYER.items())
-    lines = ["", f"RPE op formulations, one DeiT-S layer ({layer}), same run:", "",
+    lines = ["", f"RPE op formulations and attention blocks (block 0 of the exported files), one "
+             f"DeiT-S layer ({layer}), same run:", "",
              "| formulation | median ms | x ours |", "|---|---|---|"]
     return lines + [f"| {k} | {r['median_ms']:.2f} | {r['x_ours']:.2f} |" for k, r in ops.items()]
 
@@ -302,8 +340,9 @@ def main(argv=None) -> int:
         paths = export_models(models, Path(tmp), overrides)
         times = measure(paths, args.batch, args.threads, args.repeats, args.warmup,
                         library is not None, args.sessions)
+        blocks = {} if args.quick else attention_blocks(paths)
     ops = {} if args.quick else measure_ops(args.threads, 3 * args.repeats, args.warmup,
-                                            library is not None)
+                                            library is not None, blocks)
     result = {"device": device_name(), "onnxruntime": onnxruntime.__version__,
               "torch": torch.__version__, "batch": args.batch, "threads": args.threads,
               "repeats": args.repeats, "sessions": args.sessions, "quick": args.quick,

@@ -206,3 +206,31 @@ def test_k_and_q_terms_fused_into_one_node_stay_bit_identical(ort_library, tmp_p
     functions, _ = create_session(path, custom_ops="off")
     assert np.array_equal(custom.run(None, {"images": x})[0],
                           functions.run(None, {"images": x})[0])
+
+
+def test_benchmark_attention_blocks_cut_from_exported_files(ort_library, qkv_file):
+    """benchmarks.export_ort's block rows: block 0's attention cut out of an exported file runs
+    stock, as one RPEAttention, and as the fused ops without it, all with the same output."""
+    from benchmarks import export_ort
+    path, _ = qkv_file
+    blocks = export_ort.attention_blocks({"irpe_qkv": path})
+    (key, graph), = blocks.items()
+    assert key == "attention block, iRPE-QKV: exported nodes (ours)"
+    x = np.random.default_rng(0).standard_normal((2, 26, 3, 2, 16), dtype=np.float32)
+    feeds = {export_ort.BLOCK_IO[0]: x}
+    setting = os.environ.get("IRPE_ORT_FUSE")
+    stock = export_ort._session(graph, 1, False).run(None, feeds)[0]
+    assert stock.shape == (2, 26, 2, 16)
+    for stages, op in (("1", "RPEAttention"),
+                       (export_ort.SESSION4_STAGES, "RPEGatherAdd2SoftmaxScatter")):
+        session = export_ort._session(graph, 2, True, stages)
+        np.testing.assert_allclose(session.run(None, feeds)[0], stock, rtol=1e-5, atol=1e-5)
+        assert op in _fused_ops(graph, stages)
+    assert os.environ.get("IRPE_ORT_FUSE") == setting  # the helper restores the setting
+
+
+def _fused_ops(graph: bytes, stages: str) -> set:
+    import onnx
+    from irpe.deploy.ort_fuse import fuse_model, parse_stages
+    fused, _ = fuse_model(graph, parse_stages(stages))
+    return {n.op_type for n in onnx.load_from_string(fused).graph.node}
