@@ -19,7 +19,8 @@ median times; on shared machines also see the median of the per-round ratios and
 the best times, which load spikes disturb less. The same run
 times the RPE function bodies against the alternatives they were chosen over and the custom
 ops, on one DeiT-S layer (``LAYER``), and block 0's attention cut out of the exported plain and
-iRPE-QKV files (``BLOCK_IO``): stock, as one RPEAttention, and (iRPE) the fused ops without it. Writes JSON + Markdown under benchmarks/results/<device>/.
+iRPE-QKV files (``BLOCK_IO``): stock, as one RPEAttention, and (iRPE) the fused ops without
+it. Writes JSON + Markdown under benchmarks/results/<device>/.
 """
 from __future__ import annotations
 

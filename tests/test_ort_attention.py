@@ -49,7 +49,8 @@ def _reference(x) -> np.ndarray:
         table = q @ t["wk"].double()[0, 0]
         ids = t["idk"].long()
         ok = (ids >= 0) & (ids < table.shape[-1])
-        logits = logits + torch.where(ok, table[:, :, torch.arange(n)[:, None], ids.clamp(0, table.shape[-1] - 1)], 0.0)
+        picked = table[:, :, torch.arange(n)[:, None], ids.clamp(0, table.shape[-1] - 1)]
+        logits = logits + torch.where(ok, picked, 0.0)
     if "wq" in t:
         table = (t["wq"].double()[0, 0] @ k.transpose(-1, -2)).flatten(2)  # [b, h, K * L]
         ids = t["idq"].long()
@@ -139,7 +140,8 @@ def test_bad_input_is_an_error_and_the_session_keeps_serving(ort_library):
     cases = [
         (dict(k=x["k"][:, :, :-1]), "q, k and v must be [B, H, L, d] of one shape"),
         (dict(wk=x["wk"][:, :, :-1]), "wk must be [d, K] with d = 24"),
-        (dict(wq=np.zeros((2, 1, 50, 24), np.float32)), "wq must be [.., rows, cols] with leading dims 1"),
+        (dict(wq=np.zeros((2, 1, 50, 24), np.float32)),
+         "wq must be [.., rows, cols] with leading dims 1"),
         (dict(idq=np.zeros_like(x["idq"]) + 1), "the Q index must be bucket-major"),
         (dict(idv=x["idv"][:-1]), "an index must be [L, L] = [26, 26]"),
     ]
@@ -169,7 +171,8 @@ def test_packed_qkv_input_scale_and_output_layout(ort_library, monkeypatch, simd
     scale = 0.37
     x["q"] = x["q"] / np.float32(d ** -0.5)  # unscaled: the op scales
     packed = {n: v for n, v in x.items() if n not in ("q", "k", "v")}
-    packed["q"] = np.ascontiguousarray(np.stack([x["q"], x["k"], x["v"]], 2).transpose(0, 3, 2, 1, 4))
+    qkv = np.stack([x["q"], x["k"], x["v"]], 2)  # [b, h, 3, L, d] -> [b, L, 3, h, d]
+    packed["q"] = np.ascontiguousarray(qkv.transpose(0, 3, 2, 1, 4))
     want = _reference(dict(x, q=x["q"] * np.float32(scale)))  # scale q, not the logits
     got = _run(packed, scale=scale, out_layout=1)
     assert got.shape == (2, 26, 3, d)

@@ -85,7 +85,8 @@ void weight_dims(const Input& w, const char* name, int64_t& rows, int64_t& cols)
         shared = shared && w.dims[a] == 1;
     }
     if (!shared) {
-        throw std::invalid_argument(std::string(name) + " must be [.., rows, cols] with leading dims 1");
+        throw std::invalid_argument(std::string(name) +
+                                    " must be [.., rows, cols] with leading dims 1");
     }
     rows = w.dims[n - 2];
     cols = w.dims[n - 1];
@@ -218,7 +219,8 @@ OrtStatusPtr AttentionKernel::compute(OrtKernelContext* context)
         throw std::invalid_argument("L must be <= 46340 and d <= 2^20");
     }
     const int64_t h = p.heads, l = p.l, d = p.d;
-    p.out_layout = out_layout == 1 ? AttnLayout{l * h * d, d, h * d} : AttnLayout{h * l * d, l * d, d};
+    p.out_layout = out_layout == 1 ? AttnLayout{l * h * d, d, h * d}
+                                   : AttnLayout{h * l * d, l * d, d};
     auto out = ctx.GetOutput(0, out_layout == 1 ? std::vector<int64_t>{batch, l, h, d}
                                                 : std::vector<int64_t>{batch, h, l, d});
     p.out = out.GetTensorMutableData<float>();

@@ -58,7 +58,8 @@ struct AttnJob {
 // then the queries of a pair are split too (each part repeats the pair's k^T / Q-table setup).
 int64_t parts_per_pair(int64_t pairs, int64_t l, int mr)
 {
-    const int64_t want = 2 * static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+    const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+    const int64_t want = 2 * static_cast<int64_t>(threads);
     const int64_t most = std::max<int64_t>(1, l / (2 * mr));  // at least 2 row blocks a part
     return pairs >= want ? 1 : std::min(most, (want + pairs - 1) / pairs);
 }

@@ -1,5 +1,5 @@
-// rpe_simd.h's softmax rows and weight rows and rpe_attention.h's pairs on AVX2 + FMA (8 lanes). Compiled with
-// -mavx2 -mfma; called only where the CPU has them (rpe_softmax.cpp checks at run time).
+// rpe_simd.h's softmax rows and weight rows and rpe_attention.h's pairs on AVX2 + FMA (8
+// lanes). Compiled with -mavx2 -mfma; called only where the CPU has them (checked at run time).
 #include <immintrin.h>
 
 #include "rpe_attention.h"

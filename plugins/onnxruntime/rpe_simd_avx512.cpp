@@ -1,5 +1,5 @@
-// rpe_simd.h's softmax rows and weight rows and rpe_attention.h's pairs on AVX-512F (16 lanes). Compiled with
-// -mavx512f; called only where the CPU has it (rpe_softmax.cpp checks at run time).
+// rpe_simd.h's softmax rows and weight rows and rpe_attention.h's pairs on AVX-512F (16
+// lanes). Compiled with -mavx512f; called only where the CPU has it (checked at run time).
 #include <immintrin.h>
 
 #include "rpe_attention.h"
