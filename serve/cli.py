@@ -130,5 +130,11 @@ def _run(app, settings) -> int:
     _share_ort_pool(settings)  # here, not before: --prepare and start-up errors make no pool
     config = uvicorn.Config(app, log_config=None, access_log=False,
                             timeout_graceful_shutdown=settings.shutdown_timeout_s)
-    AnnouncingServer(config, settings.model_names()).run(sockets=[sock])
+    try:
+        AnnouncingServer(config, settings.model_names()).run(sockets=[sock])
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn re-raises it after its graceful shutdown
+        import os  # drained and stopped (logged): die by SIGINT as Python would, no traceback
+        import signal
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     return 0

@@ -134,6 +134,24 @@ def test_openapi_documents_bodies_errors_and_auth(client):
     assert client.get("/docs").status_code == 200
 
 
+def test_ctrl_c_stops_cleanly_without_a_traceback(tmp_path, cls_file):
+    """SIGINT (Ctrl-C under make run): drained, logged, ended by the signal (the shell's 130),
+    and no traceback."""
+    repo = tmp_path / "repo.yaml"
+    repo.write_text(f"models:\n  - {{name: m, path: {cls_file}}}\n")
+    proc, url, lines = start_cli(repo, {**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        wait_ready(url)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == -signal.SIGINT
+    finally:
+        proc.kill()
+    rest = proc.stderr.read()
+    assert "Traceback" not in rest and "KeyboardInterrupt" not in rest
+    logs = [json.loads(line) for line in lines + rest.splitlines() if line.startswith("{")]
+    assert any(e["message"] == "stopped; queued requests drained" for e in logs)
+
+
 def test_sigterm_drains_in_flight_requests(tmp_path, cls_file):
     repo = tmp_path / "slow.yaml"
     repo.write_text(f"threads: 1\nmodels:\n  - {{name: slow, path: {cls_file}, backend: slow}}\n")
