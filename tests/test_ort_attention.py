@@ -104,10 +104,10 @@ def test_matches_reference_on_every_simd_level(ort_library, monkeypatch, simd, t
 
 @pytest.mark.parametrize("simd", SIMD)
 @pytest.mark.parametrize("b,h,size,d,k", [(1, 1, 1, 7, 3), (1, 5, 6, 40, 50), (2, 2, 4, 64, 81),
-                                          (1, 3, 7, 33, 13), (1, 1, 7, 16, 30)])
+                                          (1, 3, 7, 33, 13), (1, 1, 7, 16, 30), (0, 2, 3, 8, 5)])
 def test_odd_sizes_and_int32_ids(ort_library, monkeypatch, simd, b, h, size, d, k):
     """(1, 1, 7, ..): one pair of 50 queries, split into parts on the pool (fewer pairs than
-    threads)."""
+    threads); (0, ..): an empty batch gives an empty output."""
     monkeypatch.setenv("IRPE_ORT_SIMD", simd)
     x = _case("kqv", b=b, h=h, size=size, d=d, k=k, seed=size, index_type=np.int32)
     np.testing.assert_allclose(_run(x), _reference(x), rtol=0, atol=3e-6)
