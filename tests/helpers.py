@@ -217,12 +217,19 @@ def serve_command(repo, faults: Optional[Dict[str, Dict]] = None) -> List[str]:
     return [sys.executable, "-m", "irpe", "serve", str(repo), "--port", "0"]
 
 
+def _terminal_sigint() -> None:
+    """In the child: SIGINT as a terminal gives it, even when the test run ignores it (a
+    background or nohup CI job), so Ctrl-C behaves as under `make run`."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_cli(repo, env, faults: Optional[Dict[str, Dict]] = None
               ) -> Tuple[subprocess.Popen, str, List[str]]:
     """Start `irpe serve` (JSON logs on stderr); returns (process, URL, lines so far) once the
     "serving" line says it accepts connections."""
     proc = subprocess.Popen(serve_command(repo, faults), stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=ROOT)
+                            env=env, cwd=ROOT, preexec_fn=_terminal_sigint)
     lines = []
     for line in proc.stderr:
         lines.append(line)
