@@ -217,19 +217,29 @@ def serve_command(repo, faults: Optional[Dict[str, Dict]] = None) -> List[str]:
     return [sys.executable, "-m", "irpe", "serve", str(repo), "--port", "0"]
 
 
-def _terminal_sigint() -> None:
-    """In the child: SIGINT as a terminal gives it, even when the test run ignores it (a
-    background or nohup CI job), so Ctrl-C behaves as under `make run`."""
+@contextlib.contextmanager
+def _sigint_as_from_a_terminal():
+    """Children started inside get SIGINT's default action even when this test run ignores it
+    (a background CI job): exec resets a handler to the default; an ignored signal stays
+    ignored. So the Ctrl-C test sees what `make run` in a terminal sees."""
     import signal
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def start_cli(repo, env, faults: Optional[Dict[str, Dict]] = None
               ) -> Tuple[subprocess.Popen, str, List[str]]:
     """Start `irpe serve` (JSON logs on stderr); returns (process, URL, lines so far) once the
     "serving" line says it accepts connections."""
-    proc = subprocess.Popen(serve_command(repo, faults), stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=ROOT, preexec_fn=_terminal_sigint)
+    with _sigint_as_from_a_terminal():
+        proc = subprocess.Popen(serve_command(repo, faults), stderr=subprocess.PIPE, text=True,
+                                env=env, cwd=ROOT)
     lines = []
     for line in proc.stderr:
         lines.append(line)
