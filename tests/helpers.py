@@ -222,8 +222,9 @@ def _sigint_as_from_a_terminal():
     """Children started inside get SIGINT's default action even when this test run ignores it
     (a background CI job): exec resets a handler to the default; an ignored signal stays
     ignored. So the Ctrl-C test sees what `make run` in a terminal sees."""
-    import signal
-    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    import signal  # (signal.signal works in the main thread only; others start as they are)
+    ignored = (threading.current_thread() is threading.main_thread()
+               and signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
     if ignored:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
