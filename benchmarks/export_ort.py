@@ -135,16 +135,8 @@ def attention_blocks(paths: Dict[str, Path]) -> Dict[str, bytes]:
 
 def _session(graph: bytes, threads: int, ops: bool, stages: str = "1"):
     """A session of ``graph`` with or without the library, fusion stages ``stages``."""
-    before = os.environ.get("IRPE_ORT_FUSE")
-    os.environ["IRPE_ORT_FUSE"] = stages
-    try:
-        return create_session(graph, threads=threads, custom_ops="on" if ops else "off",
-                              quiet=True)[0]
-    finally:
-        if before is None:
-            del os.environ["IRPE_ORT_FUSE"]
-        else:
-            os.environ["IRPE_ORT_FUSE"] = before
+    return create_session(graph, threads=threads, custom_ops="on" if ops else "off",
+                          quiet=True, fuse=stages)[0]
 
 
 def measure_ops(threads: int, repeats: int, warmup: int, custom_ops: bool,

@@ -170,12 +170,14 @@ def _plan(ort: Any, mode: str, library: Optional[os.PathLike], cuda: bool,
     return options, OpsPath(True, str(found), "registered")
 
 
-def _fused_source(source: Union[str, bytes], path: OpsPath) -> Tuple[Union[str, bytes], OpsPath]:
-    """With the CPU library: the model with the RPE ops fused at load (irpe.deploy.ort_fuse)."""
+def _fused_source(source: Union[str, bytes], path: OpsPath, fuse: Optional[str]
+                  ) -> Tuple[Union[str, bytes], OpsPath]:
+    """With the CPU library: the model with the RPE ops fused at load (irpe.deploy.ort_fuse),
+    stages ``fuse`` or else ``$IRPE_ORT_FUSE``."""
     if not path.custom_ops:
         return source, path
     from .ort_fuse import fuse_model, parse_stages
-    stages = parse_stages(os.environ.get(FUSE_ENV, "1"))
+    stages = parse_stages(fuse if fuse is not None else os.environ.get(FUSE_ENV, "1"))
     if not stages:
         return source, path
     fused, counts = fuse_model(source, stages)
@@ -187,9 +189,10 @@ def _fused_source(source: Union[str, bytes], path: OpsPath) -> Tuple[Union[str, 
 
 def create_session(model: Union[os.PathLike, bytes], providers: Optional[List] = None, *,
                    threads: Optional[int] = None, custom_ops: Optional[str] = None,
-                   library: Optional[os.PathLike] = None, quiet: bool = False
-                   ) -> Tuple[Any, OpsPath]:
-    """An ``InferenceSession`` for ``model`` (path or bytes) and the iRPE ops path it uses."""
+                   library: Optional[os.PathLike] = None, quiet: bool = False,
+                   fuse: Optional[str] = None) -> Tuple[Any, OpsPath]:
+    """An ``InferenceSession`` for ``model`` (path or bytes) and the iRPE ops path it uses;
+    ``fuse``: the load-time fusion stages (default ``$IRPE_ORT_FUSE``, else all)."""
     import onnxruntime as ort
     mode = resolve_mode(custom_ops)
     providers = list(providers or ["CPUExecutionProvider"])
@@ -197,7 +200,7 @@ def create_session(model: Union[os.PathLike, bytes], providers: Optional[List] =
     cuda = _wants_cuda(providers)
     options, path = _plan(ort, mode, library, cuda, threads)
     try:
-        fused, path = _fused_source(source, path) if not cuda else (source, path)
+        fused, path = _fused_source(source, path, fuse) if not cuda else (source, path)
         session = ort.InferenceSession(fused, options, providers=providers)
     except Exception as exc:
         if not path.custom_ops or mode == "on":

@@ -72,17 +72,17 @@ def _transposed(g: _Graph, name: str) -> Optional[str]:
         else None
 
 
-def _unscaled(g: _Graph, a: str) -> str:
-    """q when ``a`` = Mul(q, scalar initializer) (either order), else ``a`` itself."""
+def _scaled(g: _Graph, a: str) -> Tuple[str, float]:
+    """(q, s) when ``a`` = Mul(q, s) with s a scalar initializer (either order), else (a, 1)."""
+    from onnx import numpy_helper
     k = g.made_by(a, "Mul")
-    if k < 0:
-        return a
-    node = g.nodes[k]
-    for x, s in ((0, 1), (1, 0)):
-        t = g.inits.get(node.input[s])
-        if t is not None and all(d == 1 for d in t.dims):
-            return node.input[x]
-    return a
+    if k >= 0:
+        node = g.nodes[k]
+        for x, s in ((0, 1), (1, 0)):
+            t = g.inits.get(node.input[s])
+            if t is not None and all(d == 1 for d in t.dims):
+                return node.input[x], float(numpy_helper.to_array(t).reshape(-1)[0])
+    return a, 1.0
 
 
 def _equal_parts(g: _Graph, q: str, k: str, v: str) -> bool:
@@ -103,18 +103,6 @@ def _equal_parts(g: _Graph, q: str, k: str, v: str) -> bool:
         t = g.inits.get(split.input[1])
         return t is not None and len(set(numpy_helper.to_array(t).tolist())) == 1
     return True
-
-
-def _scale(g: _Graph, a: str) -> float:
-    """The scalar ``a`` = Mul(q, s) multiplies q by (1.0 when ``a`` is q itself)."""
-    from onnx import numpy_helper
-    k = g.made_by(a, "Mul")
-    if k >= 0:
-        for name in g.nodes[k].input:
-            t = g.inits.get(name)
-            if t is not None and all(d == 1 for d in t.dims):
-                return float(numpy_helper.to_array(t).reshape(-1)[0])
-    return 1.0
 
 
 def _packed(g: _Graph, q: str) -> Optional[str]:
@@ -184,20 +172,20 @@ def _block(g: _Graph, at: int, opset: int) -> Optional[Tuple[Dict[str, str], str
     if k is None or not g.only_reader(logits, at) or not g.only_reader(g.nodes[mm].input[1], mm):
         return None
     a, probs = g.nodes[mm].input[0], node.output[0]
+    q, scale = _scaled(g, a)
     pv = g.readers.get(probs, [])
     if (len(pv) != 1 or g.nodes[pv[0]].op_type != "MatMul" or g.nodes[pv[0]].input[0] != probs
-            or probs in g.outputs
-            or not _equal_parts(g, _unscaled(g, a), k, g.nodes[pv[0]].input[1])):
+            or probs in g.outputs or not _equal_parts(g, q, k, g.nodes[pv[0]].input[1])):
         return None
     terms = _terms(g, at, gathers, a, k)
     if terms is None:
         return None
     inputs = dict(q=a, k=k, v=g.nodes[pv[0]].input[1], **terms[0])
     attrs = {}
-    packed = _packed(g, _unscaled(g, a))
+    packed = _packed(g, q)
     if packed is not None:  # read q, k, v from the projection; the scale becomes an attribute
         inputs.update(q=packed, k="", v="")
-        attrs["scale"] = _scale(g, a)
+        attrs["scale"] = scale
     replaced = [at, mm, g.producer[g.nodes[mm].input[1]], pv[0]] + terms[1]
     out = g.nodes[pv[0]].output[0]
     if scatter:

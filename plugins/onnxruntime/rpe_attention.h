@@ -48,13 +48,34 @@ struct AttnProblem {
     const int32_t* vpos = nullptr;
 };
 
-// Scratch floats one task needs at row block MR.
-inline int64_t attn_scratch(const AttnProblem& p, int mr)
+// One task's scratch at row block mr: k^T, the Q table, a block's logits, K table rows, output
+// tile and V sums, and v padded (only when d is not a multiple of kAttnPad).
+struct AttnScratch {
+    float *kt, *tq, *s, *tk, *c, *sums, *vp;
+};
+
+// Carves `base` into the pieces (when given) and returns the floats they take: the layout once.
+inline int64_t attn_carve(const AttnProblem& p, int mr, float* base, AttnScratch* out)
 {
     const int64_t lp = attn_pad(p.l), dp = attn_pad(p.d);
-    const int64_t tq = p.wq != nullptr ? (p.kq + mr - 1) / mr * mr * lp : 0;
-    return p.d * lp + tq + mr * lp + mr * attn_pad(p.kk) + mr * dp + mr * p.kv +
-           (p.d != dp ? p.l * dp : 0);
+    const int64_t sizes[7] = {p.d * lp, p.wq != nullptr ? (p.kq + mr - 1) / mr * mr * lp : 0,
+                              mr * lp, mr * attn_pad(p.kk), mr * dp, mr * p.kv,
+                              p.d != dp ? p.l * dp : 0};
+    int64_t at[8] = {0};
+    for (int i = 0; i < 7; ++i) {
+        at[i + 1] = at[i] + sizes[i];
+    }
+    if (out != nullptr) {
+        *out = AttnScratch{base + at[0], base + at[1], base + at[2], base + at[3],
+                           base + at[4], base + at[5], base + at[6]};
+    }
+    return at[7];
+}
+
+// Scratch floats one task needs at row block mr.
+inline int64_t attn_scratch(const AttnProblem& p, int mr)
+{
+    return attn_carve(p, mr, nullptr, nullptr);
 }
 
 // C[MR rows, NV vectors] (+)= A[MR, kk] B[kk, NV vectors]: A's rows at stride lda (rows >= m
@@ -205,13 +226,9 @@ inline void attn_pair(const AttnProblem& p, int64_t bh, int64_t row0, int64_t ro
     const int64_t l = p.l, d = p.d, lp = attn_pad(l), dp = attn_pad(d), ld = p.in.row;
     const int64_t at = p.in.at(bh, p.heads);
     const float* k = p.k + at;
-    float* kt = scratch;
-    float* tq = kt + d * lp;
-    float* s = tq + (p.wq != nullptr ? (p.kq + MR - 1) / MR * MR * lp : 0);
-    float* tk = s + MR * lp;
-    float* c = tk + MR * attn_pad(p.kk);
-    float* sums = c + MR * dp;
-    float* vp = sums + MR * p.kv;
+    AttnScratch w;
+    attn_carve(p, MR, scratch, &w);
+    float *kt = w.kt, *tq = w.tq, *vp = w.vp;
     for (int64_t t = 0; t < d; ++t) {
         for (int64_t j = 0; j < l; ++j) {
             kt[t * lp + j] = k[j * ld + t];
@@ -239,8 +256,8 @@ inline void attn_pair(const AttnProblem& p, int64_t bh, int64_t row0, int64_t ro
     }
     for (int64_t i0 = row0; i0 < row1; i0 += MR) {
         const int m = static_cast<int>(row1 - i0 < MR ? row1 - i0 : MR);
-        attn_block<V, MR>(p, bh, i0, m, kt, p.wq != nullptr ? tq : nullptr, v, ldv, s, tk, c,
-                          sums);
+        attn_block<V, MR>(p, bh, i0, m, kt, p.wq != nullptr ? tq : nullptr, v, ldv, w.s, w.tk,
+                          w.c, w.sums);
     }
 }
 
