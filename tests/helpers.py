@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Tuple
 
+import numpy as np
 import torch
 
 from irpe.artifact import ModelSpec, default_spec, save_trained
@@ -66,6 +67,18 @@ def encode(image, fmt: str = "PNG", **save_options) -> bytes:
 def shape_png(index: int, size: int = 64) -> bytes:
     """Shape ``index`` of the synthetic classification set as PNG bytes."""
     return encode(render_classification(7, index, size)[0])
+
+
+def jpeg_photo(width: int, height: int, quality: int = 90) -> bytes:
+    """A photo-like JPEG (smooth gradients + noise; deterministic per size): what nvJPEG and
+    PIL decode differently only within rounding."""
+    from PIL import Image
+    rng = np.random.default_rng(width + height)
+    y, x = np.mgrid[0:height, 0:width]
+    rgb = np.stack([(np.sin(x / 37) + np.cos(y / 23)) * 60 + 128, x * 255 / width,
+                    y * 255 / height], -1)
+    pixels = np.clip(rgb + rng.normal(0, 12, rgb.shape), 0, 255).astype(np.uint8)
+    return encode(Image.fromarray(pixels), "JPEG", quality=quality)
 
 
 def tiny_deit(cfg, **extra):
