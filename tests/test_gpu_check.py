@@ -18,11 +18,12 @@ import gpu_check  # noqa: E402
 from gpu_check_report import junit_summary, write_report  # noqa: E402
 from gpu_check_steps import CALLS, PHASES, Step, plan  # noqa: E402
 
-NO_SERVING = str(ROOT / "tests" / "no_serving_stack")  # its sitecustomize blocks fastapi etc.
+BLOCKER = str(ROOT / "tests" / "blocked_imports")  # its sitecustomize blocks $IRPE_TEST_BLOCKED
+SERVING_STACK = "fastapi,pydantic,pydantic_core,pydantic_settings,starlette,uvicorn"
 
 
 def test_make_gpu_check_dry_run_collects_tests_gpu_without_the_serving_stack(tmp_path):
-    env = dict(os.environ, PYTHONPATH=NO_SERVING)
+    env = dict(os.environ, PYTHONPATH=BLOCKER, IRPE_TEST_BLOCKED=SERVING_STACK)
     done = subprocess.run(["make", "--no-print-directory", "gpu-check", "--dry-run",
                            f"GPU_CHECK_PY={sys.executable}", f"GPU_CHECK_OUT={tmp_path}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -19,6 +19,7 @@ from serve.backends.cuda_graphs import GraphedClassifier
 from tests.fused_common import interpret, needs_triton  # noqa: F401
 from tests.helpers import tiny_deit
 
+
 def test_lru_holding_keeps_what_was_read_past_eviction():
     cache = TensorLRU(1 << 20)
     with cache.holding() as held:
