@@ -68,7 +68,10 @@ def install_wheels(site: Path, dry: bool) -> Dict:
             *map(str, wheels)]
     if dry:
         return {"status": "planned", "command": " ".join(argv[:11]) + " .whl/*.whl"}
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=180)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "timeout_s": 180, "wheels": len(wheels)}
     ok = done.returncode == 0
     if ok:
         sys.path.insert(0, str(site))

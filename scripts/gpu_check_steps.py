@@ -61,8 +61,7 @@ def plan(out: Path, arch: str = "90") -> List[Step]:
         Step("env", "collect", "tests/gpu collects with 0 errors (the serving stack optional)",
              _pytest("--collect-only", "tests/gpu"), 120, dry=True),
         Step("env", "variants", "the fused kernels' variant families (irpe.fused.variants)",
-             (sys.executable, "-c", "from irpe.fused.variants import variants; "
-              "print(' '.join(v.name for v in variants()))"), 60, dry=True),
+             (sys.executable, "-m", "irpe.fused.variants"), 60, dry=True),
         Step("tests", "kernels", "CUDA ops (JIT build) and fused attention vs unfused",
              _pytest(*KERNEL_TESTS), 300, ("cuda",), pytest=True),
         Step("tests", "rest", "the rest of tests/gpu (serving on CUDA, plugins, harnesses)",
