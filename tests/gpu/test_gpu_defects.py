@@ -2,7 +2,7 @@
 probes): a replay after the bucket-id cache dropped the graph's ids == eager; two owners
 capturing at once while a third thread allocates and copies == eager; two served instances
 with CUDA graphs both capture; the nvJPEG batch under a deliberately busy default stream ==
-the same batch on a quiet stream (exactly) and == the PIL path within NVJPEG_TOLERANCE.
+the same batch on a quiet stream (to 1e-5) and == the PIL path within NVJPEG_TOLERANCE.
 CPU halves: tests/test_gpu_readiness.py."""
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_replay_after_bucket_id_eviction_equals_eager(mode):
         torch.cuda.synchronize()
     assert fillers
     torch.testing.assert_close(before, eager, rtol=1e-4, atol=1e-5)
-    assert torch.equal(after, before)
+    torch.testing.assert_close(after, eager, rtol=1e-4, atol=1e-5)  # zero ids: far off
 
 
 def _busy_allocator(stop: threading.Event, errors: list) -> None:
@@ -156,8 +156,8 @@ def test_nvjpeg_batch_under_a_busy_stream_equals_pil_path(cls_file):
     cpu = _cpu_only(model).prepare(blobs)
     pil = model._run_batch(0, [(p, None) for p, _ in cpu])
     model.backends[0].close()
-    for q, b, p in zip(quiet, busy, pil):
-        assert np.array_equal(q["logits"], b["logits"])
+    for q, b, p in zip(quiet, busy, pil):  # (not bitwise: a V-term scatter may use atomics)
+        np.testing.assert_allclose(b["logits"], q["logits"], rtol=1e-5, atol=1e-5)
         limit = NVJPEG_TOLERANCE * max(1.0, float(np.abs(p["logits"]).max()))
         assert np.abs(b["logits"] - p["logits"]).max() <= limit
 
