@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check_steps import CALLS, PHASES, ROOT, Step, plan, select  # noqa: E402
+from gpu_check_steps import CALLS, CARRIED_ROOTS, PHASES, ROOT, Step, plan, select  # noqa: E402,E501
 
 sys.path.insert(1, str(ROOT))
 from gpu_check_report import env_facts, junit_summary, write_report  # noqa: E402
@@ -89,7 +89,13 @@ def missing(step: Step, have: Dict[str, bool]) -> Optional[str]:
 
 
 def child_env(site: Path) -> Dict[str, str]:
+    """The steps' environment: wheels and the checkout on PYTHONPATH, a writable extension
+    cache, and header roots carried in .third_party/ where the variables are unset."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for var, pattern in CARRIED_ROOTS.items():
+        found = sorted((ROOT / ".third_party").glob(pattern))
+        if not env.get(var) and found:
+            env[var] = str(found[-1])
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(tempfile.gettempdir()) / "torch_ext"))
     parts = [str(site)] if site.is_dir() else []
     env["PYTHONPATH"] = os.pathsep.join(parts + [str(ROOT)] + (
@@ -150,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
     print_plan(steps, args.budget, have, args.dry_run)
     results: Dict[str, Dict] = {"env/wheels": wheels}
     env = child_env(args.site)
+    facts["header_roots"] = {v: env.get(v) for v in CARRIED_ROOTS}
     for step in steps:
         left = args.budget - (time.monotonic() - started)
         why = missing(step, have)

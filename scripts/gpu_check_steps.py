@@ -19,6 +19,9 @@ CALLS: Dict[int, Tuple[str, ...]] = {1: ("env", "tests"), 2: ("env", "probes"),
 PROBE_FILES = ("tests/gpu/test_gpu_defects.py", "tests/gpu/test_fused_variants_gpu.py",
                "tests/gpu/test_ort_cuda_ops.py")  # run by the probes, not again by tests
 KERNEL_TESTS = ("tests/gpu/test_cuda_ops.py", "tests/gpu/test_fused_attention_gpu.py")
+SERVING_TESTS = ("tests/gpu/test_serve_cuda.py",)
+# headers a bare machine lacks, carried in the ignored .third_party/ (docs/gpu-check.md)
+CARRIED_ROOTS = {"TENSORRT_ROOT": "tensorrt-*", "ORT_ROOT": "onnxruntime-*"}
 
 
 @dataclass(frozen=True)
@@ -54,18 +57,21 @@ def plan(out: Path, arch: str = "90") -> List[Step]:
     """Every step in order; ``out`` is the results folder (the benchmarks write there too),
     ``arch`` the CUDA architecture to build the ORT library for (e.g. 90 on an H100)."""
     o = str(out)
-    ignore = [f"--ignore={p}" for p in PROBE_FILES + KERNEL_TESTS]
+    ignore = [f"--ignore={p}" for p in PROBE_FILES + KERNEL_TESTS + SERVING_TESTS]
     return [
         Step("env", "versions", "device, driver, CUDA, torch, triton, serving stack, nvcc",
              (), 60, dry=True),
         Step("env", "collect", "tests/gpu collects with 0 errors (the serving stack optional)",
              _pytest("--collect-only", "tests/gpu"), 120, dry=True),
         Step("env", "variants", "the fused kernels' variant families (irpe.fused.variants)",
-             (sys.executable, "-m", "irpe.fused.variants"), 60, dry=True),
+             (sys.executable, "-c", "import irpe.fused.variants as f; "
+              "print(*(v.name for v in f.variants()))"), 60, dry=True),
         Step("tests", "kernels", "CUDA ops (JIT build) and fused attention vs unfused",
-             _pytest(*KERNEL_TESTS), 300, ("cuda",), pytest=True),
-        Step("tests", "rest", "the rest of tests/gpu (serving on CUDA, plugins, harnesses)",
-             _pytest("tests/gpu", *ignore), 210, ("cuda",), pytest=True),
+             _pytest(*KERNEL_TESTS), 230, ("cuda",), pytest=True),
+        Step("tests", "serving", "serving on CUDA: fp16 check, graphs, nvJPEG, bench rows",
+             _pytest(*SERVING_TESTS), 130, ("cuda",), pytest=True),
+        Step("tests", "rest", "the rest of tests/gpu (TensorRT plugin engines and harness, ...)",
+             _pytest("tests/gpu", *ignore), 140, ("cuda",), pytest=True),
         Step("probes", "graphs-eviction", "CUDA-graph replay after bucket-id eviction == eager",
              _pytest(PROBE_FILES[0], "-k", "eviction"), 90, ("cuda",), pytest=True),
         Step("probes", "graphs-concurrent", "two graph owners / served instances capture "

@@ -99,3 +99,16 @@ def test_plan_selects_phases(tmp_path, phases):
     from gpu_check_steps import select
     steps = select(plan(tmp_path), phases)
     assert steps and {s.phase for s in steps} == set(phases)
+
+
+def test_child_env_finds_carried_headers_and_wheel_site(tmp_path, monkeypatch):
+    (tmp_path / ".third_party" / "tensorrt-11.1").mkdir(parents=True)
+    monkeypatch.setattr(gpu_check, "ROOT", tmp_path)
+    monkeypatch.delenv("TENSORRT_ROOT", raising=False)
+    monkeypatch.setenv("ORT_ROOT", "/given")
+    site = tmp_path / "site"
+    site.mkdir()
+    env = gpu_check.child_env(site)
+    assert env["TENSORRT_ROOT"] == str(tmp_path / ".third_party" / "tensorrt-11.1")
+    assert env["ORT_ROOT"] == "/given"  # a set variable wins
+    assert env["PYTHONPATH"].split(os.pathsep)[:2] == [str(site), str(tmp_path)]

@@ -72,7 +72,3 @@ class Variant:
 def variants() -> List[Variant]:
     """Every family in every dtype, in list order."""
     return [Variant(f, d) for f in FAMILIES for d in DTYPES]
-
-
-if __name__ == "__main__":  # `python -m irpe.fused.variants`: the names, one per line
-    print("\n".join(v.name for v in variants()))
