@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check_steps import CALLS, CARRIED_ROOTS, PHASES, ROOT, Step, plan, select  # noqa: E402,E501
+from gpu_check_steps import (CALLS, CARRIED_ROOTS, PHASES, ROOT, Step, plan,  # noqa: E402
+                             select)
 
 sys.path.insert(1, str(ROOT))
 from gpu_check_report import env_facts, junit_summary, write_report  # noqa: E402

@@ -1,7 +1,7 @@
 """Defects a first GPU run would hit, shown on CPU where a CPU can show them (issue 27):
 captured CUDA graphs own the bucket ids they read and capture one at a time; the fused kernels'
 variant families launch (CPU interpreter). tests/gpu collecting without the serving stack:
-tests/test_gpu_check.py. The GPU halves: tests/gpu/test_gpu_defects.py, test_fused_variants_gpu.py."""
+tests/test_gpu_check.py. GPU halves: tests/gpu/test_gpu_defects.py, test_fused_variants_gpu.py."""
 from __future__ import annotations
 
 import gc
