@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 EXTRAS ?= dev
 RUN_EXTRAS ?= serve,export
 
-.PHONY: install test run check bench clean demo-models ort-ops
+.PHONY: install test run check bench clean demo-models ort-ops gpu-check
 
 # one marker per extras set: `make run` installs serve,export; `make test` later adds dev
 $(VENV)/.installed-%: pyproject.toml
@@ -56,6 +56,17 @@ check: $(VENV)/.installed-$(RUN_EXTRAS)
 ## make bench: forward time of DeiT-S plain / iRPE-K / iRPE-QKV on CPU (bs 8, 2 threads)
 bench: install
 	$(PY) -m benchmarks.deit_forward
+
+## make gpu-check: a GPU machine's verdict on this checkout (scripts/gpu_check.py, docs/gpu-check.md):
+## tests/gpu, the defect probes, the GPU benchmarks -> one report in benchmarks/results/<device>/.
+## Needs only the checkout and python3 (no install, never downloads; .whl/*.whl are installed).
+## CALL=1|2|3: one of the three <= 9-minute calls; PHASES=env,tests,probes,bench; GPU_CHECK_OUT=DIR;
+## `make gpu-check --dry-run` (or -n) prints the plan and runs the steps that need no GPU.
+GPU_CHECK_PY ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+gpu-check:
+	+PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_CHECK_PY) scripts/gpu_check.py \
+	  $(if $(findstring n,$(firstword -$(MAKEFLAGS))),--dry-run) $(if $(CALL),--call $(CALL)) \
+	  $(if $(PHASES),--phases $(PHASES)) $(if $(GPU_CHECK_OUT),--out $(GPU_CHECK_OUT)) $(GPU_CHECK_ARGS)
 
 ## make demo-models: regenerate the bundled demo weights (synthetic data -> irpe train -> irpe/demo)
 # ~1 h on 2 CPU cores (one thread per run, both runs in sequence); see docs/DECISIONS.md ("Training, data and demo models")

@@ -131,7 +131,9 @@ def torch_runner(value: Entry, inputs, backend: str, precision: str, dev: str) -
 
 
 def cuda_graph_runner(module: torch.nn.Module, inputs) -> Runner:
-    """Replay of one CUDA graph of ``module(*inputs)`` (static inputs; warmed up first)."""
+    """Replay of one CUDA graph of ``module(*inputs)`` (static inputs; warmed up first). The
+    runner keeps the cached bucket ids the capture read: an eviction must not free them."""
+    from irpe.idcache import BUCKET_IDS
     with torch.inference_mode():
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -140,12 +142,13 @@ def cuda_graph_runner(module: torch.nn.Module, inputs) -> Runner:
                 module(*inputs)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with BUCKET_IDS.holding() as held, torch.cuda.graph(graph):
             out = module(*inputs)
 
     def run():
         graph.replay()
         return out
+    run.held = held  # type: ignore[attr-defined]
     return run
 
 

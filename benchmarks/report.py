@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
@@ -96,8 +97,8 @@ def save(doc: Dict, folder: Path, tag: Optional[str] = None) -> List[Path]:
 
 
 def render(path: Path) -> List[Path]:
-    """bench_<kind>[_<tag>].json -> the .md of the same stem + PNG plots next to it."""
-    from benchmarks import plots
+    """bench_<kind>[_<tag>].json -> the .md of the same stem + PNG plots next to it (plots
+    only where matplotlib is installed: the JSON and Markdown are the results)."""
     doc = json.loads(Path(path).read_text())
     kind = doc.get("kind")
     if kind not in KINDS:
@@ -106,7 +107,20 @@ def render(path: Path) -> List[Path]:
     md = path.with_suffix(".md")
     md.write_text(markdown(doc, header, rows) + "".join(
         section(doc) for section in SECTIONS.get(kind, ())))
-    return [md] + plots.PLOTS[kind](doc, path.with_suffix(""))
+    return [md] + _plots(kind, doc, path.with_suffix(""))
+
+
+def _plots(kind: str, doc: Dict, stem: Path) -> List[Path]:
+    """The kind's PNG plots; none, with one line on stderr, when matplotlib is missing."""
+    try:
+        from benchmarks import plots
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "matplotlib":
+            raise
+        print(f"irpe bench: no plots for {stem.name} (matplotlib is not installed; the bench "
+              "extra has it, then `irpe bench report` draws them)", file=sys.stderr)
+        return []
+    return plots.PLOTS[kind](doc, stem)
 
 
 def markdown(doc: Dict, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

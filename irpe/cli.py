@@ -21,6 +21,9 @@ DEFAULT_CHECK_MODEL = "deit_tiny_patch16_224_ctx_product_50_shared_k"
 # and must import only light modules at import time (heavy ones inside the command function).
 # top-level packages the wheel installs beside irpe (generic names: see _foreign_package)
 SHIPPED_BESIDE = ("export", "serve")
+# top-level packages of a checkout that no install maps (benchmarks/, and plugins/ it imports):
+# an editable install's console script reaches them through _checkout_on_path
+CHECKOUT_ONLY = ("benchmarks",)
 EXTENSIONS = ("irpe.data.cli", "irpe.weights", "irpe.engine.cli", "export.cli", "serve.cli",
               "benchmarks.cli")
 
@@ -142,7 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_extension(sub: argparse._SubParsersAction, module: str) -> None:
     """Register the subcommands of ``module`` if that module exists in this checkout."""
     import importlib
-    foreign = _foreign_package(module.partition(".")[0])
+    top = module.partition(".")[0]
+    if top in CHECKOUT_ONLY and not _checkout_on_path(top):
+        return  # an install without the checkout (a wheel): no such commands
+    foreign = _foreign_package(top)
     if foreign:
         print(f"irpe: warning: {foreign} hides irpe-deploy's package of that name; its "
               "commands are not available (see docs/DECISIONS.md, install footprint)",
@@ -157,12 +163,27 @@ def _add_extension(sub: argparse._SubParsersAction, module: str) -> None:
     mod.add_parser(sub)
 
 
+def _checkout_on_path(top: str) -> bool:
+    """Whether irpe runs from a checkout that holds ``top``; then the checkout root is appended
+    to sys.path if nothing finds ``top`` yet: `make install` maps only the shipped packages, so
+    `.venv/bin/irpe` would not see benchmarks/ (`python -m irpe` does, from the cwd). Appended,
+    it hides nothing installed."""
+    import importlib.util
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    if not ((root / top / "__init__.py").is_file() and (root / "pyproject.toml").is_file()):
+        return False
+    if importlib.util.find_spec(top) is None:
+        sys.path.append(str(root))
+    return True
+
+
 def _foreign_package(top: str) -> Optional[str]:
     """Where another distribution's top-level ``export``/``serve`` package was found first on
     sys.path (ours sit beside irpe/), or None; nothing is imported."""
     import importlib.util
     from pathlib import Path
-    if top not in SHIPPED_BESIDE:
+    if top not in SHIPPED_BESIDE + CHECKOUT_ONLY:
         return None
     spec = importlib.util.find_spec(top)
     if spec is None:

@@ -4,14 +4,17 @@ Bucket ids are (L, L) int64 per grid size, per device: 8.8 MB for DETR's 25x42 g
 800x1333; the fused attention's int32 id tables (irpe.fused.dispatch) are kept here too. A server fed images of many sizes would keep every grid it ever saw, so the cache
 holds at most ``IRPE_BUCKET_CACHE_MIB`` MiB (default 64; 0 disables caching) and drops the
 least recently used grids first. Serving shows its size as the ``irpe_bucket_cache_bytes`` gauge.
+A CUDA graph captured while reading cached ids replays their raw addresses: its owner takes the
+tensors from ``TensorLRU.holding`` so an eviction cannot free memory the graph still reads.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import warnings
 from collections import OrderedDict
-from typing import Callable, Hashable, Optional
+from typing import Callable, Hashable, Iterator, List, Optional
 
 import torch
 
@@ -44,6 +47,7 @@ class TensorLRU:
         self._lock = threading.Lock()
         self._items: "OrderedDict[Hashable, torch.Tensor]" = OrderedDict()
         self._bytes = 0
+        self._holders = threading.local()  # per thread: the lists open ``holding`` blocks fill
         self.max_bytes = max_bytes
         self.hits = self.misses = self.evictions = 0
 
@@ -62,13 +66,32 @@ class TensorLRU:
             if found is not None:
                 self._items.move_to_end(key)
                 self.hits += 1
-                return found
+                return self._hold(found)
             self.misses += 1
         tensor = build()  # outside the lock: building a large grid takes milliseconds
         with self._lock:
             if key not in self._items:
                 self._put(key, tensor)
-            return self._items.get(key, tensor)
+            return self._hold(self._items.get(key, tensor))
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[List[torch.Tensor]]:
+        """Yield a list that receives every tensor this thread gets from ``get_or_build`` in
+        the block (each once): references for an owner whose work reads their memory after
+        the cache may have dropped them (a captured CUDA graph replays raw pointers)."""
+        stack = self._holders.__dict__.setdefault("stack", [])
+        held: List[torch.Tensor] = []
+        stack.append(held)
+        try:
+            yield held
+        finally:
+            stack.pop()  # blocks nest, so this one is the innermost
+
+    def _hold(self, tensor: torch.Tensor) -> torch.Tensor:
+        for held in getattr(self._holders, "stack", ()):
+            if not any(t is tensor for t in held):
+                held.append(tensor)
+        return tensor
 
     def peek(self, key: Hashable) -> Optional[torch.Tensor]:
         """The cached tensor of ``key`` or None, without lock or bookkeeping: a plain dict

@@ -79,5 +79,7 @@ def decode_on_device(blobs: Sequence[bytes], pre: Preprocess, device: str
     except RuntimeError:  # a corrupt stream: the CPU path gives the usual 400
         return None
     out = [(_resize(im, pre), (h, w)) for im, (w, h) in zip(images, sizes)]
-    torch.cuda.current_stream(device).synchronize()  # the model runs on another stream
+    # complete before they leave this thread: the batching thread stacks them on its own
+    # current stream, and the instance's stream then waits for that one (TorchBackend._consume)
+    torch.cuda.current_stream(device).synchronize()
     return out

@@ -1,5 +1,8 @@
 """Shared test aids: model files, images, a real server in a thread or a process, readiness
-polling, and the fault-injection backend (registered through serve.backends.register_backend)."""
+polling, and the fault-injection backend (tests/faults.py, re-exported here).
+
+Importing this module needs no serving stack (fastapi, pydantic): tests/gpu imports it on GPU
+machines that lack one, and the serve-side names load on first use (module ``__getattr__``)."""
 from __future__ import annotations
 
 import contextlib
@@ -19,14 +22,22 @@ from irpe.artifact import ModelSpec, default_spec, save_trained
 from irpe.data.shapes import SHAPE_CLASSES, render_classification
 from irpe.models import create_model
 from irpe.rpe import randomize_tables
-from serve.backends import Backend, create_backend, register_backend
-from serve.config import ServeSettings
 
 if TYPE_CHECKING:
+    from serve.config import ServeSettings
     from serve.model import ServedModel
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(img_size=40, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10)
+_FAULT_NAMES = ("FaultBackend", "InjectedFault", "fault_backend")
+
+
+def __getattr__(name: str):
+    """The fault-injection names of tests/faults.py, imported (with the serving stack) on use."""
+    if name in _FAULT_NAMES:
+        from tests import faults
+        return getattr(faults, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ------------------------------------------------------------------------ artifacts and images
@@ -56,6 +67,18 @@ def encode(image, fmt: str = "PNG", **save_options) -> bytes:
 def shape_png(index: int, size: int = 64) -> bytes:
     """Shape ``index`` of the synthetic classification set as PNG bytes."""
     return encode(render_classification(7, index, size)[0])
+
+
+def jpeg_photo(width: int, height: int, quality: int = 90) -> bytes:
+    """A photo-like JPEG (smooth gradients + noise; deterministic per size): what nvJPEG and
+    PIL decode differently only within rounding."""
+    from PIL import Image
+    rng = np.random.default_rng(width + height)
+    y, x = np.mgrid[0:height, 0:width]
+    rgb = np.stack([(np.sin(x / 37) + np.cos(y / 23)) * 60 + 128, x * 255 / width,
+                    y * 255 / height], -1)
+    pixels = np.clip(rgb + rng.normal(0, 12, rgb.shape), 0, 255).astype(np.uint8)
+    return encode(Image.fromarray(pixels), "JPEG", quality=quality)
 
 
 def tiny_deit(cfg, **extra):
@@ -95,64 +118,6 @@ def serve_batches(cfg, *batches) -> Tuple[ServedModel, list]:
         finally:
             await model.stop()
     return model, asyncio.run(run())
-
-
-# ------------------------------------------------------------------------ fault injection
-
-class InjectedFault(RuntimeError):
-    """The error a ``fail=True`` fault backend raises on every served batch."""
-
-
-class FaultBackend(Backend):
-    """A real inner backend plus a sleep per batch, a slow load, an error on every batch, or a
-    ``gate`` (threading.Event) that loading and every served batch wait for: tests open it
-    when they are ready, instead of guessing a duration."""
-
-    platform = "fault_injection"
-
-    def __init__(self, cfg, threads: int = 0, inner: str = "torch", delay_s: float = 0.0,
-                 load_delay_s: float = 0.0, fail: bool = False,
-                 gate: Optional[threading.Event] = None) -> None:
-        self.inner_name, self.delay_s, self.load_delay_s, self.fail, self.gate = (
-            inner, delay_s, load_delay_s, fail, gate)
-        super().__init__(cfg, threads)
-
-    def _pass_gate(self) -> None:
-        if self.gate is not None and not self.gate.wait(120):
-            raise InjectedFault(f"gate of model {self.cfg.name} not opened within 120 s")
-
-    def read_spec(self) -> ModelSpec:
-        self.inner = create_backend(self.cfg.model_copy(update={"backend": self.inner_name}),
-                                    self.threads)
-        return self.inner.spec
-
-    def load(self) -> None:
-        self._pass_gate()
-        time.sleep(self.load_delay_s)  # the fault itself: a slow load, not synchronisation
-        self.inner.load()
-
-    def warmup(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
-        return self.inner.warmup(images, sizes)  # faults apply to served batches only
-
-    def infer(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
-        self._pass_gate()
-        time.sleep(self.delay_s)  # the fault: a slow batch
-        if self.fail:
-            raise InjectedFault(f"injected failure (model {self.cfg.name})")
-        return self.inner.infer(images, sizes)
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-def fault_backend(delay_s: float = 0.0, load_delay_s: float = 0.0, fail: bool = False,
-                  inner: str = "torch", gate: Optional[threading.Event] = None) -> str:
-    """Register a FaultBackend with these options; returns its backend name for configs."""
-    name = f"fault-{inner}-d{delay_s:g}-l{load_delay_s:g}" + ("-fail" if fail else "") + (
-        f"-gate{id(gate):x}" if gate is not None else "")
-    register_backend(name, lambda cfg, threads: FaultBackend(
-        cfg, threads, inner, delay_s, load_delay_s, fail, gate))
-    return name
 
 
 # ------------------------------------------------------------------------ servers

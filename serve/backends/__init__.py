@@ -11,14 +11,15 @@ from __future__ import annotations
 import functools
 import importlib
 from abc import ABC, abstractmethod
-from typing import Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
 from irpe.artifact import ModelSpec
 from irpe.deploy.contract import input_names, output_names  # the export contract
 
-from ..config import ModelConfig
+if TYPE_CHECKING:  # (the config needs pydantic; serve.backends.cuda_graphs is used without it)
+    from ..config import ModelConfig
 
 __all__ = ["Backend", "backend_names", "create_backend", "input_names", "output_names",
            "register_backend"]
@@ -27,7 +28,7 @@ _CLASSES = {"torch": "serve.backends.torch_backend:TorchBackend",
             "onnxruntime": "serve.backends.ort_backend:OrtBackend",
             "tensorrt": "serve.backends.trt_backend:TensorRTBackend"}
 _BUILTIN = frozenset(_CLASSES)
-Factory = Callable[[ModelConfig, int], "Backend"]
+Factory = Callable[["ModelConfig", int], "Backend"]
 _FACTORIES: Dict[str, Factory] = {}
 
 

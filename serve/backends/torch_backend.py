@@ -4,7 +4,8 @@ Weights and inputs are cast to the model's precision and outputs come back as fp
 precision is checked against an fp32 copy of the model on the warmup batch before the model is
 ready (tolerances: PRECISION_TOLERANCE). uint8 batches are normalised on the device; on CUDA
 they travel through pinned host memory with a non-blocking copy. On CUDA each backend (model
-instance) runs on its own stream, so instances overlap copies and kernels. ``cuda_graphs: true``
+instance) runs on its own stream, so instances overlap copies and kernels; a batch already on
+the device (nvJPEG) is read only after the caller's stream has written it. ``cuda_graphs: true``
 replays CUDA graphs captured at load time (serve.backends.cuda_graphs).
 """
 from __future__ import annotations
@@ -66,7 +67,7 @@ class TorchBackend(Backend):
 
     def _capture(self, size: int) -> None:
         """CUDA graphs at every bucket (classification; the config refuses other cases)."""
-        from .cuda_graphs import GraphedClassifier
+        from .cuda_graphs import CAPTURE_LOCK, GraphedClassifier
         if self.spec.task != "classification":
             raise RuntimeError(f"model {self.cfg.name}: cuda_graphs supports classification "
                                "models only")
@@ -80,7 +81,8 @@ class TorchBackend(Backend):
                 log.warning("cuda graphs not captured; running eager", extra={
                     "model": self.cfg.name, "error": str(exc).splitlines()[0][:300]})
                 self.graphs = None
-                torch.cuda.synchronize(self.device)
+                with CAPTURE_LOCK:  # not while another instance captures
+                    torch.cuda.synchronize(self.device)
 
     def _on_stream(self):
         """This instance's CUDA stream (no-op on CPU)."""
@@ -99,11 +101,22 @@ class TorchBackend(Backend):
         """uint8 batch (numpy, or a tensor already on the device from nvjpeg) -> device
         (pinned + non-blocking on CUDA) -> normalised there."""
         x = images if isinstance(images, torch.Tensor) else torch.from_numpy(images)
+        if x.device.type == "cuda":
+            self._consume(x)
         with self._on_stream():
             if self.device.type == "cuda" and x.device.type == "cpu":
                 x = x.pin_memory().to(self.device, non_blocking=True)
             x = self._normalize(x, sizes).to(self.dtype)
             return self._outputs(self._forward(self.model, x, sizes, self.graphs))
+
+    def _consume(self, x: torch.Tensor) -> None:
+        """Order this instance's stream after the caller's current stream, which wrote ``x``
+        (serve.model stacks nvJPEG images there, behind other requests' decodes), and tell the
+        allocator ``x`` is in use on this stream until that work is done."""
+        if self.stream is None:
+            return
+        self.stream.wait_stream(torch.cuda.current_stream(x.device))
+        x.record_stream(self.stream)
 
     def _normalize(self, x: torch.Tensor, sizes: Optional[np.ndarray]) -> torch.Tensor:
         """(x / 255 - mean) / std in fp32 on the device; detection padding back to 0."""

@@ -82,3 +82,26 @@ def test_fp16_scatter_on_the_cuda_ep(library):
     got = session(model, library).run(None, {"x": attn, "index": ids})[0]
     ref = rpe_scatter(torch.from_numpy(attn), torch.from_numpy(ids), k).numpy()
     assert got.dtype == np.float16 and np.abs(got.astype(np.float32) - ref).max() <= 2e-3
+
+
+@pytest.mark.parametrize("op", ["RPEGather", "RPEScatter"])
+def test_cuda_ep_equals_the_cpu_ep(library, op):
+    """The same node through the library's CUDA EP kernel and its CPU EP kernel (`make
+    gpu-check`'s ORT probe): gather exact, scatter within fp32 summation-order rounding."""
+    ids = bucket_ids("quant", 33, 9, 11, skip=1).numpy()
+    k = int(ids.max()) + 1
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 100, k), dtype=np.float32) if op == "RPEGather" else \
+        rng.random((2, 3, 100, 100), dtype=np.float32)
+    model = op_model(op, num_buckets=k, **ATTRS)
+    on_cuda = session(model, library, profile=True)
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(library)
+    on_cpu = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    got = on_cuda.run(None, {"x": x, "index": ids})[0]
+    ref = on_cpu.run(None, {"x": x, "index": ids})[0]
+    assert op in cuda_nodes(on_cuda)
+    if op == "RPEGather":
+        assert np.array_equal(got, ref)
+    else:
+        assert np.abs(got - ref).max() <= 1e-5

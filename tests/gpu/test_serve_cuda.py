@@ -5,7 +5,6 @@ Needs a CUDA device and the serving stack (fastapi, pydantic: ../shared/gpu/fetc
 the lent machine); torchvision for the nvJPEG test."""
 from __future__ import annotations
 
-import io
 import json
 import logging
 
@@ -20,19 +19,7 @@ pytest.importorskip("fastapi", reason="serving stack not installed (fetch-wheels
 from serve.config import ModelConfig  # noqa: E402
 from serve.metrics import Metrics  # noqa: E402
 from serve.model import ServedModel  # noqa: E402
-from tests.helpers import serve_batches, shape_png  # noqa: E402
-
-
-def _photo(width: int, height: int) -> bytes:
-    from PIL import Image
-    rng = np.random.default_rng(width + height)
-    y, x = np.mgrid[0:height, 0:width]
-    rgb = np.stack([(np.sin(x / 37) + np.cos(y / 23)) * 60 + 128, x * 255 / width,
-                    y * 255 / height], -1)
-    buf = io.BytesIO()
-    Image.fromarray(np.clip(rgb + rng.normal(0, 12, rgb.shape), 0, 255).astype(np.uint8)) \
-        .save(buf, "JPEG", quality=90)
-    return buf.getvalue()
+from tests.helpers import jpeg_photo, serve_batches, shape_png  # noqa: E402
 
 
 def _floats(cfg: ModelConfig, blobs):
@@ -88,7 +75,7 @@ def test_nvjpeg_decode_matches_cpu_path_within_bound(task):
     assert available("cuda")
     pre = Preprocess() if task == "classification" else Preprocess(task="detection",
                                                                    min_size=200, max_size=333)
-    blobs = [_photo(451, 300), _photo(300, 451), _photo(1024, 768)]
+    blobs = [jpeg_photo(451, 300), jpeg_photo(300, 451), jpeg_photo(1024, 768)]
     gpu = decode_on_device(blobs, pre, "cuda")
     assert gpu is not None
     for blob, (pixels, size) in zip(blobs, gpu):

@@ -1,0 +1,165 @@
+"""Facts and report files of `make gpu-check` (scripts/gpu_check.py): the machine's versions,
+pytest's JUnit XML summarised, and gpu_check.json + gpu_check.md merged over the three calls."""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as md
+import json
+import os
+import platform
+import shutil
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+PACKAGES = ("torch", "triton", "torchvision", "numpy", "onnx", "onnxruntime", "onnxruntime-gpu",
+            "fastapi", "pydantic", "uvicorn", "matplotlib", "tensorrt")
+
+
+def _run(argv: Sequence[str], timeout: float = 20) -> str:
+    """stdout of a short command, or '' when it is missing or fails."""
+    if shutil.which(argv[0]) is None:
+        return ""
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def _importable(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - missing, or present but broken
+        return False
+    return True
+
+
+def env_facts() -> Dict:
+    """Device, driver, CUDA, library versions; what the later steps need (no GPU needed)."""
+    import torch
+    facts: Dict = {"python": platform.python_version(), "torch_cuda": torch.version.cuda,
+                   "cuda_available": torch.cuda.is_available(), "cpu_count": os.cpu_count(),
+                   "load_avg": [round(x, 2) for x in os.getloadavg()],
+                   "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    facts["versions"] = {}
+    for pkg in PACKAGES:
+        try:
+            facts["versions"][pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    smi = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_cap",
+                "--format=csv,noheader"])
+    facts["nvidia_smi"] = smi or "nvidia-smi not found or failed"
+    facts["driver"] = smi.split(",")[1].strip() if smi.count(",") >= 2 else None
+    nvcc = _run(["nvcc", "--version"]).splitlines()
+    facts["nvcc"] = nvcc[-1] if nvcc else "nvcc not found"
+    facts["cmake"] = (_run(["cmake", "--version"]).splitlines() or ["cmake not found"])[0]
+    if facts["cuda_available"]:
+        cap = torch.cuda.get_device_capability()
+        facts.update(device=torch.cuda.get_device_name(), capability=f"{cap[0]}.{cap[1]}",
+                     cuda_arch=f"{cap[0]}{cap[1]}", device_count=torch.cuda.device_count(),
+                     memory_gib=round(torch.cuda.get_device_properties(0).total_memory / 2**30,
+                                      1))
+        facts["cudnn"] = torch.backends.cudnn.version()
+    from benchmarks.report import device as device_slug
+    facts["device_slug"] = device_slug()
+    if not facts["cuda_available"]:
+        facts["device"] = f"no CUDA device ({facts['device_slug']})"
+    facts["serving_stack"] = all(_importable(n) for n in ("fastapi", "pydantic", "uvicorn"))
+    try:
+        import onnxruntime
+        facts["onnxruntime_providers"] = onnxruntime.get_available_providers()
+    except Exception:  # noqa: BLE001 - not installed or broken: no ORT steps
+        facts["onnxruntime_providers"] = []
+    return facts
+
+
+def junit_summary(path: Path) -> Dict:
+    """Counts and the failed / skipped tests (with their first message line) of a JUnit XML."""
+    root = ET.parse(path).getroot()
+    cases = root.iter("testcase")
+    out: Dict = {"passed": 0, "failed": 0, "skipped": 0, "total": 0, "failures": [],
+                 "skips": {}, "cases": {}}
+    for case in cases:
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        skip = case.find("skipped")
+        out["total"] += 1
+        if bad is not None:
+            out["failed"] += 1
+            first = (bad.get("message") or "").splitlines()[:1]
+            out["failures"].append(f"{name}: {first[0] if first else ''}")
+            out["cases"][case.get("name")] = "failed"
+        elif skip is not None:
+            out["skipped"] += 1
+            reason = (skip.get("message") or "").strip()
+            out["skips"][reason] = out["skips"].get(reason, 0) + 1
+            out["cases"][case.get("name")] = "skipped"
+        else:
+            out["passed"] += 1
+            out["cases"][case.get("name")] = "passed"
+    return out
+
+
+def write_report(folder: Path, facts: Dict, results: Dict[str, Dict], phases: Sequence[str],
+                 dry: bool, seconds: float) -> List[Path]:
+    """Merge this run into gpu_check.json in ``folder`` (steps of earlier calls kept unless
+    rerun) and render gpu_check.md from the merged document."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "gpu_check.json"
+    doc = json.loads(path.read_text()) if path.is_file() else {"steps": {}, "runs": []}
+    if doc.get("device_slug") not in (None, facts["device_slug"]):
+        doc = {"steps": {}, "runs": []}  # another machine's report: start afresh
+    doc.update(device_slug=facts["device_slug"], env=facts)
+    doc["steps"].update(results)
+    doc["runs"].append({"date": facts["date"], "phases": list(phases), "dry_run": dry,
+                        "seconds": round(seconds, 1), "load_avg": facts["load_avg"]})
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    md_path = folder / "gpu_check.md"
+    md_path.write_text(markdown(doc))
+    return [path, md_path]
+
+
+def markdown(doc: Dict) -> str:
+    """The human-readable report: versions, one row per step, failures, probe cases."""
+    env = doc["env"]
+    v = env.get("versions", {})
+    lines = [f"# gpu-check: {env.get('device')}", "",
+             f"- device: {env.get('device')} (capability {env.get('capability', '-')}, "
+             f"{env.get('memory_gib', '-')} GiB); nvidia-smi: {env.get('nvidia_smi')}",
+             f"- driver {env.get('driver') or '-'}; torch {v.get('torch', '-')} (CUDA "
+             f"{env.get('torch_cuda') or '-'}, cuDNN {env.get('cudnn') or '-'}); triton "
+             f"{v.get('triton', '-')}; {env.get('nvcc')}",
+             f"- python {env.get('python')}; serving stack: "
+             f"{'yes' if env.get('serving_stack') else 'no'}; onnxruntime "
+             f"{v.get('onnxruntime-gpu') or v.get('onnxruntime', '-')} providers "
+             f"{', '.join(env.get('onnxruntime_providers', [])) or '-'}",
+             "- runs: " + "; ".join(f"{r['date']} {'+'.join(r['phases'])}"
+                                    f"{' (dry run)' if r['dry_run'] else ''} {r['seconds']} s, "
+                                    f"load {r['load_avg']}" for r in doc["runs"]),
+             "", "| step | status | seconds | tests | note |", "|---|---|---|---|---|"]
+    for key, r in doc["steps"].items():
+        t = r.get("tests")
+        tests = f"{t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped" \
+            if t and t["total"] else ""
+        if "collected" in r:
+            tests = f"{r['collected']} collected, {r['collect_errors']} errors"
+        lines.append(f"| {key} | {r['status']} | {r.get('seconds', '')} | {tests} | "
+                     f"{r.get('reason', '')} |")
+    for key, r in doc["steps"].items():
+        t = r.get("tests") or {}
+        if t.get("failures") or r["status"] in ("failed", "timeout"):
+            lines += ["", f"## {key}: {r['status']}", ""]
+            lines += [f"- {f}" for f in t.get("failures", [])]
+            lines += ["", "```", r.get("tail", "")[-1500:], "```"]
+        if t.get("skips"):
+            lines += ["", f"{key} skipped: " + "; ".join(f"{n} x {why}" for why, n in
+                                                         t["skips"].items())]
+    variants = (doc["steps"].get("probes/triton-variants", {}).get("tests") or {}).get("cases")
+    if variants:
+        lines += ["", "## Triton variants", "", " ".join(
+            f"`{name.split('[')[-1].rstrip(']')}` {state}" for name, state in variants.items())]
+    return "\n".join(lines) + "\n"
