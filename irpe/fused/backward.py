@@ -13,18 +13,28 @@ import torch
 from .op import LAUNCHES, MAX_HEAD_DIM, _launch, _pow2, _strides, kernel_available, triton_cdiv
 from .reference import _reduce_to, reference_backward
 
-__all__ = ["fused_rpe_attention_backward"]
+__all__ = ["fused_rpe_attention_backward", "backward_shape"]
 
 Tensor = torch.Tensor
 
 
-def _block(q: Tensor) -> int:
-    """Square tile of the backward: 64 for fp16/bf16 heads <= 64 on sm_80+, else 32 (shared
-    memory: sm_75 has 64 KB), 16 on the CPU interpreter."""
+def backward_shape(dtype: torch.dtype, head_dim: int, capability: Tuple[int, int] = (9, 0)
+                   ) -> Tuple[int, int]:
+    """(square tile, num_warps) of the backward kernel on a GPU of ``capability``: 64 for
+    fp16/bf16 heads <= 64 on sm_80+ (wgmma on sm_90; sm_75 has 64 KB of shared memory), 16 for
+    fp32 (IEEE FMA dots: 32-wide tiles spilled 12 KB per thread on sm_90), else 32; 8 warps.
+    Spills per family: tests/test_fused_lowering.py."""
+    if dtype == torch.float32:
+        return 16, 8
+    small = head_dim > 64 or tuple(capability) < (8, 0)
+    return (32 if small else 64), 8
+
+
+def _block(q: Tensor) -> Tuple[int, int]:
+    """backward_shape for q's device; 16 x 16 tiles on the CPU interpreter."""
     if q.device.type == "cpu":
-        return 16
-    small = q.dtype == torch.float32 or q.shape[-1] > 64
-    return 32 if small or torch.cuda.get_device_capability(q.device) < (8, 0) else 64
+        return 16, 4
+    return backward_shape(q.dtype, q.shape[-1], torch.cuda.get_device_capability(q.device))
 
 
 def _launch_backward(inputs: tuple, grad_out: Tensor, grad_s: Optional[Tensor]) -> tuple:
@@ -57,7 +67,7 @@ def _launch_backward(inputs: tuple, grad_out: Tensor, grad_s: Optional[Tensor]) 
     gh, gw, skip = grid if grid is not None else (1, 1, 0)
     plane = next(i for i in ids if i is not None)[0].numel() if grid is not None \
         else length * length
-    block = _block(q)
+    block, warps = _block(q)
     get_backward_kernel()[(triton_cdiv(length, block), b * h)](
         q, k, v, *(t if t is not None else dummy for t in tables),
         *(i if i is not None else dummy for i in ids),
@@ -73,7 +83,7 @@ def _launch_backward(inputs: tuple, grad_out: Tensor, grad_s: Optional[Tensor]) 
         NIDQ=1 if ids[1] is None else ids[1].shape[0],
         NIDV=1 if ids[2] is None else ids[2].shape[0],
         BLOCK_M=block, BLOCK_N=block, BLOCK_D=_pow2(d), IEEE=q.dtype == torch.float32,
-        DOT_F32=q.dtype == torch.bfloat16 and q.device.type == "cpu")
+        DOT_F32=q.dtype == torch.bfloat16 and q.device.type == "cpu", num_warps=warps)
     return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
             None if table_k is None else _reduce_to(dtk, table_k),
             None if table_q is None else _reduce_to(dtq, table_q))

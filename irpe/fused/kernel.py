@@ -53,6 +53,7 @@ def _rpe_attention_fwd(
     r_m = pos_m // GW
     c_m = pos_m % GW
     rel_w = 2 * GW - 1
+    offs_j = tl.arange(0, BLOCK_N)
     for start_n in range(0, L, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         col_ok = offs_n < L
@@ -103,12 +104,23 @@ def _rpe_attention_fwd(
             acc = acc * alpha[:, None] + tl.dot(p_ij.to(v.dtype), v, input_precision="ieee")
         else:
             acc = acc * alpha[:, None] + tl.dot(p_ij.to(v.dtype), v)
-        if HAS_V:  # bucket sums with the same online-softmax rescaling
+        if HAS_V:  # bucket sums with the same online-softmax rescaling, one key column at
+            # a time: the live one-hot is (BLOCK_M, BLOCK_T), never (BLOCK_M, BLOCK_N, BLOCK_T),
+            # so DETR-size tables (BLOCK_T 128) stay in registers beside the tensor-core tiles
             s_acc = s_acc * alpha[:, None]
-            for p in tl.static_range(NIDV):
-                ids = tl.load(IDV + p * PLANE + idx_ij, mask=tile_ok, other=-1)
-                hit = ids[:, :, None] == offs_t[None, None, :]
-                s_acc += tl.sum(tl.where(hit, p_ij[:, :, None], 0.0), 1)
+            for jj in range(BLOCK_N):
+                n = offs_m * 0 + start_n + jj  # the key, as a (BLOCK_M,) vector
+                p_col = tl.sum(tl.where(offs_j[None, :] == jj, p_ij, 0.0), 1)
+                if ID_TABLE:
+                    pos_j = tl.maximum(n - SKIP, 0)
+                    pair = (offs_m >= SKIP) & (n >= SKIP)
+                    idx_col = tl.where(pair, (r_m - pos_j // GW + GH - 1) * rel_w
+                                       + c_m - pos_j % GW + GW - 1, PLANE - 1)
+                else:
+                    idx_col = offs_m * L + n
+                for p in tl.static_range(NIDV):
+                    id_col = tl.load(IDV + p * PLANE + idx_col, mask=row_ok & (n < L), other=-1)
+                    s_acc += tl.where(id_col[:, None] == offs_t[None, :], p_col[:, None], 0.0)
         m_i = m_new
     out = acc / l_i[:, None]
     tl.store(OUT + b * sob + h * soh + offs_m[:, None] * sol + offs_d[None, :],

@@ -15,7 +15,7 @@ import torch
 
 from .reference import reference_forward
 
-__all__ = ["fused_rpe_attention", "kernel_available", "interpreter_enabled"]
+__all__ = ["fused_rpe_attention", "kernel_available", "interpreter_enabled", "launch_shape"]
 
 Tensor = torch.Tensor
 MAX_HEAD_DIM = 256
@@ -53,15 +53,26 @@ def _strides(t: Optional[Tensor], dims: int = 3) -> list:
     return [0 if t.shape[d] == 1 else t.stride(d) for d in range(dims)]
 
 
+def launch_shape(dtype: torch.dtype, head_dim: int, v_buckets: int, device_type: str,
+                 v_planes: int = 1) -> Tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) of the forward kernel, chosen so that sm_90 lowers every
+    variant family without register spills (tests/test_fused_lowering.py) and fp16/bf16 tiles
+    reach wgmma: BLOCK_M 64 with 8 warps. The V term walks 16 keys per tile, each with a
+    (BLOCK_M, next_pow2(nb_v)) one-hot per id plane; above 128 such columns it drops to 32-row
+    mma.sync tiles. fp32 uses IEEE FMA dots (no TF32). The CPU interpreter takes small tiles."""
+    if device_type == "cpu":
+        return 32, 16, 4
+    if dtype == torch.float32 or head_dim > 64:
+        return (32, 16, 8) if v_buckets else (32, 32, 4)
+    if v_buckets:
+        return (32, 16, 8) if _pow2(v_buckets) * v_planes > 128 else (64, 16, 8)
+    return 64, 32, 8
+
+
 def block_sizes(dtype: torch.dtype, head_dim: int, has_v: bool, device_type: str
                 ) -> Tuple[int, int]:
-    """(BLOCK_M, BLOCK_N): 64 x 64 for fp16/bf16 without V; smaller tiles where the V one-hot,
-    fp32 (shared memory) or wide heads need them, and on the CPU interpreter (speed)."""
-    if device_type == "cpu" or has_v:
-        return 32, 16
-    if dtype == torch.float32 or head_dim > 64:
-        return 32, 32
-    return 64, 64
+    """(BLOCK_M, BLOCK_N) of :func:`launch_shape` for V tables of up to 128 buckets."""
+    return launch_shape(dtype, head_dim, 128 if has_v else 0, device_type)[:2]
 
 
 LAUNCHES = [0, 0]  # forward, backward kernel launches (tests check that the kernels ran)
@@ -83,7 +94,9 @@ def _launch(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask,
     ids = [None if i is None else i.to(torch.int32).contiguous() for i in (ids_k, ids_q, ids_v)]
     dummy = q.new_zeros(1, dtype=torch.int32)
     mask_i8 = None if mask is None else mask.to(torch.int8).contiguous()
-    block_m, block_n = block_sizes(q.dtype, d, has_v, q.device.type)
+    v_planes = 1 if ids[2] is None else ids[2].shape[0]
+    block_m, block_n, warps = launch_shape(q.dtype, d, num_buckets_v if has_v else 0,
+                                           q.device.type, v_planes)
     launch = (triton_cdiv(length, block_m), b * h)
     get_kernel()[launch](
         q, k, v, tables[0] if tables[0] is not None else dummy,
@@ -103,7 +116,8 @@ def _launch(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_pow2(d),
         BLOCK_T=_pow2(num_buckets_v) if has_v else 16,
         IEEE=q.dtype == torch.float32,
-        DOT_F32=q.dtype == torch.bfloat16 and q.device.type == "cpu", STORE_LSE=lse is not None)
+        DOT_F32=q.dtype == torch.bfloat16 and q.device.type == "cpu", STORE_LSE=lse is not None,
+        num_warps=warps)
     return out, s
 
 
