@@ -1,7 +1,6 @@
 """REST routes: /v1/models, classify and detect (images in, labels / boxes out)."""
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Any, Dict, List, Literal
 
@@ -159,6 +158,6 @@ async def _prepare(request: Request, model: ServedModel) -> List[Prepared]:
     validate_count(len(blobs), limit)
     model.admit(len(blobs))  # a full queue answers 503 before spending CPU on decoding
     try:
-        return await asyncio.to_thread(model.prepare, blobs)
+        return await model.decode(blobs)
     except ImageError as exc:  # PIL names the in-memory file object; drop that noise
         raise ServeError(400, _FILE_OBJECT.sub("", str(exc))) from None
