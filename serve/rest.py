@@ -153,8 +153,9 @@ def _check_task(model: ServedModel, task: str, other: str) -> None:
 
 
 async def _prepare(request: Request, model: ServedModel) -> List[Prepared]:
-    limit = app_state(request).settings.max_images
-    blobs = await read_images(request, limit)
+    settings = app_state(request).settings
+    limit = settings.max_images
+    blobs = await read_images(request, limit, settings.max_body_bytes)
     validate_count(len(blobs), limit)
     model.admit(len(blobs))  # a full queue answers 503 before spending CPU on decoding
     try:
