@@ -197,8 +197,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--detr-sizes", help="DETR input sizes HxW (default 480x640,800x1216; "
                    "--quick: the first)")
     _common(m, quick="deit_tiny at batch 1 (unless --models / --batches say otherwise), 2 "
-            "repeats: checks the report files in about a minute on a 2-core CPU (first run: "
-            "plus the ONNX exports)")
+            "repeats: checks the report files in a minute or two on a 2-core CPU (the first run "
+            "also exports the ONNX files)")
     m.set_defaults(func=cmd_models)
     o = bench.add_parser("ops", help="iRPE gather/scatter ops vs official, cost vs L")
     o.add_argument("--repeats", type=int, default=7, help="timed rounds (median)")
