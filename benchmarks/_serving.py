@@ -21,13 +21,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def start_serve(args: Sequence[str], log: Optional[Path] = None, env: Optional[dict] = None,
-                preexec_fn: Optional[Callable[[], None]] = None) -> Tuple[subprocess.Popen, str]:
-    """`python -m irpe serve ARGS --port 0 --log-level info`; returns (process, URL) once it
-    logs "serving". Later log lines go to ``log`` (or are discarded) by a drain thread."""
+                preexec_fn: Optional[Callable[[], None]] = None,
+                root: Optional[Path] = None) -> Tuple[subprocess.Popen, str]:
+    """`python -m irpe serve ARGS --port 0 --log-level info` from the checkout ``root`` (default
+    this one); returns (process, URL) once it logs "serving". Later log lines go to ``log`` (or
+    are discarded) by a drain thread."""
     cmd = [sys.executable, "-m", "irpe", "serve", *args, "--port", "0", "--log-level", "info"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    root = Path(root or ROOT)
+    env = {**os.environ, "PYTHONPATH": str(root), **(env or {})}
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                            env=env, cwd=ROOT, preexec_fn=preexec_fn)
+                            env=env, cwd=root, preexec_fn=preexec_fn)
     seen: List[str] = []
     for line in proc.stderr:
         seen.append(line)

@@ -56,10 +56,11 @@ def cmd_models(args: argparse.Namespace) -> int:
     """Plain vs iRPE models across backends, batches and precisions."""
     from benchmarks import models_bench as mb
     from benchmarks.report import envelope, out_dir, save
-    families = choice_list(args.models, list(mb.FAMILIES), "model family")
+    families = choice_list(args.models or ("deit_tiny" if args.quick else "deit_tiny,deit_small"),
+                           list(mb.FAMILIES), "model family")
     backends = choice_list(args.backends, mb.BACKENDS, "backend")
     precisions = choice_list(args.precisions, mb.PRECISIONS, "precision")
-    batches = int_list(args.batches)
+    batches = int_list(args.batches or ("1" if args.quick else "1,8"))
     detr_sizes = size_list(args.detr_sizes) if args.detr_sizes else list(mb.DETR_SIZES)
     if args.quick:
         args.repeats, args.warmup = 2, 1
@@ -169,8 +170,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _common(p: argparse.ArgumentParser, threads: int = 2) -> None:
-    p.add_argument("--quick", action="store_true", help="seconds: checks the report files")
+def _common(p: argparse.ArgumentParser, threads: int = 2,
+            quick: str = "a short run that checks the report files") -> None:
+    p.add_argument("--quick", action="store_true", help=quick)
     p.add_argument("--threads", type=int, default=threads, help="CPU threads")
     p.add_argument("--out", type=Path, help="results folder (default benchmarks/results/<device>)")
     p.add_argument("--note", action="append", default=[], help="a line for the report notes")
@@ -182,19 +184,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks: models, ops, serve, attention, report")
     bench = p.add_subparsers(dest="bench_command", required=True, metavar="WHAT")
     m = bench.add_parser("models", help="plain vs iRPE models x backends x batch x precision")
-    m.add_argument("--models", default="deit_tiny,deit_small", help="families: deit_tiny, "
-                   "deit_small, deit_base, detr_small, detr_r50")
+    m.add_argument("--models", help="families: deit_tiny, deit_small, deit_base, detr_small, "
+                   "detr_r50 (default deit_tiny,deit_small; --quick: deit_tiny)")
     m.add_argument("--backends", default="eager,onnxruntime", help="eager, compile, onnxruntime "
                    "(CPU), cudagraph (CUDA)")
     m.add_argument("--precisions", default="fp32", help="fp32, fp16 (CUDA), bf16 (torch "
                    "backends; CUDA: cast, CPU: autocast)")
-    m.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
+    m.add_argument("--batches", help="comma-separated batch sizes (default 1,8; --quick: 1)")
     m.add_argument("--repeats", type=int, default=7, help="timed rounds (median)")
     m.add_argument("--warmup", type=int, default=2, help="untimed rounds")
     m.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     m.add_argument("--detr-sizes", help="DETR input sizes HxW (default 480x640,800x1216; "
                    "--quick: the first)")
-    _common(m)
+    _common(m, quick="deit_tiny at batch 1 (unless --models / --batches say otherwise), 2 "
+            "repeats: checks the report files in a minute or two on a 2-core CPU (the first run "
+            "also exports the ONNX files)")
     m.set_defaults(func=cmd_models)
     o = bench.add_parser("ops", help="iRPE gather/scatter ops vs official, cost vs L")
     o.add_argument("--repeats", type=int, default=7, help="timed rounds (median)")

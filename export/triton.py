@@ -14,32 +14,17 @@ import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 from irpe.deploy.contract import ENGINE_SUFFIXES, read_sidecar, sidecar_path
 from irpe.deploy.ort import default_library
+from irpe.deploy.triton_config import TensorInfo, model_config, onnx_io, pbtxt
 
 __all__ = ["RepoOptions", "TensorInfo", "onnx_io", "write_repository", "config_text",
            "ort_library_problem", "DEFAULT_ORT_OPS", "ENGINE_SUFFIXES"]
 
 DEFAULT_ORT_OPS = default_library()  # the checkout's build/plugins/libirpe_ort_ops.so
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-# onnx.TensorProto element types -> Triton model-config data types
-_DTYPES = {1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16",
-           6: "TYPE_INT32", 7: "TYPE_INT64", 8: "TYPE_STRING", 9: "TYPE_BOOL", 10: "TYPE_FP16",
-           11: "TYPE_FP64", 12: "TYPE_UINT32", 13: "TYPE_UINT64", 16: "TYPE_BF16"}
-
-
-@dataclass
-class TensorInfo:
-    """One graph input or output: name, Triton data type, full dims (-1 = dynamic)."""
-
-    name: str
-    data_type: str
-    dims: List[int]
-    batch_dynamic: bool
-
-
 @dataclass
 class RepoOptions:
     """What ``irpe triton-repo`` asks for beyond the artifacts."""
@@ -68,26 +53,6 @@ class _Model:
     max_batch_size: int
     libraries: List[Path]
     source: str
-
-
-def onnx_io(path: os.PathLike) -> Tuple[List[TensorInfo], List[TensorInfo]]:
-    """Inputs (initializers excluded) and outputs of an ONNX file, with Triton dtypes."""
-    import onnx
-    model = onnx.load(os.fspath(path), load_external_data=False)
-    inits = {t.name for t in model.graph.initializer}
-    ins = [_tensor(v) for v in model.graph.input if v.name not in inits]
-    return ins, [_tensor(v) for v in model.graph.output]
-
-
-def _tensor(value) -> TensorInfo:
-    ttype = value.type.tensor_type
-    if ttype.elem_type not in _DTYPES:
-        raise ValueError(f"tensor {value.name!r} has ONNX element type {ttype.elem_type}, "
-                         "which Triton cannot serve")
-    dims = [d.dim_value if d.HasField("dim_value") else -1 for d in ttype.shape.dim]
-    first = ttype.shape.dim[0] if dims else None
-    dynamic = first is not None and not first.HasField("dim_value")
-    return TensorInfo(value.name, _DTYPES[ttype.elem_type], dims, dynamic)
 
 
 def write_repository(repo: os.PathLike, artifacts: Sequence[str],
@@ -308,7 +273,8 @@ def _labels(model: _Model) -> List[str]:
 
 
 def config_text(model: _Model, options: RepoOptions, labels: bool) -> str:
-    """config.pbtxt (protobuf text format of Triton's ModelConfig)."""
+    """config.pbtxt (protobuf text format of Triton's ModelConfig, from
+    irpe.deploy.triton_config: the same config `irpe serve` answers on /v2/models/{m}/config)."""
     lines = [f"# written by `irpe triton-repo` from {model.source}",
              f"# model {model.props.get('irpe.model_name', '?')}, task "
              f"{model.props.get('irpe.task', '?')}, iRPE "
@@ -316,34 +282,12 @@ def config_text(model: _Model, options: RepoOptions, labels: bool) -> str:
     if model.platform == "tensorrt_plan" and model.libraries:
         lines.append("# start tritonserver with --backend-config=tensorrt,plugins=\""
                      + ";".join(_mounted(model, lib, options) for lib in model.libraries) + "\"")
-    lines += [f'name: "{model.name}"', f'platform: "{model.platform}"',
-              f"max_batch_size: {model.max_batch_size}"]
-    strip = 1 if model.max_batch_size > 0 else 0
-    lines += _tensors("input", model.inputs, strip, None)
-    lines += _tensors("output", model.outputs, strip, "labels.txt" if labels else None)
-    if model.max_batch_size > 0:
-        lines += ["dynamic_batching {",
-                  f"  max_queue_delay_microseconds: {options.max_queue_delay_us}", "}"]
-    lines += ["instance_group [", "  {", f"    count: {options.instances}",
-              f"    kind: KIND_{options.kind.upper()}", "  }", "]"]
-    if model.platform == "onnxruntime_onnx" and model.libraries:
-        lines += ["model_operations {"] + [
-            f'  op_library_filename: "{_mounted(model, lib, options)}"'
-            for lib in model.libraries] + ["}"]
-    return "\n".join(lines) + "\n"
-
-
-def _tensors(section: str, tensors: List[TensorInfo], strip: int,
-             label_file: Optional[str]) -> List[str]:
-    out = [f"{section} ["]
-    for i, t in enumerate(tensors):
-        dims = t.dims[strip:] or [1]
-        out += ["  {", f'    name: "{t.name}"', f"    data_type: {t.data_type}",
-                f"    dims: [ {', '.join(str(d) for d in dims)} ]"]
-        if label_file and i == 0:
-            out.append(f'    label_filename: "{label_file}"')
-        out.append("  }" + ("," if i < len(tensors) - 1 else ""))
-    return out + ["]"]
+    ops = ([_mounted(model, lib, options) for lib in model.libraries]
+           if model.platform == "onnxruntime_onnx" else [])
+    cfg = model_config(model.name, model.platform, model.inputs, model.outputs,
+                       model.max_batch_size, options.max_queue_delay_us, options.instances,
+                       options.kind, "labels.txt" if labels else None, ops)
+    return "\n".join(lines + pbtxt(cfg)) + "\n"
 
 
 def _mounted(model: _Model, lib: Path, options: RepoOptions) -> str:

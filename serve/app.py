@@ -11,6 +11,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 
 import irpe
+from irpe.errors import GPURequired
 from irpe.idcache import BUCKET_IDS
 
 from .config import ServeSettings
@@ -25,7 +26,7 @@ from .state import AppState, app_state
 from .v2 import router as v2_router
 from .v2codec import InferRequest
 
-__all__ = ["create_app", "build_models"]
+__all__ = ["create_app", "build_models", "cuda_device_count"]
 
 log = logging.getLogger("irpe.serve")
 
@@ -38,9 +39,31 @@ def build_models(settings: ServeSettings, metrics: Metrics) -> Dict[str, ServedM
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ValueError(f"model names used twice: {', '.join(duplicates)}")
+    for m in settings.models:
+        _check_device(m.name, m.device)
     models = {m.name: ServedModel(m, metrics, settings.threads) for m in settings.models}
     _check_defaults(settings, models)
     return models
+
+
+def cuda_device_count() -> int:
+    """CUDA devices torch can use here (0 without CUDA or with a CPU-only build)."""
+    import torch
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _check_device(name: str, device: str) -> None:
+    """A model on a CUDA device this machine lacks is refused at start (GPURequired: one line,
+    exit 2), like an unknown device, rather than a model that never turns ready."""
+    if not device.startswith("cuda"):
+        return
+    index, count = int(device.partition(":")[2] or 0), cuda_device_count()
+    if index < count:
+        return
+    have = ("no CUDA device (torch.cuda.is_available() is False)" if count == 0 else
+            f"{count} CUDA device{'s' if count > 1 else ''} (cuda:0..cuda:{count - 1})")
+    raise GPURequired(f"model {name}: device {device} requested, but this machine has {have}; "
+                      "serve it with device: cpu")
 
 
 def _check_defaults(settings: ServeSettings, models: Dict[str, ServedModel]) -> None:

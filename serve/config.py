@@ -81,10 +81,10 @@ class ModelConfig(BaseModel):
         """Refuse precision / CUDA-graph settings the configured backend and device cannot run."""
         precision = self.precision or "fp32"
         if precision != "fp32" and self.backend in ("onnxruntime", "tensorrt"):
-            where = ("set when the engine is built (irpe build-engine --precision)"
-                     if self.backend == "tensorrt" else "the ONNX file runs as exported")
-            raise ValueError(f"precision {precision} needs the torch backend; for "
-                             f"{self.backend} the precision is {where}")
+            how = ("tensorrt engines get their precision when built (irpe build-engine "
+                   "--precision)" if self.backend == "tensorrt" else
+                   "onnxruntime runs the ONNX file in the precision it was exported in")
+            raise ValueError(f"precision {precision} needs the torch backend: {how}")
         if precision == "fp16" and self.device == "cpu":
             raise ValueError("precision fp16 is not supported on cpu (slower than fp32 "
                              "there); use bf16 or fp32")

@@ -4,14 +4,17 @@ from __future__ import annotations
 import logging
 from typing import Dict, Optional, Sequence
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 __all__ = ["ServeError", "ErrorBody", "error_responses", "install_handlers", "unavailable",
-           "validation_message", "body_error"]
+           "validation_message", "body_error", "CLIENT_CLOSED_REQUEST"]
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that hung up before the answer
 
 log = logging.getLogger("irpe.serve")
 
@@ -84,6 +87,12 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     return _json(422, validation_message(exc.errors()))
 
 
+async def _client_disconnected(request: Request, exc: ClientDisconnect) -> Response:
+    """The client hung up while its body was read: not a server error. Nothing reaches it
+    (uvicorn drops the response); the access log and metrics record 499, as nginx does."""
+    return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", extra={"path": request.url.path})
     return _json(500, f"internal error: {type(exc).__name__}")
@@ -94,4 +103,5 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ServeError, _serve_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(ClientDisconnect, _client_disconnected)
     app.add_exception_handler(Exception, _unexpected)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import zlib
 from typing import List
 
 from pydantic import BaseModel, Field, ValidationError
@@ -11,10 +12,12 @@ from starlette.requests import Request
 
 from .errors import ServeError, body_error
 
-__all__ = ["ImagesJSON", "RAW_IMAGE_TYPES", "media_type", "read_images", "image_request_body"]
+__all__ = ["ImagesJSON", "RAW_IMAGE_TYPES", "CODINGS", "media_type", "content_codings",
+           "decode_body", "read_body", "read_images", "image_request_body"]
 
 RAW_IMAGE_TYPES = ("image/jpeg", "image/png", "image/webp", "image/bmp", "image/gif",
                    "image/tiff")
+CODINGS = {"gzip": 31, "deflate": 15}  # Content-Encoding -> zlib wbits (deflate = zlib stream)
 
 
 class ImagesJSON(BaseModel):
@@ -28,17 +31,68 @@ def media_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
 
-async def read_images(request: Request, max_images: int) -> List[bytes]:
-    """Encoded images of the request, in order; 415 for other media types."""
+def content_codings(request: Request) -> List[str]:
+    """The body's Content-Encoding codings in the order they were applied (identity dropped);
+    415 naming the accepted ones for any other coding. The one rule of /v1 and /v2."""
+    value = request.headers.get("content-encoding", "")
+    codings = [c.strip().lower() for c in value.split(",") if c.strip()]
+    codings = [c for c in codings if c != "identity"]
+    for coding in codings:
+        if coding not in CODINGS:
+            raise ServeError(415, f"unsupported Content-Encoding {coding!r}: send identity, "
+                             f"{' or '.join(CODINGS)}", {"Accept-Encoding": ", ".join(CODINGS)})
+    return codings
+
+
+def decode_body(body: bytes, codings: List[str], limit: int) -> bytes:
+    """Undo ``codings`` (last applied first); 400 for a corrupt stream, 413 when the inflated
+    body passes ``limit`` bytes (inflating stops there: no decompression bomb)."""
+    for coding in reversed(codings):
+        inflater = zlib.decompressobj(wbits=CODINGS[coding])
+        try:
+            body = inflater.decompress(body, limit + 1)
+        except zlib.error as exc:
+            raise ServeError(400, f"cannot decompress the {coding} body: {exc}") from None
+        if len(body) > limit:
+            raise ServeError(413, f"decompressed body is over the limit of {limit} bytes")
+        if not inflater.eof:
+            raise ServeError(400, f"cannot decompress the {coding} body: the stream is truncated")
+    return body
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body with its Content-Encoding undone (415 checked before reading)."""
+    codings = content_codings(request)
+    return decode_body(await request.body(), codings, limit)
+
+
+async def read_images(request: Request, max_images: int, limit: int) -> List[bytes]:
+    """Encoded images of the request, in order, Content-Encoding undone (gzip/deflate, as on
+    /v2); 415 for other media types or codings."""
     kind = media_type(request)
     if kind == "multipart/form-data":
+        if content_codings(request):  # the form is parsed from the inflated body
+            request = _replayed(request, await read_body(request, limit))
         return await _multipart(request, max_images)
     if kind in RAW_IMAGE_TYPES:
-        return [await request.body()]
+        return [await read_body(request, limit)]
     if kind == "application/json":
-        return _decode_json(await request.body())
+        return _decode_json(await read_body(request, limit))
     raise ServeError(415, f"unsupported media type {kind or '(none)'}: send multipart/form-data, "
                      f"{', '.join(RAW_IMAGE_TYPES)} or application/json")
+
+
+def _replayed(request: Request, body: bytes) -> Request:
+    """A request over the same scope whose body is ``body`` (already read and inflated)."""
+    sent = False
+
+    async def receive() -> dict:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+    return Request(request.scope, receive)
 
 
 async def _multipart(request: Request, max_images: int) -> List[bytes]:

@@ -13,13 +13,16 @@ _SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024)
 
 
 class Metrics:
-    """HTTP counters and latency, in-flight gauge, queue/compute time, batch sizes, and the
-    bucket-id cache size."""
+    """HTTP counters (client hang-ups apart) and latency, in-flight gauge, queue/compute time,
+    batch sizes, and the bucket-id cache size."""
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.requests = Counter("irpe_http_requests_total", "HTTP requests by route, method and "
                                 "status", ["route", "method", "status"], registry=r)
+        self.disconnected = Counter("irpe_http_client_disconnected_total", "requests whose "
+                                    "client hung up before its body was read (logged as 499)",
+                                    ["route", "method"], registry=r)
         self.latency = Histogram("irpe_http_request_duration_seconds", "HTTP request latency",
                                  ["route"], buckets=_SECONDS, registry=r)
         self.in_flight = Gauge("irpe_http_requests_in_flight", "HTTP requests being served",

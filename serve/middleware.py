@@ -7,7 +7,7 @@ import re
 import time
 import uuid
 
-from .errors import ServeError
+from .errors import CLIENT_CLOSED_REQUEST, ServeError
 from .logs import request_id
 from .metrics import Metrics
 
@@ -54,6 +54,8 @@ class ObserveMiddleware:
     def _record(self, scope, status: int, seconds: float) -> None:
         route = getattr(scope.get("route"), "path", None) or "unmatched"
         self.metrics.requests.labels(route, scope["method"], str(status)).inc()
+        if status == CLIENT_CLOSED_REQUEST:
+            self.metrics.disconnected.labels(route, scope["method"]).inc()
         self.metrics.latency.labels(route).observe(seconds)
         log.info("request", extra={"method": scope["method"], "path": scope["path"],
                                    "route": route, "status": status,
@@ -65,7 +67,10 @@ class BodyLimitMiddleware:
     """413 for bodies over ``limit`` bytes (declared by Content-Length or streamed).
 
     The rest of the body is read and discarded first (up to ``drain`` bytes): closing a socket
-    with unread data resets the connection, and the client would never see the 413.
+    with unread data resets the connection, and the client would never see the 413. A client
+    that sent ``Expect: 100-continue`` has sent no body yet: an over-limit declaration is
+    refused at once, and any answer given before the body was asked for closes the connection
+    (the client will not send that body, so the connection cannot carry another request).
     """
 
     def __init__(self, app, limit: int) -> None:
@@ -75,15 +80,18 @@ class BodyLimitMiddleware:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        length = dict(scope["headers"]).get(b"content-length")
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length")
+        expects = headers.get(b"expect", b"").lower() == b"100-continue"
         if length is not None and (not length.isdigit() or int(length) > self.limit):
-            if length.isdigit() and int(length) <= self.drain:
+            if not expects and length.isdigit() and int(length) <= self.drain:
                 await self._discard(receive, 0)
-            return await _reject(send, self._message())
-        received = 0
+            return await _reject(send, self._message(), close=expects)
+        received, asked = 0, False
 
         async def limited_receive():
-            nonlocal received
+            nonlocal received, asked
+            asked = True
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
@@ -93,7 +101,13 @@ class BodyLimitMiddleware:
                     raise BodyTooLarge(413, self._message())
             return message
 
-        await self.app(scope, limited_receive, send)
+        async def closing_send(message) -> None:
+            if message["type"] == "http.response.start" and expects and not asked:
+                message["headers"] = list(message.get("headers", [])) + [(b"connection",
+                                                                           b"close")]
+            await send(message)
+
+        await self.app(scope, limited_receive, closing_send)
 
     async def _discard(self, receive, seen: int) -> None:
         while seen <= self.drain:
@@ -108,9 +122,10 @@ class BodyLimitMiddleware:
         return f"request body is over the limit of {self.limit} bytes"
 
 
-async def _reject(send, message: str) -> None:
+async def _reject(send, message: str, close: bool = False) -> None:
     body = json.dumps({"error": message}, separators=(",", ":")).encode()
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
+                "headers": headers + ([(b"connection", b"close")] if close else [])})
     await send({"type": "http.response.body", "body": body})

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from irpe.data.transforms import ImageError, Preprocess
+from irpe.data.transforms import Preprocess
 from irpe.models import pad_images
 
 from .backends import Backend, create_backend
@@ -19,7 +19,7 @@ from .batching import Batcher
 from .config import ModelConfig
 from .errors import ServeError, unavailable
 from .metrics import Metrics
-from .preprocess_pool import decode_u8, map_images
+from .preprocess_pool import decode_numbered, map_images, map_images_fifo
 
 __all__ = ["ServedModel", "Prepared"]
 
@@ -116,13 +116,15 @@ class ServedModel:
             on_device = decode_on_device(blobs, self.preprocess, self.cfg.device)
             if on_device is not None:
                 return on_device
+        return map_images(functools.partial(decode_numbered, self.preprocess, len(blobs)), blobs)
 
-        def one(i: int, blob: bytes) -> Prepared:
-            try:
-                return decode_u8(blob, self.preprocess)
-            except ImageError as exc:
-                raise ImageError(f"image {i}: {exc}" if len(blobs) > 1 else str(exc)) from None
-        return map_images(one, blobs)
+    async def decode(self, blobs: Sequence[bytes]) -> List[Prepared]:
+        """:meth:`prepare` for a request, from the event loop: on the CPU each image is a task
+        of the shared FIFO decode pool (requests are not overtaken in a pool of their own)."""
+        if self.gpu_decode:
+            return await asyncio.to_thread(self.prepare, blobs)
+        return await map_images_fifo(functools.partial(decode_numbered, self.preprocess,
+                                                       len(blobs)), blobs)
 
     async def infer(self, images: Sequence[np.ndarray],
                     sizes: Optional[Sequence[Tuple[int, int]]] = None,

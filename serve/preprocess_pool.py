@@ -7,6 +7,7 @@ or on the host just before the runtime (others), see :func:`normalize`.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +17,8 @@ import numpy as np
 
 from irpe.data.transforms import ImageError, Preprocess, load_image_for
 
-__all__ = ["decode_u8", "host_workers", "map_images", "normalize"]
+__all__ = ["decode_u8", "decode_numbered", "host_workers", "map_images", "map_images_fifo",
+           "normalize"]
 
 T = TypeVar("T")
 _lock = threading.Lock()
@@ -46,6 +48,26 @@ def map_images(fn: Callable[[int, bytes], T], blobs: Sequence[bytes]) -> List[T]
     if len(blobs) <= 1:
         return [fn(i, b) for i, b in enumerate(blobs)]
     return list(_shared_pool().map(fn, range(len(blobs)), blobs))
+
+
+async def map_images_fifo(fn: Callable[[int, bytes], T], blobs: Sequence[bytes]) -> List[T]:
+    """``[fn(i, blob)]`` in order, each image a task of the shared pool submitted from the event
+    loop: every request's images join one FIFO queue served by as many threads as CPUs, so under
+    load requests are decoded in the order they came (a pool per call, or more threads than CPUs
+    racing for the GIL, let later requests overtake earlier ones: docs/serve.md, tail latency)."""
+    loop, pool = asyncio.get_running_loop(), _shared_pool()
+    return list(await asyncio.gather(*(loop.run_in_executor(pool, fn, i, blob)
+                                       for i, blob in enumerate(blobs))))
+
+
+def decode_numbered(preprocess: Preprocess, count: int, index: int, blob: bytes
+                    ) -> Tuple[np.ndarray, Tuple[int, int]]:
+    """:func:`decode_u8` of image ``index`` of a request of ``count`` images; an ImageError
+    names the image when the request has several."""
+    try:
+        return decode_u8(blob, preprocess)
+    except ImageError as exc:
+        raise ImageError(f"image {index}: {exc}" if count > 1 else str(exc)) from None
 
 
 def decode_u8(blob: bytes, preprocess: Preprocess) -> Tuple[np.ndarray, Tuple[int, int]]:

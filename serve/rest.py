@@ -1,7 +1,6 @@
 """REST routes: /v1/models, classify and detect (images in, labels / boxes out)."""
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Any, Dict, List, Literal
 
@@ -154,11 +153,12 @@ def _check_task(model: ServedModel, task: str, other: str) -> None:
 
 
 async def _prepare(request: Request, model: ServedModel) -> List[Prepared]:
-    limit = app_state(request).settings.max_images
-    blobs = await read_images(request, limit)
+    settings = app_state(request).settings
+    limit = settings.max_images
+    blobs = await read_images(request, limit, settings.max_body_bytes)
     validate_count(len(blobs), limit)
     model.admit(len(blobs))  # a full queue answers 503 before spending CPU on decoding
     try:
-        return await asyncio.to_thread(model.prepare, blobs)
+        return await model.decode(blobs)
     except ImageError as exc:  # PIL names the in-memory file object; drop that noise
         raise ServeError(400, _FILE_OBJECT.sub("", str(exc))) from None

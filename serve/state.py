@@ -59,9 +59,11 @@ def app_state(request: Request) -> AppState:
     return request.app.state.irpe
 
 
-def require_token(request: Request,
-                  credentials: Optional[HTTPAuthorizationCredentials] = Depends(_bearer)) -> None:
-    """401 unless the bearer token equals the configured one (constant-time compare)."""
+async def require_token(request: Request, credentials: Optional[HTTPAuthorizationCredentials]
+                        = Depends(_bearer)) -> None:
+    """401 unless the bearer token equals the configured one (constant-time compare). Async: a
+    plain def dependency would run in a worker thread per request, where requests overtake each
+    other in the race for the GIL (the tail-latency fix of docs/serve.md)."""
     token = app_state(request).settings.auth_token
     if token is None:
         return

@@ -9,11 +9,11 @@ from pydantic import BaseModel
 import irpe
 
 from .errors import ServeError, error_responses, unavailable
-from .inputs import media_type
+from .inputs import content_codings, decode_body, media_type
 from .model import ServedModel
 from .state import app_state, get_model, require_token
 from .v2codec import InferRequest, InferResponse, decode_request, encode_response
-from .v2infer import check_version, decompress, model_metadata, run_infer
+from .v2infer import check_version, model_metadata, run_infer, triton_config
 
 __all__ = ["router", "infer_request_body"]
 
@@ -87,6 +87,17 @@ async def metadata(request: Request, name: str, version: Optional[str] = None) -
     return model_metadata(model)
 
 
+@router.get("/models/{name}/config", responses=error_responses(404))
+@router.get("/models/{name}/versions/{version}/config", responses=error_responses(404),
+            include_in_schema=False)
+async def config(request: Request, name: str, version: Optional[str] = None) -> Dict:
+    """Triton's model configuration (config.pbtxt as JSON, what tritonclient's get_model_config
+    reads): the same config `irpe triton-repo` writes, with this server's batching."""
+    model = app_state(request).model(name)
+    check_version(model, version)
+    return triton_config(model)
+
+
 @router.get("/models/{name}/ready", response_model=ModelReady,
             responses=error_responses(404, 503))
 @router.get("/models/{name}/versions/{version}/ready", response_model=ModelReady,
@@ -128,10 +139,10 @@ async def infer(request: Request, name: str, version: Optional[str] = None) -> R
     if media_type(request) not in _V2_TYPES:
         raise ServeError(415, f"unsupported media type {media_type(request)}: send "
                          "application/json or application/octet-stream")
-    limit = app_state(request).settings.max_body_bytes
+    codings = content_codings(request)  # 415 before reading the body
     raw = await request.body()
     model.admit()  # a full queue answers 503 before spending CPU on decoding
-    body = decompress(raw, request.headers.get("content-encoding"), limit)
+    body = decode_body(raw, codings, app_state(request).settings.max_body_bytes)
     req, tensors = decode_request(body, request.headers.get("inference-header-content-length"))
     return await _respond(model, req, tensors, app_state(request).settings.max_images)
 

@@ -1,18 +1,19 @@
 """v2 inference on a served model: tensor validation, batching, requested outputs."""
 from __future__ import annotations
 
-import zlib
+import weakref
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from irpe.deploy.contract import input_names, output_names
+from irpe.deploy.triton_config import V2_TYPES, TensorInfo, model_config, onnx_io
 
 from .errors import ServeError
 from .model import ServedModel, validate_count
 from .v2codec import InferRequest, OutTensor, classification_strings, datatype_of
 
-__all__ = ["check_version", "model_metadata", "run_infer", "decompress"]
+__all__ = ["check_version", "model_metadata", "run_infer", "triton_config"]
 
 
 def check_version(model: ServedModel, version: Optional[str]) -> None:
@@ -41,20 +42,29 @@ def model_metadata(model: ServedModel) -> Dict:
                            "preprocess": p.to_dict(), "model": model.spec.model_name}}
 
 
-def decompress(body: bytes, encoding: Optional[str], limit: int) -> bytes:
-    """Undo Content-Encoding gzip/deflate (tritonclient's request compression), bounded."""
-    if encoding in (None, "", "identity"):
-        return body
-    if encoding not in ("gzip", "deflate"):
-        raise ServeError(415, f"unsupported Content-Encoding {encoding!r}")
-    inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise ServeError(400, f"cannot decompress the {encoding} body: {exc}") from None
-    if len(out) > limit:
-        raise ServeError(413, f"decompressed body is over the limit of {limit} bytes")
-    return out
+_CONFIGS: "weakref.WeakKeyDictionary[ServedModel, Dict]" = weakref.WeakKeyDictionary()
+
+
+def triton_config(model: ServedModel) -> Dict:
+    """Triton's model configuration of ``model`` as served: its batching, instances and device
+    kind; tensors read from the ONNX file for onnxruntime (as `irpe triton-repo` reads them),
+    else from the v2 metadata. Built once per model (reading an ONNX file is not free)."""
+    if model in _CONFIGS:
+        return _CONFIGS[model]
+    cfg = model.cfg
+    if cfg.backend == "onnxruntime":
+        inputs, outputs = onnx_io(cfg.path)
+    else:
+        meta = model_metadata(model)
+        inputs, outputs = ([TensorInfo(t["name"], V2_TYPES[t["datatype"]], t["shape"], True)
+                            for t in meta[key]] for key in ("inputs", "outputs"))
+    config = model_config(model.name, model.backend.platform, inputs, outputs,
+                          cfg.max_batch_size, round(cfg.max_queue_delay_ms * 1000),
+                          cfg.instances, "gpu" if cfg.device.startswith("cuda") else "cpu",
+                          "labels.txt" if model.task == "classification" else None)
+    if model.ready:  # output shapes are known after warmup: keep only the final answer
+        _CONFIGS[model] = config
+    return config
 
 
 def _images(model: ServedModel, tensors: Dict[str, np.ndarray], max_images: int) -> np.ndarray:
@@ -128,7 +138,13 @@ def _requested(model: ServedModel, req: InferRequest) -> List[Tuple[str, Dict]]:
 
 
 def _timeout(model: ServedModel, req: InferRequest) -> float:
-    micros = req.parameters.get("timeout")  # tritonclient's per-request timeout, microseconds
-    if isinstance(micros, (int, float)) and not isinstance(micros, bool) and micros > 0:
-        return min(model.cfg.timeout_s, micros / 1e6)
-    return model.cfg.timeout_s
+    """tritonclient's per-request ``timeout`` (microseconds) caps the model's timeout_s; 0 or
+    absent: the model's (Triton's "no request timeout"); anything else is a 400."""
+    micros = req.parameters.get("timeout")
+    if micros is None or micros == 0 and not isinstance(micros, bool):
+        return model.cfg.timeout_s
+    if isinstance(micros, bool) or not isinstance(micros, (int, float)) or not \
+            0 < micros < float("inf"):
+        raise ServeError(400, f"parameters.timeout must be a positive number of microseconds "
+                         f"(0: the model's timeout), got {micros!r}")
+    return min(model.cfg.timeout_s, micros / 1e6)

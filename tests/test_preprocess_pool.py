@@ -103,6 +103,38 @@ def test_map_images_keeps_order_and_names_the_bad_image(files):
         model.prepare([b""])
 
 
+def test_request_decode_is_fifo_in_the_shared_pool(files):
+    """What a request awaits (ServedModel.decode): the prepare() answer, each image a task of
+    the one shared decode pool (its FIFO queue is what the tail-latency fix relies on)."""
+    import asyncio
+    import threading
+    from serve.config import ModelConfig
+    from serve.metrics import Metrics
+    from serve.model import ServedModel
+    model = ServedModel(ModelConfig(name="d", path=files["det"]), Metrics())
+    blobs = [_photo(120 + 10 * i, 90) for i in range(5)]
+    started, threads = [], set()
+
+    def record(i: int, blob: bytes):
+        started.append(i)
+        threads.add(threading.current_thread().name)
+        return i
+
+    async def run():
+        got = await model.decode(blobs)
+        order = await asyncio.gather(*(preprocess_pool.map_images_fifo(record, [b])
+                                       for b in blobs))
+        with pytest.raises(ImageError, match=r"^image 1: cannot decode image"):
+            await model.decode([blobs[0], b"not an image"])
+        return got, order
+    got, order = asyncio.run(run())
+    assert [(g[0].tobytes(), g[1]) for g in got] == [(p[0].tobytes(), p[1])
+                                                    for p in model.prepare(blobs)]
+    assert order == [[0]] * 5 and sorted(started) == [0] * 5
+    assert asyncio.run(preprocess_pool.map_images_fifo(record, blobs)) == list(range(5))
+    assert threads and all(t.startswith("decode") for t in threads)  # the shared pool's
+
+
 def test_decode_threads_from_env(monkeypatch):
     monkeypatch.setenv("IRPE_SERVE_DECODE_THREADS", "3")
     assert preprocess_pool.host_workers() == 3

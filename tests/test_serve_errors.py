@@ -106,6 +106,14 @@ BAD = [  # (id, method, path, request kwargs, status, substring of the error)
     ("v2-gzip-garbage", "post", INFER, {"content": b"{}", "headers": {"content-encoding":
                                                                       "gzip"}}, 400,
      "cannot decompress"),
+    ("v2-timeout-negative", "post", INFER, _v2(parameters={"timeout": -5}), 400,
+     "parameters.timeout must be a positive number of microseconds (0: the model's timeout), "
+     "got -5"),
+    ("v2-timeout-text", "post", INFER, _v2(parameters={"timeout": "5"}), 400,
+     "parameters.timeout must be a positive number"),
+    ("v1-encoding", "post", CLS, {"content": shape_png(0), "headers": {
+        "content-type": "image/png", "content-encoding": "foo"}}, 415,
+     "unsupported Content-Encoding 'foo': send identity, gzip or deflate"),
     ("v2-version", "post", "/v2/models/cls/versions/2/infer", _v2(), 404, "no version '2'"),
     ("v2-batch-limit", "post", INFER, _v2([{**_IMG, "shape": [5, 3, 64, 64],
                                             "data": [0.0] * 12288 * 5}]), 400, "limit is 4"),

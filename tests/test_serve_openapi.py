@@ -48,7 +48,7 @@ def test_schemathesis_all_checks_zero_failures(server, tmp_path):
     generated, passed = map(int, summary.groups())
     print(f"schemathesis --checks all ({'token' if token else 'no token'}): "
           f"{generated} generated, {passed} passed")
-    assert generated >= 13 * EXAMPLES and "Tested: 13" in done.stdout
+    assert generated >= 14 * EXAMPLES and "Tested: 14" in done.stdout
 
 
 def test_security_declared_only_with_a_token_and_then_enforced(server):

@@ -23,7 +23,8 @@ from tests.helpers import ROOT, serve_batches, shape_png
 
 @pytest.mark.parametrize("options,message", [
     ({"precision": "fp16"}, "precision fp16 is not supported on cpu"),
-    ({"precision": "bf16", "backend": "onnxruntime"}, "the ONNX file runs as exported"),
+    ({"precision": "bf16", "backend": "onnxruntime"},
+     "onnxruntime runs the ONNX file in the precision it was exported in"),
     ({"precision": "fp16", "backend": "tensorrt", "device": "cuda"},
      "irpe build-engine --precision"),
     ({"cuda_graphs": True}, "cuda_graphs needs backend torch and device cuda"),
