@@ -73,12 +73,15 @@ def _ops(fn):
 @pytest.mark.parametrize("method,on,mode,skip,h,w,shared", CASES)
 @pytest.mark.parametrize("padded", [False, True])
 def test_cpu_path_matches_unfused(method, on, mode, skip, h, w, shared, padded):
+    """Inference (inference_mode: the in-place shortcuts) and with autograd recording."""
     mods = _modules(method, on, mode, skip, shared)
     q, k, v = _inputs(2, 2, skip + h * w, 16)
     mask = _padding(2, skip + h * w) if padded else None
     assert cpu_supported(q, k, *mods, h, None)
-    out = rpe_attention(q, k, v, 0.25, *mods, h, w, mask)
-    _close(out, unfused_attention(q, k, v, 0.25, *mods, h, w, mask))
+    ref = unfused_attention(q, k, v, 0.25, *mods, h, w, mask)
+    _close(rpe_attention(q, k, v, 0.25, *mods, h, w, mask), ref)
+    with torch.inference_mode():
+        _close(rpe_attention(q, k, v, 0.25, *mods, h, w, mask), ref)
 
 
 @pytest.mark.parametrize("case", [CASES[3], CASES[5], CASES[6], CASES[8]])

@@ -60,7 +60,8 @@ def _gather(m: iRPE, x: Tensor, height, width, transposed: bool) -> Tensor:
         else:
             ids = m.bucket_ids(length, height, width).reshape(-1)
         return table.index_select(1, ids.to(table.device)).view(1, rows, length, length)
-    table = m._table(x)  # (B, H, L, K)
+    weight = m.lookup_table_weight.to(x.dtype)  # (H|1, D, K); shared: one GEMM over B*H*L
+    table = torch.matmul(x, weight[0] if weight.shape[0] == 1 else weight.unsqueeze(0))
     b, h = table.shape[:2]
     return table.reshape(b * h, -1).index_select(1, flat).view(b, h, length, length)
 
@@ -74,7 +75,7 @@ def term_mask(qs: Tensor, ks: Tensor, rpe_q, rpe_k, height, width,
             term = _gather(m, x, height, width, transposed)
             if mask is None:
                 mask = term
-            elif torch.is_grad_enabled() and (mask.requires_grad or term.requires_grad):
+            elif _grad(mask, term):
                 mask = mask + term
             elif mask.shape == torch.broadcast_shapes(mask.shape, term.shape):
                 mask.add_(term)
@@ -99,6 +100,19 @@ def _v_term(attn: Tensor, rpe_v, height, width) -> Tensor:
     return out
 
 
+def _grad(*tensors: Tensor) -> bool:
+    """Whether autograd records ops on these tensors (then no in-place / out= shortcuts)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _scaled(x: Tensor, scale: float) -> Tensor:
+    """x * scale as a contiguous (B, H, L, D) tensor, in one pass when autograd is off (the
+    views of the qkv projection are strided; bmm and the table GEMM want them contiguous)."""
+    if _grad(x):
+        return (x * scale).contiguous()
+    return torch.mul(x, scale, out=torch.empty(x.shape, dtype=x.dtype, device=x.device))
+
+
 def _grid_check(rpe_q, rpe_k, rpe_v, length: int, height, width) -> None:
     """The unfused path's grid / skip errors, raised before any work."""
     first = (_parts(rpe_k) + _parts(rpe_q) + _parts(rpe_v))[0]
@@ -109,13 +123,17 @@ def cpu_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q, rpe_k, r
                   height, width, key_padding_mask: Optional[Tensor]) -> Tensor:
     """rpe_attention's result (q, k, v (B, H, L, D), self-attention, no active dropout)."""
     _grid_check(rpe_q, rpe_k, rpe_v, q.shape[2], height, width)
-    qs = q * scale
-    ks = k * scale if rpe_q is not None else None
+    qs = _scaled(q, scale)
+    ks = _scaled(k, scale) if rpe_q is not None else None
     mask = term_mask(qs, ks, rpe_q, rpe_k, height, width, key_padding_mask)
     if rpe_v is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     attn, shape = _logits(qs, k, mask)
-    attn = attn.softmax(-1).view(shape)
+    if _grad(attn):
+        attn = attn.softmax(-1)
+    else:  # in place: the row kernel reads each row whole before writing it
+        attn = torch.ops.aten._softmax.out(attn, -1, False, out=attn)
+    attn = attn.view(shape)
     return torch.matmul(attn, v) + _v_term(attn, rpe_v, height, width)
 
 
@@ -127,4 +145,6 @@ def _logits(qs: Tensor, k: Tensor, mask: Optional[Tensor]) -> Tuple[Tensor, torc
     k3 = k.reshape(b * h, length, d).transpose(1, 2)
     if mask is None:
         return torch.bmm(q3, k3), shape
+    if mask.shape == shape and not _grad(mask, q3, k3):  # a fresh mask: add into it
+        return mask.view(b * h, length, length).baddbmm_(q3, k3), shape
     return torch.baddbmm(mask.expand(shape).reshape(b * h, length, length), q3, k3), shape
