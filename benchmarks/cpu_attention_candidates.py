@@ -52,7 +52,7 @@ def candidates(batch: int, compiled: bool) -> Dict[str, Call]:
     def qkv_onehot() -> torch.Tensor:  # V bucket sums as a batched matmul with a one-hot tensor
         qs = q * scale
         from irpe.fused.cpu import _logits, term_mask
-        attn, shape = _logits(qs, k, term_mask(qs, k * scale, rq, rk, None, None, None))
+        attn, shape = _logits(qs, k, term_mask(qs, k, scale, rq, rk, None, None, None))
         attn = attn.softmax(-1)
         sums = torch.einsum("bij,ijt->bit", attn, onehot).view(*shape[:3], nb)
         return (torch.matmul(attn.view(shape), v)

@@ -48,8 +48,9 @@ def _flat_ids(m: iRPE, length: int, height, width, transposed: bool) -> Tensor:
     return BUCKET_IDS.get_or_build(key, torch.inference_mode(False)(build))
 
 
-def _gather(m: iRPE, x: Tensor, height, width, transposed: bool) -> Tensor:
-    """One part's term (B|1, H|1, L, L) (transposed for the Q term)."""
+def _gather(m: iRPE, x: Tensor, height, width, transposed: bool, scale: float = 1.0) -> Tensor:
+    """One part's term (B|1, H|1, L, L) (transposed for the Q term): the contextual table is
+    x @ (W * scale), i.e. (x * scale) @ W up to rounding."""
     length = x.shape[2]
     flat = _flat_ids(m, length, height, width, transposed)
     if m.mode == "bias":  # (H|1, K) table: same term for every query, batch broadcast
@@ -61,18 +62,19 @@ def _gather(m: iRPE, x: Tensor, height, width, transposed: bool) -> Tensor:
             ids = m.bucket_ids(length, height, width).reshape(-1)
         return table.index_select(1, ids.to(table.device)).view(1, rows, length, length)
     weight = m.lookup_table_weight.to(x.dtype)  # (H|1, D, K); shared: one GEMM over B*H*L
+    weight = weight if scale == 1.0 else weight * scale
     table = torch.matmul(x, weight[0] if weight.shape[0] == 1 else weight.unsqueeze(0))
     b, h = table.shape[:2]
     return table.reshape(b * h, -1).index_select(1, flat).view(b, h, length, length)
 
 
-def term_mask(qs: Tensor, ks: Tensor, rpe_q, rpe_k, height, width,
+def term_mask(qs: Tensor, k: Tensor, scale: float, rpe_q, rpe_k, height, width,
               key_padding_mask: Optional[Tensor]) -> Optional[Tensor]:
-    """rpe_k(qs) + rpe_q(ks)^T with padded keys at -inf: SDPA's float mask, (B|1, H|1, L, L)."""
+    """rpe_k(qs) + rpe_q(k*scale)^T with padded keys at -inf: SDPA's float mask (B|1,H|1,L,L)."""
     mask = None
-    for module, x, transposed in ((rpe_k, qs, False), (rpe_q, ks, True)):
+    for module, x, transposed, factor in ((rpe_k, qs, False, 1.0), (rpe_q, k, True, scale)):
         for m in _parts(module):
-            term = _gather(m, x, height, width, transposed)
+            term = _gather(m, x, height, width, transposed, factor)
             if mask is None:
                 mask = term
             elif _grad(mask, term):
@@ -89,14 +91,17 @@ def term_mask(qs: Tensor, ks: Tensor, rpe_q, rpe_k, height, width,
     return mask
 
 
-def _v_term(attn: Tensor, rpe_v, height, width) -> Tensor:
-    """rpe_v(attn): bucket sums of the probabilities (fp32), then @ the V tables."""
-    out = None
+def _add_v_term(out: Tensor, attn: Tensor, rpe_v, height, width) -> Tensor:
+    """out + rpe_v(attn): bucket sums of the probabilities (fp32), then @ the V tables (one
+    in-place addmm per part for shared tables when autograd is off)."""
     for m in _parts(rpe_v):
         ids = m.bucket_ids(attn.shape[2], height, width)
         sums = rpe_scatter(attn, ids, m.num_buckets)
-        term = torch.matmul(sums, m.lookup_table_weight.unsqueeze(0).to(attn.dtype))
-        out = term if out is None else out + term
+        weight = m.lookup_table_weight.to(attn.dtype)
+        if weight.shape[0] == 1 and not _grad(out, sums, weight) and out.is_contiguous():
+            out.view(-1, out.shape[-1]).addmm_(sums.reshape(-1, m.num_buckets), weight[0])
+        else:
+            out = out + torch.matmul(sums, weight.unsqueeze(0))
     return out
 
 
@@ -124,17 +129,17 @@ def cpu_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q, rpe_k, r
     """rpe_attention's result (q, k, v (B, H, L, D), self-attention, no active dropout)."""
     _grid_check(rpe_q, rpe_k, rpe_v, q.shape[2], height, width)
     qs = _scaled(q, scale)
-    ks = _scaled(k, scale) if rpe_q is not None else None
-    mask = term_mask(qs, ks, rpe_q, rpe_k, height, width, key_padding_mask)
+    kc = k.contiguous() if rpe_q is not None or rpe_v is not None else k
+    mask = term_mask(qs, kc, scale, rpe_q, rpe_k, height, width, key_padding_mask)
     if rpe_v is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    attn, shape = _logits(qs, k, mask)
+    attn, shape = _logits(qs, kc, mask)
     if _grad(attn):
         attn = attn.softmax(-1)
     else:  # in place: the row kernel reads each row whole before writing it
         attn = torch.ops.aten._softmax.out(attn, -1, False, out=attn)
     attn = attn.view(shape)
-    return torch.matmul(attn, v) + _v_term(attn, rpe_v, height, width)
+    return _add_v_term(torch.matmul(attn, v), attn, rpe_v, height, width)
 
 
 def _logits(qs: Tensor, k: Tensor, mask: Optional[Tensor]) -> Tuple[Tensor, torch.Size]:
