@@ -107,7 +107,8 @@ def write_report(result: Dict, out_dir: Path) -> Path:
     lines = [f"# DeiT forward on {result['device']}", "",
              f"batch {result['batch']}, {result['threads']} threads, torch {result['torch']}, "
              f"{result['repeats']} timed rounds (median).", "",
-             f"load before / after: {result['load'][0]} / {result['load'][1]} (1-min avg).", "",
+             f"load before / after: {result['load'][0]:.2f} / {result['load'][1]:.2f} "
+             "(1-min average).", "",
              "| variant | model | median ms | p90 ms | img/s | img/s / plain | goal |",
              "|---|---|---|---|---|---|---|"]
     for key, row in result["results"].items():
