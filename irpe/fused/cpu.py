@@ -52,7 +52,6 @@ def _gather(m: iRPE, x: Tensor, height, width, transposed: bool, scale: float = 
     """One part's term (B|1, H|1, L, L) (transposed for the Q term): the contextual table is
     x @ (W * scale), i.e. (x * scale) @ W up to rounding."""
     length = x.shape[2]
-    flat = _flat_ids(m, length, height, width, transposed)
     if m.mode == "bias":  # (H|1, K) table: same term for every query, batch broadcast
         table = m.lookup_table_bias.to(x.dtype)
         rows = table.shape[0]
@@ -65,6 +64,7 @@ def _gather(m: iRPE, x: Tensor, height, width, transposed: bool, scale: float = 
     weight = weight if scale == 1.0 else weight * scale
     table = torch.matmul(x, weight[0] if weight.shape[0] == 1 else weight.unsqueeze(0))
     b, h = table.shape[:2]
+    flat = _flat_ids(m, length, height, width, transposed)
     return table.reshape(b * h, -1).index_select(1, flat).view(b, h, length, length)
 
 
