@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .fused.dispatch import exporting, fused_attention, fused_supported
+from .fused.cpu import cpu_attention
+from .fused.dispatch import cpu_supported, exporting, fused_attention, fused_supported
 from .rpe import RPEConfig, build_rpe
 
 __all__ = ["RPEAttention", "rpe_attention", "unfused_attention"]
@@ -32,7 +33,8 @@ def rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
 
     The key padding mask (B, Lk), True = padding, is applied after the iRPE terms are added.
     Without iRPE terms it runs SDPA (except while exporting: the graph keeps the manual ops);
-    with them, the fused Triton kernel where :func:`irpe.fused.fused_supported` says so.
+    with them, the fused Triton kernel where :func:`irpe.fused.fused_supported` says so, on
+    CPU the SDPA-based path where :func:`irpe.fused.cpu_supported` says so (irpe.fused.cpu).
     """
     if rpe_q is None and rpe_k is None and rpe_v is None and not exporting():
         return _plain_sdpa(q, k, v, scale, key_padding_mask, dropout)
@@ -40,6 +42,9 @@ def rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
             q, k, rpe_q, rpe_k, rpe_v, height, width, dropout):
         return fused_attention(q, k, v, scale, rpe_q, rpe_k, rpe_v, height, width,
                                key_padding_mask)
+    if cpu_supported(q, k, rpe_q, rpe_k, rpe_v, height, dropout):
+        return cpu_attention(q, k, v, scale, rpe_q, rpe_k, rpe_v, height, width,
+                             key_padding_mask)
     return unfused_attention(q, k, v, scale, rpe_q, rpe_k, rpe_v, height, width,
                              key_padding_mask, dropout)
 

@@ -7,6 +7,7 @@ import torch
 
 import irpe
 from irpe import CheckpointError, create_model, list_models, model_info
+from irpe.fused import set_fused_attention
 from irpe.models.deit import VisionTransformer
 
 ARCH = {"tiny": (192, 3), "small": (384, 6), "base": (768, 12)}
@@ -170,11 +171,18 @@ def test_non_square_input_uses_true_grid():
     seen = []
     hook = model.blocks[0].attn.rpe_k.register_forward_hook(
         lambda m, args, out: seen.append((args[0].shape[2], args[1], args[2])))
+    x = torch.randn(2, 3, 48, 80)
     with torch.inference_mode():
-        y = model(torch.randn(2, 3, 48, 80))
+        fast = model(x)  # CPU path (irpe.fused.cpu): the module's forward is not called
+        set_fused_attention("unfused")
+        try:
+            y = model(x)
+        finally:
+            set_fused_attention(None)
     hook.remove()
     assert y.shape == (2, 5) and torch.isfinite(y).all()
     assert seen == [(1 + 3 * 5, 3, 5)]
+    torch.testing.assert_close(fast, y)
 
 
 def test_distilled_model_and_prefix_check():

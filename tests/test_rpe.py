@@ -6,6 +6,7 @@ import torch
 
 from irpe import RPEConfig, build_rpe, get_rpe_config, iRPECross, set_traceable
 from irpe.attention import RPEAttention
+from irpe.fused import set_fused_attention
 from reference import naive_rpe
 
 METHODS = {"euc": 2.5, "quant": 2.0, "cross": 1.9, "product": 1.9}
@@ -114,7 +115,11 @@ def test_traceable_mode_gives_same_outputs():
     attn = RPEAttention(32, 4, qkv_bias=True, rpe_config=cfg)
     _randomize(attn)
     x = torch.randn(2, 15, 32)
-    ref = attn(x, 3, 5)
+    set_fused_attention("unfused")  # traceable modules run the unfused path: the same order
+    try:
+        ref = attn(x, 3, 5)
+    finally:
+        set_fused_attention(None)
     set_traceable(attn)
     torch.testing.assert_close(attn(x, 3, 5), ref)
     torch.testing.assert_close(attn(x, torch.tensor(3), torch.tensor(5)), ref)

@@ -2,11 +2,11 @@
 
 Importing this package does not import Triton; the kernel module is loaded on first launch.
 """
-from .dispatch import (fused_attention, fused_mode, fused_supported, set_fused_attention,
-                       set_fused_ids)
+from .dispatch import (FusedMode, cpu_supported, fused_attention, fused_mode, fused_supported,
+                       set_fused_attention, set_fused_ids)
 from .op import fused_rpe_attention, interpreter_enabled, kernel_available
 from .reference import reference_forward
 
-__all__ = ["fused_attention", "fused_mode", "fused_supported", "set_fused_attention",
-           "set_fused_ids", "fused_rpe_attention", "interpreter_enabled", "kernel_available",
+__all__ = ["FusedMode", "cpu_supported", "fused_attention", "fused_mode", "fused_supported",
+           "set_fused_attention", "set_fused_ids", "fused_rpe_attention", "interpreter_enabled", "kernel_available",
            "reference_forward"]

@@ -1,14 +1,15 @@
-"""Dispatch of rpe_attention to the fused kernel: mode switch, support check, op inputs.
+"""Dispatch of rpe_attention to the fused paths: mode switch, support checks, op inputs.
 
-Mode: ``set_fused_attention("auto"|"fused"|"unfused")`` or the env var IRPE_FUSED_ATTENTION
-(auto, 1/fused, 0/unfused; the function wins). auto = fused on CUDA when supported; fused also
-runs CPU tensors when TRITON_INTERPRET=1 (tests). Unsupported cases return None (the caller
-takes the unfused path), never an error.
+Mode (:data:`FusedMode`): ``set_fused_attention("auto"|"fused"|"unfused")`` or the env var
+IRPE_FUSED_ATTENTION (auto, 1/fused, 0/unfused; the function wins). auto and fused = the Triton
+kernel on CUDA when supported and the SDPA-based CPU path (irpe.fused.cpu) on CPU; fused runs the
+Triton kernel on CPU tensors instead when TRITON_INTERPRET=1 (tests); unfused = the manual path
+everywhere. Unsupported cases take the unfused path, never an error.
 """
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Literal, Optional, Tuple, get_args
 
 import torch
 from torch import nn
@@ -19,23 +20,25 @@ from ..idcache import BUCKET_IDS
 from ..rpe import iRPE, iRPECross
 from .op import MAX_BUCKETS_V, MAX_HEAD_DIM, fused_rpe_attention, kernel_available
 
-__all__ = ["set_fused_attention", "set_fused_ids", "fused_mode", "fused_supported",
-           "fused_attention"]
+__all__ = ["FusedMode", "set_fused_attention", "set_fused_ids", "fused_mode", "fused_supported",
+           "cpu_supported", "fused_attention"]
 
-_MODES = {"auto": "auto", "1": "fused", "fused": "fused", "0": "unfused", "unfused": "unfused"}
-_override: Optional[str] = None
+FusedMode = Literal["auto", "fused", "unfused"]
+_MODES: Dict[str, FusedMode] = {"auto": "auto", "1": "fused", "fused": "fused", "0": "unfused",
+                                "unfused": "unfused"}
+_override: Optional[FusedMode] = None
 Tensor = torch.Tensor
 
 
-def set_fused_attention(mode: Optional[str]) -> None:
+def set_fused_attention(mode: Optional[FusedMode]) -> None:
     """Force the fused ("fused") or unfused ("unfused") path, or "auto"; None = env var again."""
     global _override
-    if mode is not None and mode not in _MODES:
+    if mode is not None and mode not in get_args(FusedMode):
         raise ValueError(f"unknown fused attention mode {mode!r}; expected auto, fused, unfused")
-    _override = None if mode is None else _MODES[mode]
+    _override = mode
 
 
-def fused_mode() -> str:
+def fused_mode() -> FusedMode:
     """The effective mode: the function's override, else IRPE_FUSED_ATTENTION, else auto."""
     if _override is not None:
         return _override
@@ -85,6 +88,23 @@ def fused_supported(q: Tensor, k: Tensor, rpe_q, rpe_k, rpe_v, height, width,
     if any(m.traceable or m.fixed_grid for m in parts):
         return False
     return sum(m.num_buckets for m in _parts(rpe_v)) <= MAX_BUCKETS_V
+
+
+def cpu_supported(q: Tensor, k: Tensor, rpe_q, rpe_k, rpe_v, height,
+                  dropout: Optional[nn.Module]) -> bool:
+    """Whether this call may take the CPU path (irpe.fused.cpu): CPU self-attention with iRPE,
+    mode auto/fused (fused with the Triton interpreter on means the kernel), no export/dropout."""
+    mode = fused_mode()
+    if mode == "unfused" or q.device.type != "cpu" or exporting() or q.dim() != 4:
+        return False
+    if mode == "fused" and kernel_available(q.device):
+        return False  # TRITON_INTERPRET=1 and the kernel forced: the kernel runs
+    if q.shape[:3] != k.shape[:3] or isinstance(height, torch.Tensor):
+        return False
+    if dropout is not None and dropout.training and dropout.p > 0:
+        return False
+    parts = _parts(rpe_q) + _parts(rpe_k) + _parts(rpe_v)
+    return bool(parts) and not any(m.traceable or m.fixed_grid for m in parts)
 
 
 _ID_MODES = ("table", "matrix")
