@@ -140,7 +140,7 @@ def _sizes(text: str) -> List[Tuple[int, int]]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Register the three subcommands on the ``irpe`` parser."""
+    """Register export, validate, build-engine, quantize and triton-repo on ``irpe``."""
     p = sub.add_parser("export", help="export a model to ONNX (RPE nodes + local functions)")
     p.add_argument("source", help="registered model name or trained-model .safetensors file")
     p.add_argument("-o", "--output", help="ONNX file to write (default: ./<source>.onnx)")
@@ -189,5 +189,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="TensorRT-RTX ahead-of-time target, e.g. SM89 (default: this GPU)")
     p.set_defaults(func=cmd_build_engine)
 
+    from .quantize_cli import add_parser as add_quantize
+    add_quantize(sub)  # irpe quantize (export/quantize_cli.py)
     from .triton_cli import add_parser as add_triton_repo
     add_triton_repo(sub)  # irpe triton-repo (export/triton_cli.py)
