@@ -158,7 +158,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", help="weights for --source or the file's model name")
     p.add_argument("-n", "--num-inputs", type=int, default=8, help="inputs in total")
     p.add_argument("--images", help="folder of real images used first (subfolders too, sorted)")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "fp16"])
+    p.add_argument("--precision", choices=["fp32", "tf32", "fp16", "int8"],
+                   help="tolerances to judge by (default: int8 for a quantised file, else fp32)")
     p.add_argument("--atol", type=float, help="absolute tolerance (default per precision)")
     p.add_argument("--rtol", type=float, help="relative tolerance (default per precision)")
     p.add_argument("--sizes", type=_sizes, help="detection input sizes, e.g. 480x640,640x480")

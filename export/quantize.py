@@ -57,10 +57,12 @@ class QuantizeSettings:
     batch: int = 8  # calibration images per run
     method: CalibrationMethod = CalibrationMethod.MINMAX
     per_channel: bool = True
+    input_layers: bool = False  # quantise the layers reading the model's input (see weight_nodes)
     seed: int = 0  # shapes set seed
     excluded: Sequence[str] = field(default_factory=tuple)  # more node names kept float
 
     def record(self, quantized: int, kept: int, weights: str) -> Dict:
+        """``kept``: Conv/Gemm/MatMul nodes left float."""
         """The metadata record of a quantisation with this setting."""
         out = {k: (v.value if isinstance(v, Enum) else v) for k, v in asdict(self).items()}
         out["excluded"] = list(self.excluded)
@@ -70,20 +72,23 @@ class QuantizeSettings:
         out.update(format="QDQ" if self.mode is QuantMode.STATIC else "QOperator",
                    weights="int8 per-channel" if self.per_channel else "int8 per-tensor",
                    activations="int8 calibrated" if self.mode is QuantMode.STATIC
-                   else "uint8 dynamic", quantized_nodes=quantized, float_matmuls=kept,
+                   else "uint8 dynamic", quantized_nodes=quantized, float_nodes=kept,
                    source_weights=weights)
         return out
 
 
-def weight_nodes(model, excluded: Sequence[str] = ()) -> List[str]:
+def weight_nodes(model, excluded: Sequence[str] = (), input_layers: bool = False) -> List[str]:
     """Names of the nodes to quantise: Conv, Gemm and MatMul by a 2-D initializer; MatMuls of
-    two activations and by the iRPE tables ([1, 1, D, K]) stay float (attention internals)."""
+    two activations and by the iRPE tables ([1, 1, D, K]) stay float (attention internals), and
+    unless ``input_layers`` so do the layers reading a model input (the image): an int8 grid
+    over the normalised pixels is coarser than the pixels' own (docs/quantize.md)."""
     inits = {t.name: len(t.dims) for t in model.graph.initializer}
+    inputs = {i.name for i in model.graph.input}
     names = []
     for node in model.graph.node:
         if node.op_type not in QUANT_OPS or node.domain not in ("", "ai.onnx"):
             continue
-        if node.name in excluded:
+        if node.name in excluded or (not input_layers and node.input[0] in inputs):
             continue
         if node.op_type == "MatMul" and inits.get(node.input[1]) != 2:
             continue
@@ -204,7 +209,7 @@ def quantize(model_path: os.PathLike, output: os.PathLike,
                          f"'{SHAPES}'); --mode dynamic needs none")
     model = onnx.load(source)
     _name_nodes(model)
-    nodes = weight_nodes(model, settings.excluded)
+    nodes = weight_nodes(model, settings.excluded, settings.input_layers)
     if not nodes:
         raise ValueError(f"{source} has no Conv, Gemm or MatMul with weights to quantise")
     output = Path(output)
@@ -227,7 +232,7 @@ def _finish(output: Path, float_model, props: Dict[str, str], settings: Quantize
     if not any(o.domain == "irpe" for o in quant.opset_import):
         quant.opset_import.extend(o for o in float_model.opset_import if o.domain == "irpe")
     quant.ir_version = max(float_model.ir_version, min(quant.ir_version, 10))
-    kept = sum(1 for n in float_model.graph.node if n.op_type == "MatMul" and n.name not in nodes)
+    kept = sum(1 for n in float_model.graph.node if n.op_type in QUANT_OPS and n.name not in nodes)
     record = settings.record(len(nodes), kept, props.get("irpe.weights", ""))
     meta = dict(props, **quantization_metadata("int8", record))
     del quant.metadata_props[:]

@@ -25,6 +25,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
                                 samples=args.samples, batch=args.batch,
                                 method=CalibrationMethod(args.method),
                                 per_channel=not args.per_tensor, seed=args.seed,
+                                input_layers=args.quantize_input_layers,
                                 excluded=tuple(args.exclude))
     output = args.output or _default_output(args.model)
     logging.getLogger().setLevel(logging.ERROR)  # the quantiser's advice goes to the root logger
@@ -41,8 +42,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
            f"{record['method']})" if mode is QuantMode.STATIC else "activations dynamic")
     print(f"wrote {output} ({os.path.getsize(output) / 1e6:.1f} MB): int8 {mode.value} "
           f"{record['format']}, weights {record['weights']}, {how}; "
-          f"{record['quantized_nodes']} nodes quantised, {record['float_matmuls']} attention "
-          "MatMuls kept float")
+          f"{record['quantized_nodes']} layers quantised, {record['float_nodes']} kept float "
+          "(attention MatMuls, input layers, --exclude)")
     return 0
 
 
@@ -63,6 +64,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="calibration method (default minmax)")
     p.add_argument("--per-tensor", action="store_true",
                    help="one weight scale per tensor (default: per output channel)")
+    p.add_argument("--quantize-input-layers", action="store_true",
+                   help="also quantise the layers reading the image (kept float by default)")
     p.add_argument("--seed", type=int, default=0, help="shapes set seed")
     p.add_argument("--exclude", action="append", default=[], metavar="NODE",
                    help="also keep this node float (repeatable)")
