@@ -25,8 +25,8 @@ import numpy as np
 from irpe.deploy.contract import (onnx_precision, quantization_metadata, read_onnx_props,
                                   read_onnx_spec)
 
-__all__ = ["QuantMode", "CalibrationMethod", "QuantizeSettings", "quantize", "weight_nodes",
-           "calibration_feeds", "SHAPES"]
+__all__ = ["QuantMode", "Target", "CalibrationMethod", "QuantizeSettings", "quantize",
+           "weight_nodes", "calibration_feeds", "SHAPES"]
 
 SHAPES = "shapes"  # --calibration value naming the synthetic shapes set (irpe.data.shapes)
 QUANT_OPS = ("Conv", "Gemm", "MatMul")
@@ -37,6 +37,15 @@ class QuantMode(str, Enum):
 
     STATIC = "static"
     DYNAMIC = "dynamic"
+
+
+class Target(str, Enum):
+    """The runtime the QDQ file is made for. onnxruntime: asymmetric activations, int32
+    biases (ORT's QLinear kernels). tensorrt: symmetric activations (zero point 0) and float
+    biases, the only QDQ forms TensorRT's ONNX parser accepts."""
+
+    ONNXRUNTIME = "onnxruntime"
+    TENSORRT = "tensorrt"
 
 
 class CalibrationMethod(str, Enum):
@@ -58,6 +67,7 @@ class QuantizeSettings:
     method: CalibrationMethod = CalibrationMethod.MINMAX
     per_channel: bool = True
     input_layers: bool = False  # quantise the layers reading the model's input (see weight_nodes)
+    target: Target = Target.ONNXRUNTIME
     seed: int = 0  # shapes set seed
     excluded: Sequence[str] = field(default_factory=tuple)  # more node names kept float
 
@@ -185,13 +195,15 @@ def _run_ort(model, output: Path, settings: QuantizeSettings, nodes: List[str], 
     method = {CalibrationMethod.MINMAX: q.CalibrationMethod.MinMax,
               CalibrationMethod.PERCENTILE: q.CalibrationMethod.Percentile,
               CalibrationMethod.ENTROPY: q.CalibrationMethod.Entropy}[settings.method]
+    trt = settings.target is Target.TENSORRT
     feeds = calibration_feeds(spec, settings.calibration or SHAPES, settings.samples,
                               settings.batch, settings.seed)
     q.quantize_static(model, output, _reader(feeds), quant_format=q.QuantFormat.QDQ,
                       op_types_to_quantize=list(QUANT_OPS), per_channel=settings.per_channel,
                       activation_type=q.QuantType.QInt8, weight_type=q.QuantType.QInt8,
                       nodes_to_quantize=nodes, calibrate_method=method,
-                      extra_options={"ActivationSymmetric": False, "WeightSymmetric": True})
+                      extra_options={"ActivationSymmetric": trt, "WeightSymmetric": True,
+                                     "QuantizeBias": not trt})
 
 
 def quantize(model_path: os.PathLike, output: os.PathLike,

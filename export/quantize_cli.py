@@ -16,7 +16,7 @@ def _default_output(model: str) -> str:
 def cmd_quantize(args: argparse.Namespace) -> int:
     """Quantise the file; prints what was quantised and how."""
     import logging
-    from .quantize import CalibrationMethod, QuantizeSettings, QuantMode, quantize
+    from .quantize import CalibrationMethod, QuantizeSettings, QuantMode, Target, quantize
     mode = QuantMode(args.mode)
     if mode is QuantMode.STATIC and not args.calibration:
         raise CLIError("static quantisation needs --calibration DIR|shapes "
@@ -26,6 +26,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
                                 method=CalibrationMethod(args.method),
                                 per_channel=not args.per_tensor, seed=args.seed,
                                 input_layers=args.quantize_input_layers,
+                                target=Target(args.target),
                                 excluded=tuple(args.exclude))
     output = args.output or _default_output(args.model)
     logging.getLogger().setLevel(logging.ERROR)  # the quantiser's advice goes to the root logger
@@ -66,6 +67,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="one weight scale per tensor (default: per output channel)")
     p.add_argument("--quantize-input-layers", action="store_true",
                    help="also quantise the layers reading the image (kept float by default)")
+    p.add_argument("--target", choices=["onnxruntime", "tensorrt"], default="onnxruntime",
+                   help="runtime the QDQ file is for: tensorrt = symmetric activations and "
+                        "float biases, the forms TensorRT's parser accepts (static mode)")
     p.add_argument("--seed", type=int, default=0, help="shapes set seed")
     p.add_argument("--exclude", action="append", default=[], metavar="NODE",
                    help="also keep this node float (repeatable)")
