@@ -85,12 +85,12 @@ def _print_report(report: dict) -> None:
     if report["passed"]:
         print("PASS")
         return
-    worst = []
+    worst = [f"{line}" for line in report.get("failed_metrics", [])]
     for name in report["failed_outputs"]:
         w = report["outputs"][name].get("worst", {})
         worst.append(f"{name} (input {w.get('input')}, index {w.get('index')}: got "
                      f"{w.get('got')}, expected {w.get('expected')})" if w else name)
-    print("FAIL: worst outputs: " + "; ".join(worst))
+    print("FAIL: " + ("worst outputs: " if report["failed_outputs"] else "") + "; ".join(worst))
 
 
 def cmd_build_engine(args: argparse.Namespace) -> int:

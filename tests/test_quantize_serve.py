@@ -39,7 +39,7 @@ def client(files):
 
 
 def test_models_listing_shows_the_files_precision(client):
-    listed = {m["name"]: m for m in client.get("/v1/models").json()["models"]}
+    listed = {m["name"]: m for m in client.get("/v1/models").json()}
     assert listed["int8"]["precision"] == "int8" and listed["fp32"]["precision"] == "fp32"
     assert listed["int8"]["state"] == "ready" and listed["int8"]["backend"] == "onnxruntime"
 
