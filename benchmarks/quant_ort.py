@@ -121,7 +121,8 @@ def write_report(result: Dict, out_dir: Path) -> Path:
              f"{result['onnxruntime']}, int8 {result['mode']} ({result['samples']} calibration "
              f"images), {result['repeats']} timed rounds (median) of {result['sessions']} "
              f"session(s) per row, shared thread pool, load average {result['load_before']} -> "
-             f"{result['load_after']} (uptime: {result['uptime']}).", "",
+             f"{result['load_after']} (uptime before: {result['uptime']}; after: "
+             f"{result.get('uptime_after')}).", "",
              "| row | median ms | p90 ms | img/s | x plain fp32 stock | per round | "
              "x plain int8 (same path) | iRPE path |", "|---|---|---|---|---|---|---|---|"]
     for key, row in result["results"].items():
@@ -189,7 +190,8 @@ def main(argv=None) -> int:
               "repeats": args.repeats, "sessions": args.sessions, "mode": args.mode,
               "samples": args.samples, "quick": args.quick, "date": time.strftime("%Y-%m-%d"),
               "custom_op_library": str(library) if library else None, "uptime": uptime,
-              "load_before": load_before, "load_after": _load(), "fusion": fusion,
+              "load_before": load_before, "load_after": _load(), "uptime_after": _uptime(),
+              "fusion": fusion,
               "results": summarize(times, names, args.batch), "goals": goals(times),
               "agreement": agreement(logits)}
     out_dir = args.out or Path(__file__).parent / "results" / result["device"]
