@@ -15,7 +15,7 @@ import onnx
 import pytest
 
 from export.onnx import export_onnx
-from export.quantize import QuantizeSettings, QuantMode, calibration_feeds, quantize
+from export.quantize import QuantizeSettings, QuantMode, Target, calibration_feeds, quantize
 from irpe.deploy.contract import onnx_precision, onnx_quantization, read_onnx_props
 from irpe.deploy.ort import create_session
 
@@ -206,3 +206,27 @@ def test_eval_of_an_onnx_file_matches_pytorch_on_the_same_images(fp32):
     got = evaluate_classification(net, DataLoader(data, batch_size=16))
     want = evaluate_classification(model, DataLoader(data, batch_size=16))
     assert got["top1"] == want["top1"] and got["loss"] == pytest.approx(want["loss"], abs=1e-4)
+
+
+def test_tensorrt_target_has_symmetric_activations_and_float_biases(fp32, tmp_path):
+    from onnx import numpy_helper
+    out = tmp_path / "trt.onnx"
+    record = quantize(fp32, out, QuantizeSettings(samples=8, target=Target.TENSORRT))
+    assert record["target"] == "tensorrt"
+    model = onnx.load(out)
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    dq_inputs = [n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear"]
+    assert all(inits[name].dtype != np.int32 for name in dq_inputs if name in inits)
+    zero_points = [n.input[2] for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    assert zero_points and all(not inits[z].any() for z in zero_points)
+
+
+def test_detr_quantised_file_agrees_on_labels_and_boxes(tmp_path):
+    from export.validate import validate
+    detr = export_onnx(str(DEMO.with_name("detr_shapes_irpe.safetensors")), tmp_path / "d.onnx")
+    out = tmp_path / "d.int8.onnx"
+    quantize(detr, out, QuantizeSettings(samples=8, batch=4))
+    report = validate(out, num_inputs=4, custom_ops="off")
+    assert report["precision"] == "int8" and report["passed"], report["failed_metrics"]
+    assert report["metrics"]["label_agreement"] >= 0.9
+    assert 0 < report["metrics"]["box_l1_max"] <= 0.05
