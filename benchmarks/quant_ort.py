@@ -115,7 +115,7 @@ def goals(times: Dict[str, List[float]]) -> List[Dict]:
 
 
 def write_report(result: Dict, out_dir: Path) -> Path:
-    """quant_ort.json + .md in ``out_dir``."""
+    """quant_ort.json + .md in ``out_dir`` (quant_ort_dynamic.* for --mode dynamic)."""
     lines = [f"# ONNX Runtime, int8 vs fp32 exported DeiT, on {result['device']}", "",
              f"batch {result['batch']}, {result['threads']} threads, onnxruntime "
              f"{result['onnxruntime']}, int8 {result['mode']} ({result['samples']} calibration "
@@ -139,7 +139,8 @@ def write_report(result: Dict, out_dir: Path) -> Path:
               "random inputs) |", "|---|---|---|"]
     for key, a in result["agreement"].items():
         lines.append(f"| {key} | {a['max_abs']:.3g} | {a['top1_agreement']:.3f} |")
-    return write_json_md(out_dir, "quant_ort", result, lines)
+    stem = "quant_ort" if result["mode"] == "static" else f"quant_ort_{result['mode']}"
+    return write_json_md(out_dir, stem, result, lines)
 
 
 def _load() -> str:
