@@ -72,8 +72,8 @@ class QuantizeSettings:
     excluded: Sequence[str] = field(default_factory=tuple)  # more node names kept float
 
     def record(self, quantized: int, kept: int, weights: str) -> Dict:
-        """``kept``: Conv/Gemm/MatMul nodes left float."""
-        """The metadata record of a quantisation with this setting."""
+        """The metadata record of a quantisation with this setting (``kept``: Conv/Gemm/MatMul
+        nodes left float)."""
         out = {k: (v.value if isinstance(v, Enum) else v) for k, v in asdict(self).items()}
         out["excluded"] = list(self.excluded)
         if self.mode is QuantMode.DYNAMIC:
