@@ -118,8 +118,8 @@ def write_report(result: Dict, out_dir: Path) -> Path:
     """quant_ort.json + .md in ``out_dir`` (quant_ort_dynamic.* for --mode dynamic)."""
     lines = [f"# ONNX Runtime, int8 vs fp32 exported DeiT, on {result['device']}", "",
              f"batch {result['batch']}, {result['threads']} threads, onnxruntime "
-             f"{result['onnxruntime']}, int8 {result['mode']} ({result['samples']} calibration "
-             f"images), {result['repeats']} timed rounds (median) of {result['sessions']} "
+             f"{result['onnxruntime']}, int8 {result['mode']}"
+             f"{_calibration(result)}, {result['repeats']} timed rounds (median) of {result['sessions']} "
              f"session(s) per row, shared thread pool, load average {result['load_before']} -> "
              f"{result['load_after']} (uptime before: {result['uptime']}; after: "
              f"{result.get('uptime_after')}).", "",
@@ -141,6 +141,10 @@ def write_report(result: Dict, out_dir: Path) -> Path:
         lines.append(f"| {key} | {a['max_abs']:.3g} | {a['top1_agreement']:.3f} |")
     stem = "quant_ort" if result["mode"] == "static" else f"quant_ort_{result['mode']}"
     return write_json_md(out_dir, stem, result, lines)
+
+
+def _calibration(result: Dict) -> str:
+    return f" ({result['samples']} calibration images)" if result["mode"] == "static" else ""
 
 
 def _load() -> str:
