@@ -230,3 +230,13 @@ def test_detr_quantised_file_agrees_on_labels_and_boxes(tmp_path):
     assert report["precision"] == "int8" and report["passed"], report["failed_metrics"]
     assert report["metrics"]["label_agreement"] >= 0.9
     assert 0 < report["metrics"]["box_l1_max"] <= 0.05
+
+
+def test_eval_of_a_missing_or_corrupt_onnx_file_is_one_line(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"garbage")
+    for path, message in ((tmp_path / "nope.onnx", "file not found"),
+                          (bad, "not a readable ONNX file")):
+        done = _cli("eval", str(path), "--data", "shapes", "--shapes-val", "4")
+        assert done.returncode == 2 and message in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1

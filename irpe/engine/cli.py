@@ -67,7 +67,7 @@ def load_for_eval(model: str, checkpoint: str = None):
         return net, net.spec
     if os.path.isfile(model):
         return load_trained(model)
-    if os.sep in model or model.endswith((".safetensors", ".pth", ".pt")):
+    if os.sep in model or model.endswith((".safetensors", ".pth", ".pt", ".onnx")):
         raise CLIError(f"file not found: {model}")
     info = model_info(model)
     if checkpoint is None:
