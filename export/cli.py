@@ -85,12 +85,12 @@ def _print_report(report: dict) -> None:
     if report["passed"]:
         print("PASS")
         return
-    worst = []
+    worst = [f"{line}" for line in report.get("failed_metrics", [])]
     for name in report["failed_outputs"]:
         w = report["outputs"][name].get("worst", {})
         worst.append(f"{name} (input {w.get('input')}, index {w.get('index')}: got "
                      f"{w.get('got')}, expected {w.get('expected')})" if w else name)
-    print("FAIL: worst outputs: " + "; ".join(worst))
+    print("FAIL: " + ("worst outputs: " if report["failed_outputs"] else "") + "; ".join(worst))
 
 
 def cmd_build_engine(args: argparse.Namespace) -> int:
@@ -140,7 +140,7 @@ def _sizes(text: str) -> List[Tuple[int, int]]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Register the three subcommands on the ``irpe`` parser."""
+    """Register export, validate, build-engine, quantize and triton-repo on ``irpe``."""
     p = sub.add_parser("export", help="export a model to ONNX (RPE nodes + local functions)")
     p.add_argument("source", help="registered model name or trained-model .safetensors file")
     p.add_argument("-o", "--output", help="ONNX file to write (default: ./<source>.onnx)")
@@ -158,7 +158,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", help="weights for --source or the file's model name")
     p.add_argument("-n", "--num-inputs", type=int, default=8, help="inputs in total")
     p.add_argument("--images", help="folder of real images used first (subfolders too, sorted)")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "fp16"])
+    p.add_argument("--precision", choices=["fp32", "tf32", "fp16", "int8"],
+                   help="tolerances to judge by (default: int8 for a quantised file, else fp32)")
     p.add_argument("--atol", type=float, help="absolute tolerance (default per precision)")
     p.add_argument("--rtol", type=float, help="relative tolerance (default per precision)")
     p.add_argument("--sizes", type=_sizes, help="detection input sizes, e.g. 480x640,640x480")
@@ -189,5 +190,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="TensorRT-RTX ahead-of-time target, e.g. SM89 (default: this GPU)")
     p.set_defaults(func=cmd_build_engine)
 
+    from .quantize_cli import add_parser as add_quantize
+    add_quantize(sub)  # irpe quantize (export/quantize_cli.py)
     from .triton_cli import add_parser as add_triton_repo
     add_triton_repo(sub)  # irpe triton-repo (export/triton_cli.py)

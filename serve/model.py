@@ -173,7 +173,8 @@ class ServedModel:
                 "platform": self.backend.platform, "model": self.spec.model_name,
                 "state": self.state, "num_classes": len(self.labels),
                 "max_batch_size": self.cfg.max_batch_size, "instances": len(self.backends),
-                "precision": self.cfg.run_precision()}
+                "precision": getattr(self.backend, "file_precision", None)
+                or self.cfg.run_precision()}
 
 
 def _nvjpeg(device: str) -> bool:

@@ -63,6 +63,8 @@ class ModelSummary(BaseModel):
     state: str = Field(description="loading, ready, failed or stopping")
     num_classes: int
     max_batch_size: int
+    precision: str = Field(description="fp32, fp16, bf16, or int8 for a quantised ONNX file "
+                                       "(its metadata)")
 
 
 class ModelDetail(ModelSummary):

@@ -81,7 +81,7 @@ def test_compare_statistics():
 
 def test_bad_input(files, tmp_path):
     with pytest.raises(ValueError, match="precision must be one of"):
-        validate(files["good"], precision="int8")
+        validate(files["good"], precision="int4")
     with pytest.raises(FileNotFoundError):
         validate(tmp_path / "missing.onnx")
     with pytest.raises(FileNotFoundError, match="image folder not found"):

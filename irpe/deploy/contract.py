@@ -22,7 +22,8 @@ if TYPE_CHECKING:  # artifact imports this module (RPEConfig JSON): no import cy
 __all__ = ["TASKS", "input_names", "output_names", "dynamic_axes", "io_spec",
            "rpe_config_to_dict", "rpe_config_from_dict", "onnx_metadata", "read_onnx_props",
            "read_onnx_spec", "ENGINE_SUFFIXES", "sidecar_path", "write_sidecar", "read_sidecar",
-           "engine_spec"]
+           "engine_spec", "PRECISION_KEY", "QUANTIZATION_KEY", "quantization_metadata",
+           "onnx_precision", "onnx_quantization"]
 
 _INPUTS = {"classification": ("images",), "detection": ("images", "sizes")}
 _OUTPUTS = {"classification": ("logits",), "detection": ("pred_logits", "pred_boxes")}
@@ -87,6 +88,26 @@ def onnx_metadata(spec: "ModelSpec", rpe_config: Optional[RPEConfig], weights: s
         "irpe.dynamic_axes": json.dumps(dynamic_axes(spec.task)),
     })
     return meta
+
+
+PRECISION_KEY = "irpe.precision"  # "int8" in a quantised file; absent (fp32) in an export
+QUANTIZATION_KEY = "irpe.quantization"  # JSON: how it was quantised (export/quantize.py)
+
+
+def quantization_metadata(precision: str, record: Dict) -> Dict[str, str]:
+    """The ``metadata_props`` a quantised file adds to its source's: precision and record."""
+    return {PRECISION_KEY: precision, QUANTIZATION_KEY: json.dumps(record, sort_keys=True)}
+
+
+def onnx_precision(props: Dict[str, str]) -> str:
+    """The weights' precision an ONNX file's metadata states: ``fp32`` unless quantised."""
+    return props.get(PRECISION_KEY, "fp32")
+
+
+def onnx_quantization(props: Dict[str, str]) -> Optional[Dict]:
+    """The quantisation record of a quantised file's metadata, or None."""
+    text = props.get(QUANTIZATION_KEY)
+    return json.loads(text) if text else None
 
 
 def read_onnx_props(path: os.PathLike) -> Dict[str, str]:

@@ -60,9 +60,14 @@ def load_for_eval(model: str, checkpoint: str = None):
     from ..checkpoint import CheckpointError
     from ..models import create_model, model_info
     from ..models.registry import bundled_weights
+    if os.path.isfile(model) and model.endswith(".onnx"):  # exported or quantised file: ORT
+        import torch
+        from .evaluate import OnnxModel
+        net = OnnxModel(model, threads=torch.get_num_threads())
+        return net, net.spec
     if os.path.isfile(model):
         return load_trained(model)
-    if os.sep in model or model.endswith((".safetensors", ".pth", ".pt")):
+    if os.sep in model or model.endswith((".safetensors", ".pth", ".pt", ".onnx")):
         raise CLIError(f"file not found: {model}")
     info = model_info(model)
     if checkpoint is None:
@@ -181,7 +186,8 @@ def _add_train(sub) -> None:
 def _add_eval(sub) -> None:
     from ..cli import _positive
     p = sub.add_parser("eval", help="top-1/top-5 or COCO mAP on a validation set")
-    p.add_argument("model", help="trained-model .safetensors, or a registered name")
+    p.add_argument("model", help="trained-model .safetensors, exported/quantised .onnx (ONNX "
+                                 "Runtime, CPU), or a registered name")
     p.add_argument("--checkpoint", help="weights for a registered name (default: bundled)")
     p.add_argument("--data", default="shapes", help="dataset directory, or 'shapes'")
     p.add_argument("--split", default="val")

@@ -12,7 +12,7 @@ from ..models.detr import PostProcess
 from .distributed import SINGLE, Dist, ShardSampler
 
 __all__ = ["topk_accuracy", "evaluate_classification", "coco_map", "detections_to_coco",
-           "evaluate_detection"]
+           "evaluate_detection", "OnnxModel"]
 
 COCO_STATS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm",
               "ARl")
@@ -111,3 +111,31 @@ def evaluate_detection(model: nn.Module, dataset, batch_size: int = 16, device: 
         metrics = coco_map(dataset.coco_json(), [r for part in gathered for r in part])
         metrics["images"] = len(dataset)
     return dist.broadcast(metrics)
+
+
+class OnnxModel:
+    """An exported (or quantised) ONNX file run by ONNX Runtime where the evaluation loops call
+    a PyTorch model: ``model(images)`` -> logits, ``model(images, sizes)`` -> DETR outputs."""
+
+    def __init__(self, path: str, threads: Optional[int] = None) -> None:
+        from ..deploy.contract import onnx_precision, read_onnx_props, read_onnx_spec
+        from ..deploy.ort import create_session
+        self.spec = read_onnx_spec(path)
+        self.precision = onnx_precision(read_onnx_props(path))
+        self.session, self.ops = create_session(path, threads=threads)
+        self.outputs = [o.name for o in self.session.get_outputs()]
+
+    def eval(self) -> "OnnxModel":
+        return self
+
+    def to(self, device) -> "OnnxModel":
+        """Runs on ONNX Runtime's CPU provider whatever the device: inputs are read to host."""
+        return self
+
+    def __call__(self, images: torch.Tensor, sizes: Optional[torch.Tensor] = None):
+        feeds = {"images": images.float().cpu().numpy()}
+        if sizes is not None:
+            feeds["sizes"] = sizes.cpu().numpy().astype("int64")
+        out = {k: torch.from_numpy(v) for k, v in zip(self.outputs,
+                                                      self.session.run(None, feeds))}
+        return out["logits"] if "logits" in out else out

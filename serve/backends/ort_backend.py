@@ -44,6 +44,8 @@ class OrtBackend(Backend):
     platform = "onnxruntime_onnx"
 
     def read_spec(self) -> ModelSpec:
+        from irpe.deploy.contract import onnx_precision, read_onnx_props
+        self.file_precision = onnx_precision(read_onnx_props(self.cfg.path))  # int8: quantised
         return read_onnx_spec(self.cfg.path)
 
     def load(self) -> None:

@@ -1,0 +1,254 @@
+"""INT8 post-training quantisation of exported iRPE files with ONNX Runtime's quantisation tools.
+
+Static (default): ``onnxruntime.quantization.quantize_static`` in QDQ format, int8 weights per
+output channel, activation ranges calibrated on images read through the model's own
+preprocessing (a folder of images, or the synthetic shapes set). Dynamic: ``quantize_dynamic``
+(weights only, activations ranged at run time), the fallback when there is no data.
+
+Only the layers with weights are quantised: Conv, Gemm and every MatMul by a 2-D weight (the
+linear layers). The attention block's internals (q @ k^T, P @ v, the iRPE table products and
+the RPEGather / RPEScatter nodes) stay float, so the file keeps its iRPE nodes and their
+functions, and ``irpe.deploy.ort_fuse`` fuses the block into one RPEAttention as in fp32.
+The quantisation is written into the file's metadata (irpe.deploy.contract).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+from irpe.deploy.contract import (onnx_precision, quantization_metadata, read_onnx_props,
+                                  read_onnx_spec)
+
+__all__ = ["QuantMode", "Target", "CalibrationMethod", "QuantizeSettings", "quantize",
+           "weight_nodes", "calibration_feeds", "SHAPES"]
+
+SHAPES = "shapes"  # --calibration value naming the synthetic shapes set (irpe.data.shapes)
+QUANT_OPS = ("Conv", "Gemm", "MatMul")
+
+
+class QuantMode(str, Enum):
+    """static: calibrated activation ranges (QDQ); dynamic: ranges at run time, no data."""
+
+    STATIC = "static"
+    DYNAMIC = "dynamic"
+
+
+class Target(str, Enum):
+    """The runtime the QDQ file is made for. onnxruntime: asymmetric activations, int32
+    biases (ORT's QLinear kernels). tensorrt: symmetric activations (zero point 0) and float
+    biases, the only QDQ forms TensorRT's ONNX parser accepts."""
+
+    ONNXRUNTIME = "onnxruntime"
+    TENSORRT = "tensorrt"
+
+
+class CalibrationMethod(str, Enum):
+    """How calibration turns the observed activations into ranges (ORT's CalibrationMethod)."""
+
+    MINMAX = "minmax"
+    PERCENTILE = "percentile"
+    ENTROPY = "entropy"
+
+
+@dataclass(frozen=True)
+class QuantizeSettings:
+    """What ``irpe quantize`` does; recorded in the output's metadata."""
+
+    mode: QuantMode = QuantMode.STATIC
+    calibration: Optional[str] = SHAPES  # folder of images, or "shapes"; static only
+    samples: int = 64  # calibration images
+    batch: int = 8  # calibration images per run
+    method: CalibrationMethod = CalibrationMethod.MINMAX
+    per_channel: bool = True
+    input_layers: bool = False  # quantise the layers reading the model's input (see weight_nodes)
+    target: Target = Target.ONNXRUNTIME
+    seed: int = 0  # shapes set seed
+    excluded: Sequence[str] = field(default_factory=tuple)  # more node names kept float
+
+    def record(self, quantized: int, kept: int, weights: str) -> Dict:
+        """The metadata record of a quantisation with this setting (``kept``: Conv/Gemm/MatMul
+        nodes left float)."""
+        out = {k: (v.value if isinstance(v, Enum) else v) for k, v in asdict(self).items()}
+        out["excluded"] = list(self.excluded)
+        if self.mode is QuantMode.DYNAMIC:
+            for key in ("calibration", "samples", "batch", "method", "seed"):
+                out.pop(key)
+        out.update(format="QDQ" if self.mode is QuantMode.STATIC else "QOperator",
+                   weights="int8 per-channel" if self.per_channel else "int8 per-tensor",
+                   activations="int8 calibrated" if self.mode is QuantMode.STATIC
+                   else "uint8 dynamic", quantized_nodes=quantized, float_nodes=kept,
+                   source_weights=weights)
+        return out
+
+
+def weight_nodes(model, excluded: Sequence[str] = (), input_layers: bool = False) -> List[str]:
+    """Names of the nodes to quantise: Conv, Gemm and MatMul by a 2-D initializer; MatMuls of
+    two activations and by the iRPE tables ([1, 1, D, K]) stay float (attention internals), and
+    unless ``input_layers`` so do the layers reading a model input (the image): an int8 grid
+    over the normalised pixels is coarser than the pixels' own (docs/quantize.md)."""
+    inits = {t.name: len(t.dims) for t in model.graph.initializer}
+    inputs = {i.name for i in model.graph.input}
+    names = []
+    for node in model.graph.node:
+        if node.op_type not in QUANT_OPS or node.domain not in ("", "ai.onnx"):
+            continue
+        if node.name in excluded or (not input_layers and node.input[0] in inputs):
+            continue
+        if node.op_type == "MatMul" and inits.get(node.input[1]) != 2:
+            continue
+        if node.op_type in ("Conv", "Gemm") and node.input[1] not in inits:
+            continue
+        names.append(node.name)
+    return names
+
+
+def _name_nodes(model) -> None:
+    """Give unnamed nodes a unique name (the quantiser selects nodes by name)."""
+    taken = {n.name for n in model.graph.node if n.name}
+    for k, node in enumerate(model.graph.node):
+        if not node.name:
+            name = f"{node.op_type}_{k}"
+            while name in taken:
+                name += "_"
+            node.name = name
+            taken.add(name)
+
+
+def _shapes_items(spec, samples: int, seed: int) -> Iterator:
+    from irpe.data.datasets import ShapesClassification, ShapesDetection
+    tf = spec.transform()
+    if spec.task == "classification":
+        data = ShapesClassification(samples, seed, tf.size, tf, split="train")
+    else:
+        data = ShapesDetection(samples, seed, transform=tf, split="train")
+    for k in range(len(data)):
+        yield data[k][0]
+
+
+def _folder_items(spec, folder: str, samples: int) -> Iterator:
+    from irpe.data.transforms import load_image
+    from .inputs import _image_files  # the validation inputs' folder rules
+    files = _image_files(folder)[:samples]
+    tf = spec.transform()
+    for path in files:
+        yield tf(load_image(str(path)))
+
+
+def calibration_feeds(spec, calibration: str, samples: int = 64, batch: int = 8,
+                      seed: int = 0) -> List[Dict[str, np.ndarray]]:
+    """Model inputs for calibration: ``samples`` images of the folder ``calibration`` (sorted,
+    subfolders too) or of the shapes training split, preprocessed as the model expects, in
+    batches (detection: padded, with their ``sizes``)."""
+    import torch
+    from irpe.models import pad_images
+    if samples < 1 or batch < 1:
+        raise ValueError(f"calibration samples and batch must be >= 1, got {samples}, {batch}")
+    if calibration == SHAPES:
+        items = list(_shapes_items(spec, samples, seed))
+    elif os.path.isdir(calibration):
+        items = list(_folder_items(spec, calibration, samples))
+    else:
+        raise FileNotFoundError(f"calibration set not found: {calibration} (a folder of images, "
+                                f"or '{SHAPES}')")
+    feeds = []
+    for start in range(0, len(items), batch):
+        chunk = items[start:start + batch]
+        if spec.task == "classification":
+            feeds.append({"images": torch.stack(chunk).numpy()})
+        else:
+            padded, sizes = pad_images(chunk)
+            feeds.append({"images": padded.numpy(), "sizes": sizes.numpy()})
+    return feeds
+
+
+def _reader(feeds: List[Dict[str, np.ndarray]]):
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class FeedReader(CalibrationDataReader):
+        """Hands ORT's calibrator one batch of model inputs per call."""
+
+        def __init__(self) -> None:
+            self._it = iter(feeds)
+
+        def get_next(self) -> Optional[Dict[str, np.ndarray]]:
+            return next(self._it, None)
+
+        def rewind(self) -> None:
+            self._it = iter(feeds)
+
+    return FeedReader()
+
+
+def _run_ort(model, output: Path, settings: QuantizeSettings, nodes: List[str], spec) -> None:
+    from onnxruntime import quantization as q
+    if settings.mode is QuantMode.DYNAMIC:
+        q.quantize_dynamic(model, output, op_types_to_quantize=list(QUANT_OPS),
+                           per_channel=settings.per_channel, weight_type=q.QuantType.QInt8,
+                           nodes_to_quantize=nodes)
+        return
+    method = {CalibrationMethod.MINMAX: q.CalibrationMethod.MinMax,
+              CalibrationMethod.PERCENTILE: q.CalibrationMethod.Percentile,
+              CalibrationMethod.ENTROPY: q.CalibrationMethod.Entropy}[settings.method]
+    trt = settings.target is Target.TENSORRT
+    feeds = calibration_feeds(spec, settings.calibration or SHAPES, settings.samples,
+                              settings.batch, settings.seed)
+    q.quantize_static(model, output, _reader(feeds), quant_format=q.QuantFormat.QDQ,
+                      op_types_to_quantize=list(QUANT_OPS), per_channel=settings.per_channel,
+                      activation_type=q.QuantType.QInt8, weight_type=q.QuantType.QInt8,
+                      nodes_to_quantize=nodes, calibrate_method=method,
+                      extra_options={"ActivationSymmetric": trt, "WeightSymmetric": True,
+                                     "QuantizeBias": not trt})
+
+
+def quantize(model_path: os.PathLike, output: os.PathLike,
+             settings: QuantizeSettings = QuantizeSettings()) -> Dict:
+    """Quantise an exported file to int8 and write it to ``output``; returns the metadata
+    record (:func:`irpe.deploy.contract.quantization_metadata`)."""
+    import onnx
+    source = Path(model_path)
+    props = read_onnx_props(source)  # missing / corrupt file: a clear error
+    spec = read_onnx_spec(source)
+    if onnx_precision(props) != "fp32":
+        raise ValueError(f"{source} is already quantised ({onnx_precision(props)})")
+    if settings.mode is QuantMode.STATIC and not settings.calibration:
+        raise ValueError("static quantisation needs a calibration set (a folder of images or "
+                         f"'{SHAPES}'); --mode dynamic needs none")
+    model = onnx.load(source)
+    _name_nodes(model)
+    nodes = weight_nodes(model, settings.excluded, settings.input_layers)
+    if not nodes:
+        raise ValueError(f"{source} has no Conv, Gemm or MatMul with weights to quantise")
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp) / "float.onnx"
+        onnx.save(model, work)  # named nodes
+        _run_ort(str(work), output, settings, nodes, spec)
+    return _finish(output, model, props, settings, nodes)
+
+
+def _finish(output: Path, float_model, props: Dict[str, str], settings: QuantizeSettings,
+            nodes: List[str]) -> Dict:
+    """Put back what the quantiser may drop (the RPE functions, metadata, IR version) and
+    record the quantisation."""
+    import onnx
+    quant = onnx.load(output)
+    have = {(f.domain, f.name) for f in quant.functions}
+    quant.functions.extend(f for f in float_model.functions if (f.domain, f.name) not in have)
+    if not any(o.domain == "irpe" for o in quant.opset_import):
+        quant.opset_import.extend(o for o in float_model.opset_import if o.domain == "irpe")
+    quant.ir_version = max(float_model.ir_version, min(quant.ir_version, 10))
+    kept = sum(1 for n in float_model.graph.node if n.op_type in QUANT_OPS and n.name not in nodes)
+    record = settings.record(len(nodes), kept, props.get("irpe.weights", ""))
+    meta = dict(props, **quantization_metadata("int8", record))
+    del quant.metadata_props[:]
+    for key, value in meta.items():
+        quant.metadata_props.add(key=key, value=value)
+    onnx.save(quant, output)
+    return record

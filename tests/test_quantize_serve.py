@@ -1,0 +1,78 @@
+"""A quantised file (``irpe quantize``) is served like any ONNX file: /v1/models lists its
+precision from the file's metadata, it classifies as the fp32 file does, and ``irpe
+triton-repo`` packs it into a repository whose model runs at the config's shapes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from export.onnx import export_onnx
+from export.quantize import QuantizeSettings, quantize
+from irpe.cli import main
+from serve.config import ServeSettings
+from tests.helpers import running_server, shape_png
+
+DEMO = Path(__file__).resolve().parents[1] / "irpe" / "demo" / "deit_shapes_irpe.safetensors"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("qserve")
+    fp32 = export_onnx(str(DEMO), d / "deit.onnx")
+    int8 = d / "deit.int8.onnx"
+    quantize(fp32, int8, QuantizeSettings(samples=16))
+    return {"fp32": fp32, "int8": int8}
+
+
+@pytest.fixture(scope="module")
+def client(files):
+    models = [{"name": "fp32", "path": str(files["fp32"]), "backend": "onnxruntime"},
+              {"name": "int8", "path": str(files["int8"]), "backend": "onnxruntime"}]
+    settings = ServeSettings(threads=1, log_level="warning", models=models)
+    with running_server(settings) as base, httpx.Client(base_url=base, timeout=30) as c:
+        yield c
+
+
+def test_models_listing_shows_the_files_precision(client):
+    listed = {m["name"]: m for m in client.get("/v1/models").json()}
+    assert listed["int8"]["precision"] == "int8" and listed["fp32"]["precision"] == "fp32"
+    assert listed["int8"]["state"] == "ready" and listed["int8"]["backend"] == "onnxruntime"
+
+
+def test_quantised_model_classifies_like_fp32(client):
+    files = [("file", (f"{i}.png", shape_png(i))) for i in range(6)]
+    tops = {}
+    for name in ("fp32", "int8"):
+        reply = client.post(f"/v1/models/{name}/classify?top_k=3", files=files)
+        assert reply.status_code == 200, reply.text
+        tops[name] = [r["indices"][0] for r in reply.json()["results"]]
+    assert sum(a == b for a, b in zip(tops["fp32"], tops["int8"])) >= 5
+
+
+def test_bad_image_is_a_400_and_the_model_keeps_serving(client):
+    bad = client.post("/v1/models/int8/classify", files=[("file", ("x.png", b"not an image"))])
+    assert bad.status_code == 400 and "error" in bad.json()
+    ok = client.post("/v1/models/int8/classify", files=[("file", ("0.png", shape_png(0)))])
+    assert ok.status_code == 200
+
+
+def test_triton_repo_round_trip(files, tmp_path):
+    out = tmp_path / "repo"
+    assert main(["triton-repo", str(files["int8"]), "-o", str(out), "--name", "q",
+                 "--ort-ops", "none"]) == 0
+    model = out / "q" / "1" / "model.onnx"
+    packed = onnx.load(model)
+    assert {p.key: p.value for p in packed.metadata_props}["irpe.precision"] == "int8"
+    assert any(n.op_type == "QuantizeLinear" for n in packed.graph.node)
+    x = np.random.default_rng(0).standard_normal((2, 3, 64, 64), dtype=np.float32)
+    got = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(
+        None, {"images": x})[0]
+    want = ort.InferenceSession(str(files["int8"]), providers=["CPUExecutionProvider"]).run(
+        None, {"images": x})[0]
+    np.testing.assert_array_equal(got, want)
+    assert "max_batch_size" in (out / "q" / "config.pbtxt").read_text()
