@@ -75,6 +75,12 @@ RUN --mount=type=bind,from=ort-headers,target=/opt/ort-headers \
     PLUGIN_BUILD=/opt/irpe-deploy/plugins scripts/install.sh; \
     mkdir -p /opt/irpe-deploy/plugins; \
     cp build/plugins/*.so /opt/irpe-deploy/plugins/ 2>/dev/null || true
+# lean (after the demo was exported with the full install): what a server never reads, i.e.
+# torch's C++ headers (extension builds) and test binaries, the packages' test suites
+ARG SLIM=1
+RUN if [ "$SLIM" = 1 ]; then cd /opt/venv/lib/python3*/site-packages && \
+        rm -rf torch/include torch/bin/test_* && \
+        find . -depth -type d -name tests -prune -exec rm -rf {} + ; fi
 
 FROM base AS runtime
 RUN useradd --create-home --uid 10001 irpe && mkdir -p /models && chown irpe /models
