@@ -71,8 +71,7 @@ RUN --mount=type=bind,from=ort-headers,target=/opt/ort-headers \
     if [ "$VARIANT" = cpu ] && [ -z "$TORCH_INDEX_URL" ] && [ -z "$wheelhouse" ]; then \
         TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu; fi; \
     VARIANT="$VARIANT" TORCH="$TORCH" TORCH_INDEX_URL="$TORCH_INDEX_URL" PYTHON=python3 \
-    VENV=/opt/venv WHEELHOUSE="$wheelhouse" ORT_ROOT="$ORT_ROOT" \
-    PLUGIN_BUILD=/opt/irpe-deploy/plugins scripts/install.sh; \
+    VENV=/opt/venv WHEELHOUSE="$wheelhouse" ORT_ROOT="$ORT_ROOT" scripts/install.sh; \
     mkdir -p /opt/irpe-deploy/plugins; \
     cp build/plugins/*.so /opt/irpe-deploy/plugins/ 2>/dev/null || true
 # lean (after the demo was exported with the full install): what a server never reads, i.e.

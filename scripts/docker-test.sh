@@ -6,8 +6,8 @@
 #   2. the base: python:3.11-slim when the engine has it, else a Debian base made with
 #      debootstrap (scripts/docker-base.sh, reused while its package list is unchanged)
 #   3. the wheelhouse (scripts/docker-wheelhouse.sh, reused while pyproject.toml is unchanged)
-#   4. docker build of the CPU image, offline (pip --no-index from the wheelhouse): time, size
-#      and what takes the space
+#   4. docker build of the CPU image, offline (--network none; pip --no-index from the
+#      wheelhouse): time, size and what takes the space
 #   5. the GPU install path on the same base: stops at once, saying that CUDA/TensorRT are needed
 #   6. tests/docker_probe.py: healthy, every endpoint equal to `irpe serve` outside the
 #      container, uid 10001, read-only root, mounted repository, 4xx JSON, docker stop drains
@@ -31,6 +31,7 @@ if ! engine_up; then
   exit 0
 fi
 trap engine_down EXIT
+trap "exit 130" INT TERM
 export DOCKER DOCKER_BUILDKIT=1
 
 if "$DOCKER" image inspect python:3.11-slim >/dev/null 2>&1; then base=python:3.11-slim
@@ -41,13 +42,12 @@ say "wheelhouse ready ($((SECONDS - t0)) s so far)"
 
 log=build/docker-test-build.log
 mkdir -p build
-say "docker build --build-arg VARIANT=cpu --build-arg CPU_BASE=$base -t $IMAGE .  (log: $log)"
+# --network none: the build's RUN steps have no network at all, so offline is proven, not assumed
+say "docker build --network none --build-arg VARIANT=cpu --build-arg CPU_BASE=$base -t $IMAGE .  (log: $log)"
 b0=$SECONDS
-"$DOCKER" build --progress=plain --build-arg VARIANT=cpu --build-arg CPU_BASE="$base" \
+"$DOCKER" build --progress=plain --network none --build-arg VARIANT=cpu --build-arg CPU_BASE="$base" \
   -t "$IMAGE" . >"$log" 2>&1 || { tail -n 40 "$log"; echo "docker-test: error: the build failed" >&2; exit 1; }
 build_s=$((SECONDS - b0))
-grep -q "install.sh: offline: every package from /wheelhouse" "$log" || grep -q "CACHED" "$log" ||
-  { echo "docker-test: error: the build did not install from the wheelhouse" >&2; exit 1; }
 size="$("$DOCKER" image inspect --format '{{.Size}}' "$IMAGE")"
 base_size="$("$DOCKER" image inspect --format '{{.Size}}' "$base")"
 say "built $IMAGE in $build_s s: $((size / 1000000)) MB ($((base_size / 1000000)) MB of it the base $base)"
@@ -58,7 +58,7 @@ echo "largest parts of the image (MB):"
 
 say "the GPU install path on $base (no CUDA, no TensorRT there)"
 gpu_log=build/docker-test-gpu.log
-if "$DOCKER" build --progress=plain --target build --build-arg VARIANT=gpu --build-arg GPU_BASE="$base" \
+if "$DOCKER" build --progress=plain --network none --target build --build-arg VARIANT=gpu --build-arg GPU_BASE="$base" \
     -t irpe-deploy:gpu-check . >"$gpu_log" 2>&1; then
   echo "docker-test: error: the GPU build passed on a base without CUDA/TensorRT" >&2; exit 1
 fi
