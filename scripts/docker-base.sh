@@ -23,7 +23,7 @@ apt_mirror() {
   local f
   for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
     [ -f "$f" ] || continue
-    awk -v s="$SUITE" '$1 == "deb" && $0 !~ /\[/ && $3 == s { print $2; exit }' "$f"
+    awk -v s="$SUITE" '{ sub(/\[[^]]*\] */, "") } $1 == "deb" && $3 == s { print $2; exit }' "$f"
   done
   for f in /etc/apt/sources.list.d/*.sources; do
     [ -f "$f" ] || continue
