@@ -52,13 +52,22 @@ ARG TORCH=torch==2.13.0
 ARG TORCH_INDEX_URL=
 ARG ORT_ROOT=/opt/ort-headers
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# torch and the dependencies first: a layer that only pyproject.toml (or the wheelhouse) changes
+COPY pyproject.toml ./
+COPY scripts/install.sh scripts/requirements.py ./scripts/
+RUN --mount=type=bind,from=wheelhouse,target=/wheelhouse \
+    set -e; wheelhouse=; ls /wheelhouse/*.whl >/dev/null 2>&1 && wheelhouse=/wheelhouse; \
+    if [ "$VARIANT" = cpu ] && [ -z "$TORCH_INDEX_URL" ] && [ -z "$wheelhouse" ]; then \
+        TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu; fi; \
+    VARIANT="$VARIANT" TORCH="$TORCH" TORCH_INDEX_URL="$TORCH_INDEX_URL" PYTHON=python3 \
+    VENV=/opt/venv WHEELHOUSE="$wheelhouse" DEPS_ONLY=1 scripts/install.sh
+COPY README.md ./
 COPY irpe ./irpe
 COPY export ./export
 COPY serve ./serve
 COPY plugins ./plugins
-COPY scripts/install.sh ./scripts/
-# cmake + g++ only when there are ORT headers to build against (this stage only)
+# the project, the libraries, the demo bake; cmake + g++ only when there are ORT headers to
+# build against (this stage only)
 RUN --mount=type=bind,from=ort-headers,target=/opt/ort-headers \
     --mount=type=bind,from=wheelhouse,target=/wheelhouse \
     set -e; tools=; \

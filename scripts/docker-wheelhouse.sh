@@ -26,24 +26,8 @@ say() { echo "docker-wheelhouse: $*" >&2; }
 quiet() { grep -v "is neither a file nor a directory" || true; }
 case "$VARIANT" in cpu|gpu) ;; *) say "error: VARIANT must be cpu or gpu, got '$VARIANT'"; exit 2;; esac
 
-# The requirements install.sh installs for VARIANT, read from pyproject.toml (one per line).
-requirements() {
-  "$PYTHON" - "$VARIANT" <<'EOF'
-import sys, tomllib
-project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-extras = ["serve", "gpu"] if sys.argv[1] == "gpu" else ["serve", "export"]
-reqs = [r for r in project["dependencies"] if not r.startswith("torch")]
-for extra in extras:
-    reqs += project["optional-dependencies"][extra]
-if sys.argv[1] == "gpu":
-    reqs.append("onnx>=1.16")
-build = tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]
-print("\n".join(dict.fromkeys(reqs + build + ["wheel"])))
-EOF
-}
-
 key="$(printf '%s\n' "$VARIANT" "$TORCH" "${TORCH_INDEX_URL:-}" "$PYTHON_VERSION" "$PLATFORM" |
-  cat - pyproject.toml | sha256sum | cut -c1-16)"
+  cat - pyproject.toml scripts/requirements.py | sha256sum | cut -c1-16)"
 if [ -f "$WHEELHOUSE/.key" ] && [ "$(cat "$WHEELHOUSE/.key")" = "$key" ]; then
   say "reusing $WHEELHOUSE ($(ls "$WHEELHOUSE" | grep -c '\.whl$') wheels, key $key)"
   exit 0
@@ -57,7 +41,7 @@ say "$TORCH${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL} (Python $PYTHON_VERSION, $
 # shellcheck disable=SC2086  # TORCH may carry pip options, as in the Makefile
 "$PYTHON" -m pip download -q --no-deps -d "$WHEELHOUSE" "${target[@]}" $TORCH \
   ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} 2> >(quiet >&2)
-reqs="$(requirements)"
+reqs="$("$PYTHON" scripts/requirements.py "$VARIANT" --build)"
 say "$(echo "$reqs" | wc -l) requirements of the project's [$([ "$VARIANT" = gpu ] && echo serve,gpu || echo serve,export)] extras, with their dependencies"
 # torch's own dependencies resolve with the project's (torch itself is already here)
 torch_file="$(ls "$WHEELHOUSE"/torch-*.whl)"

@@ -23,6 +23,8 @@
 #                    PLUGIN_BUILD with the CUDA EP); without headers, cmake or a C++ compiler
 #                    one "ort-ops: skipped" line and the server runs the files' ONNX functions
 #   BAKE_DEMO        1: export + warm up the demo models now, into $IRPE_CACHE (default 1)
+#   DEPS_ONLY        1: torch and the project's dependencies only (scripts/requirements.py,
+#                    Python >= 3.11), not the project: the image's layer that survives source edits
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -79,9 +81,18 @@ step "torch ($TORCH${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL})"
 "${PIP[@]}" "$TORCH" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 
 # onnxruntime and onnxruntime-gpu must not be installed together: the gpu variant takes the
-# gpu extra (onnxruntime-gpu, tensorrt, cuda-python) plus onnx instead of the export extra.
+# gpu extra (onnxruntime-gpu, tensorrt, cuda-python) plus onnx instead of the export extra
+# (scripts/requirements.py lists the same per variant for DEPS_ONLY and the wheelhouse).
 if [ "$VARIANT" = gpu ]; then extras="serve,gpu"; extra_reqs=("onnx>=1.16"); else
   extras="serve,export"; extra_reqs=(); fi
+if [ "${DEPS_ONLY:-0}" = 1 ]; then
+  step "dependencies of [$extras] ${extra_reqs[*]:-}, not the project"
+  mapfile -t deps < <("$PYTHON" scripts/requirements.py "$VARIANT")
+  [ ${#deps[@]} -gt 0 ] || fail "scripts/requirements.py listed nothing (Python >= 3.11 needed for DEPS_ONLY)"
+  "${PIP[@]}" "${deps[@]}"
+  step "done (dependencies only)"
+  exit 0
+fi
 target="."
 [ "${EDITABLE:-0}" = 1 ] && target="-e ."
 step "project [$extras] ${extra_reqs[*]:-}"

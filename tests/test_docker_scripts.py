@@ -49,3 +49,19 @@ def test_docker_test_skips_without_an_engine_but_fails_in_ci():
     assert failed.returncode == 1
     assert failed.stderr.strip() == ("docker-test: error: no engine answers and dockerd is not "
                                      "installed (apt-get install docker.io)")
+
+
+def test_requirements_per_variant_are_pyprojects_without_torch():
+    import tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    listed = {v: _run(["python3", "scripts/requirements.py", v]).stdout.split()
+              for v in ("cpu", "gpu")}
+    deps = [r for r in project["dependencies"] if not r.startswith("torch")]
+    assert listed["cpu"] == list(dict.fromkeys(deps + extras["serve"] + extras["export"]))
+    assert listed["gpu"] == list(dict.fromkeys(deps + extras["serve"] + extras["gpu"] + ["onnx>=1.16"]))
+    assert not any(r.startswith("onnxruntime>") for r in listed["gpu"])   # never beside -gpu
+    build = _run(["python3", "scripts/requirements.py", "cpu", "--build"]).stdout.split()
+    assert build[-2:] == ["setuptools>=68", "wheel"]
+    bad = _run(["python3", "scripts/requirements.py", "tpu"])
+    assert bad.returncode == 1 and bad.stderr.strip() == "usage: requirements.py cpu|gpu [--build]"
