@@ -54,35 +54,16 @@ ARG ORT_ROOT=/opt/ort-headers
 WORKDIR /src
 # torch and the dependencies first: a layer that only pyproject.toml (or the wheelhouse) changes
 COPY pyproject.toml ./
-COPY scripts/install.sh scripts/requirements.py ./scripts/
-RUN --mount=type=bind,from=wheelhouse,target=/wheelhouse \
-    set -e; wheelhouse=; ls /wheelhouse/*.whl >/dev/null 2>&1 && wheelhouse=/wheelhouse; \
-    if [ "$VARIANT" = cpu ] && [ -z "$TORCH_INDEX_URL" ] && [ -z "$wheelhouse" ]; then \
-        TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu; fi; \
-    VARIANT="$VARIANT" TORCH="$TORCH" TORCH_INDEX_URL="$TORCH_INDEX_URL" PYTHON=python3 \
-    VENV=/opt/venv WHEELHOUSE="$wheelhouse" DEPS_ONLY=1 scripts/install.sh
+COPY scripts/install.sh scripts/requirements.py scripts/docker-install.sh ./scripts/
+RUN --mount=type=bind,from=wheelhouse,target=/wheelhouse DEPS_ONLY=1 scripts/docker-install.sh
 COPY README.md ./
 COPY irpe ./irpe
 COPY export ./export
 COPY serve ./serve
 COPY plugins ./plugins
-# the project, the libraries, the demo bake; cmake + g++ only when there are ORT headers to
-# build against (this stage only)
+# the project, the ORT custom-op / TensorRT plugin libraries, the demo bake
 RUN --mount=type=bind,from=ort-headers,target=/opt/ort-headers \
-    --mount=type=bind,from=wheelhouse,target=/wheelhouse \
-    set -e; tools=; \
-    if [ -n "$(find "$ORT_ROOT" -maxdepth 4 -name onnxruntime_cxx_api.h 2>/dev/null)" ]; then \
-        command -v cmake >/dev/null || tools=cmake; \
-        command -v c++ >/dev/null || tools="$tools g++"; fi; \
-    if [ -n "$tools" ]; then apt-get update -qq; \
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $tools; fi; \
-    wheelhouse=; ls /wheelhouse/*.whl >/dev/null 2>&1 && wheelhouse=/wheelhouse; \
-    if [ "$VARIANT" = cpu ] && [ -z "$TORCH_INDEX_URL" ] && [ -z "$wheelhouse" ]; then \
-        TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu; fi; \
-    VARIANT="$VARIANT" TORCH="$TORCH" TORCH_INDEX_URL="$TORCH_INDEX_URL" PYTHON=python3 \
-    VENV=/opt/venv WHEELHOUSE="$wheelhouse" ORT_ROOT="$ORT_ROOT" scripts/install.sh; \
-    mkdir -p /opt/irpe-deploy/plugins; \
-    cp build/plugins/*.so /opt/irpe-deploy/plugins/ 2>/dev/null || true
+    --mount=type=bind,from=wheelhouse,target=/wheelhouse scripts/docker-install.sh
 # lean (after the demo was exported with the full install): what a server never reads, i.e.
 # torch's C++ headers (extension builds) and test binaries, the packages' test suites
 ARG SLIM=1

@@ -8,10 +8,12 @@
 #   VARIANT=gpu PYTHON_VERSION=3.12 scripts/docker-wheelhouse.sh   # NGC TensorRT image (Python 3.12)
 #
 # Environment: VARIANT cpu|gpu (default cpu), TORCH (default torch==2.13.0, as CI),
-# TORCH_INDEX_URL (an index for torch only; CPU default: the PyTorch CPU index, unless pip finds
-# a +cpu torch wheel in its find-links), PYTHON_VERSION of the image's interpreter (default 3.11:
+# TORCH_INDEX_URL (an index for torch only; default pip's configured one, which finds the CPU
+# wheel on the development machines; PyPI's Linux torch is the CUDA build, so elsewhere give
+# https://download.pytorch.org/whl/cpu for the CPU image: a warning says so), PYTHON_VERSION of the image's interpreter (default 3.11:
 # Debian 12, python:3.11-slim), PLATFORM (default manylinux_2_28_x86_64), WHEELHOUSE (default
-# wheelhouse). The folder is reused while its key (the inputs above + pyproject.toml) is unchanged.
+# wheelhouse), PYTHON (the host interpreter running pip, >= 3.11; default python3). The folder
+# is reused while its key (the inputs above + pyproject.toml) is unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,6 +47,8 @@ reqs="$("$PYTHON" scripts/requirements.py "$VARIANT" --build)"
 say "$(echo "$reqs" | wc -l) requirements of the project's [$([ "$VARIANT" = gpu ] && echo serve,gpu || echo serve,export)] extras, with their dependencies"
 # torch's own dependencies resolve with the project's (torch itself is already here)
 torch_file="$(ls "$WHEELHOUSE"/torch-*.whl)"
+[ "$VARIANT" = gpu ] || [[ "$torch_file" == *+cpu* ]] ||
+  say "warning: ${torch_file##*/} is not the CPU build (the CPU image would carry CUDA libraries); TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu gets it"
 # shellcheck disable=SC2086
 "$PYTHON" -m pip download -q -d "$WHEELHOUSE" "${target[@]}" --find-links "$WHEELHOUSE" \
   "$torch_file" $reqs 2> >(quiet >&2)
