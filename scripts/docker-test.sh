@@ -48,8 +48,11 @@ b0=$SECONDS
 "$DOCKER" build --progress=plain --network none --build-arg VARIANT=cpu --build-arg CPU_BASE="$base" \
   -t "$IMAGE" . >"$log" 2>&1 || { tail -n 40 "$log"; echo "docker-test: error: the build failed" >&2; exit 1; }
 build_s=$((SECONDS - b0))
-# the engine this script started keeps only tagged images (the build cache stays)
-[ -n "$ENGINE_PID" ] && "$DOCKER" image prune -f >/dev/null
+# the engine this script started keeps only tagged images and the newest 4 GB of build cache
+if [ -n "$ENGINE_PID" ]; then
+  "$DOCKER" image prune -f >/dev/null
+  "$DOCKER" builder prune -f --keep-storage 4gb >/dev/null
+fi
 size="$("$DOCKER" image inspect --format '{{.Size}}' "$IMAGE")"
 base_size="$("$DOCKER" image inspect --format '{{.Size}}' "$base")"
 say "built $IMAGE in $build_s s: $((size / 1000000)) MB ($((base_size / 1000000)) MB of it the base $base)"

@@ -85,7 +85,7 @@ def model_repository(docker: Docker, image: str, folder: Path) -> Path:
     try:
         docker("cp", f"{cid}:/var/cache/irpe/onnx", str(folder / "onnx"))
     finally:
-        docker("rm", cid)
+        docker("rm", "-v", cid)   # -v: the VOLUME the image declares
     files = {p.name.split("-")[0]: p.name for p in (folder / "onnx").glob("*.onnx")}
     check(set(files) == {"deit_shapes_irpe", "detr_shapes_irpe"},
           f"image bakes both demo ONNX files into $IRPE_CACHE: {sorted(files.values())}")
@@ -259,7 +259,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if host_proc is not None:
             host_proc.terminate()
             host_proc.wait(30)
-        docker("rm", "-f", name, check=False)
+        docker("rm", "-f", "-v", name, check=False)
         docker("volume", "rm", "-f", f"{name}-cache", check=False)
         shutil.rmtree(work, ignore_errors=True)
 
