@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 EXTRAS ?= dev
 RUN_EXTRAS ?= serve,export
 
-.PHONY: install test run check bench clean demo-models ort-ops gpu-check
+.PHONY: install test run check bench clean demo-models ort-ops gpu-check docker-test
 
 # one marker per extras set: `make run` installs serve,export; `make test` later adds dev
 $(VENV)/.installed-%: pyproject.toml
@@ -48,6 +48,13 @@ ort-ops: $(ORT_OPS_DIR)/libirpe_ort_ops.so
 $(ORT_OPS_DIR)/libirpe_ort_ops.so: $(ORT_OPS_SOURCES)
 	@IRPE_SHARED="$(SHARED_DIR)" IRPE_ORT_OUTPUT_DIR="$(abspath $(ORT_OPS_DIR))" \
 	  plugins/onnxruntime/build.sh --optional "$(ORT_OPS_CMAKE)"
+
+## make docker-test: build the CPU serving image offline and probe it like a user (starts a
+## Docker engine with its data-root in build/docker when none answers, and stops it after;
+## a Debian base from debootstrap when python:3.11-slim is absent). Skips, saying why, when
+## no engine can start (fails instead with CI=true). docs/docker.md
+docker-test: install
+	PROBE_PYTHON=$(PY) scripts/docker-test.sh
 
 ## make check: the self-test (bucket ids, ops, forward, checkpoint round trip)
 check: $(VENV)/.installed-$(RUN_EXTRAS)
