@@ -31,7 +31,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -162,7 +162,7 @@ def measure_ops(threads: int, repeats: int, warmup: int, custom_ops: bool,
     for key, run in runs.items():
         kind, out = key.split(":")[0], run()[0]
         np.testing.assert_allclose(out, reference.setdefault(kind, out), rtol=1e-5, atol=1e-5)
-    return _round_robin({key: [run] for key, run in runs.items()}, repeats, warmup, "ops")
+    return round_robin({key: [run] for key, run in runs.items()}, repeats, warmup, "ops")
 
 
 def export_models(models: Dict[str, str], folder: Path, overrides: Dict) -> Dict[str, Path]:
@@ -187,26 +187,37 @@ def measure(paths: Dict[str, Path], batch: int, threads: int, repeats: int,
     ``custom_ops`` every file also runs with the library (key + OPS_SUFFIX). With
     ``sessions`` > 1 each row gets that many sessions of its own, each run once per round, and
     the round's time is their mean: one session's memory placement does not decide the row."""
-    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224), dtype=np.float32)
-    runs: Dict[str, List[Callable[[], object]]] = {}
-    outputs = {}
-    for key, path in paths.items():
-        for ops in (False, True) if custom_ops else (False,):
-            label = key + OPS_SUFFIX if ops else key
-            for _ in range(sessions):
-                session, _ = create_session(path, threads=threads,
-                                            custom_ops="on" if ops else "off", quiet=True)
-                runs.setdefault(label, []).append(
-                    functools.partial(session.run, None, {"images": x}))
-            outputs[label] = runs[label][0]()[0]
+    runs, outputs, _ = session_runs(paths, batch, threads, custom_ops, sessions)
     for key in paths:  # the custom ops must give the functions' logits
         if key + OPS_SUFFIX in outputs:
             np.testing.assert_allclose(outputs[key + OPS_SUFFIX], outputs[key], rtol=1e-5,
                                        atol=1e-5)
-    return _round_robin(runs, repeats, warmup, "models")
+    return round_robin(runs, repeats, warmup, "models")
 
 
-def _round_robin(runs: Dict[str, List[Callable[[], object]]], repeats: int, warmup: int,
+def session_runs(paths: Dict[str, Path], batch: int, threads: int, custom_ops: bool,
+                 sessions: int) -> Tuple[Dict[str, List[Callable[[], object]]],
+                                         Dict[str, np.ndarray], Dict[str, object]]:
+    """(``sessions`` run callables, first output, fusion report) per row: every file stock and,
+    with ``custom_ops``, with the library (key + OPS_SUFFIX), all fed one random batch."""
+    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224), dtype=np.float32)
+    runs: Dict[str, List[Callable[[], object]]] = {}
+    outputs: Dict[str, np.ndarray] = {}
+    fusion: Dict[str, object] = {}
+    for key, path in paths.items():
+        for ops in (False, True) if custom_ops else (False,):
+            label = key + OPS_SUFFIX if ops else key
+            for _ in range(sessions):
+                session, how = create_session(path, threads=threads,
+                                              custom_ops="on" if ops else "off", quiet=True)
+                runs.setdefault(label, []).append(
+                    functools.partial(session.run, None, {"images": x}))
+            fusion[label] = how
+            outputs[label] = runs[label][0]()[0]
+    return runs, outputs, fusion
+
+
+def round_robin(runs: Dict[str, List[Callable[[], object]]], repeats: int, warmup: int,
                  label: str) -> Dict[str, List[float]]:
     """Per key, the mean seconds of its callables in each round; a round runs the first
     callable of every key, then the second, ... so all keys see the same machine state."""

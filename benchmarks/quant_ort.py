@@ -14,22 +14,22 @@ goals (issue 32), the int8-vs-fp32 logit agreement of each model, and the fusion
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Dict, List
 
 import numpy as np
 import torch
 
 from benchmarks import deit_forward
 from benchmarks.deit_forward import MODELS, device_name
-from benchmarks.export_ort import OPS_SUFFIX, QUICK_OVERRIDES, _round_robin, export_models
+from benchmarks.export_ort import (OPS_SUFFIX, QUICK_OVERRIDES, round_robin, export_models,
+                                   session_runs)
 from benchmarks.report import write_json_md
-from irpe.deploy.ort import create_session, find_library, share_thread_pool
+from irpe.deploy.ort import find_library, share_thread_pool
 
 INT8 = "_int8"
 # (row, reference row, goal): throughput(row) / throughput(reference) >= goal
@@ -60,20 +60,9 @@ def measure(paths: Dict[str, Path], batch: int, threads: int, repeats: int, warm
             custom_ops: bool, sessions: int):
     """(seconds per run per row, fusion line per row, logits per row) for every file, stock
     and (``custom_ops``) with the library, timed round-robin."""
-    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224), dtype=np.float32)
-    runs: Dict[str, List[Callable[[], object]]] = {}
-    fusion, logits = {}, {}
-    for key, path in paths.items():
-        for ops in (False, True) if custom_ops else (False,):
-            label = key + OPS_SUFFIX if ops else key
-            for _ in range(sessions):
-                session, how = create_session(path, threads=threads,
-                                              custom_ops="on" if ops else "off", quiet=True)
-                runs.setdefault(label, []).append(
-                    functools.partial(session.run, None, {"images": x}))
-            fusion[label] = how.describe()
-            logits[label] = runs[label][0]()[0]
-    return _round_robin(runs, repeats, warmup, "models"), fusion, logits
+    runs, logits, how = session_runs(paths, batch, threads, custom_ops, sessions)
+    fusion = {label: report.describe() for label, report in how.items()}
+    return round_robin(runs, repeats, warmup, "models"), fusion, logits
 
 
 def agreement(logits: Dict[str, np.ndarray]) -> Dict[str, Dict]:

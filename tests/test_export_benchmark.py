@@ -37,7 +37,7 @@ def test_round_robin_runs_every_session_once_per_round_and_averages_them():
         return lambda: (calls.append(name), time.sleep(seconds))
 
     runs = {"a": [run("a0", 0.02), run("a1", 0.04)], "b": [run("b0")]}
-    times = export_ort._round_robin(runs, repeats=2, warmup=1, label="t")
+    times = export_ort.round_robin(runs, repeats=2, warmup=1, label="t")
     assert calls == ["a0", "b0", "a1"] * 3  # session n of every row, then session n + 1
     assert len(times["a"]) == len(times["b"]) == 2  # warm-up round dropped
     assert all(t >= 0.03 for t in times["a"])  # the mean of its two sessions' runs

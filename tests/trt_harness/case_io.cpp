@@ -155,4 +155,14 @@ bool write_file(std::string const& path, void const* data, size_t bytes)
     return static_cast<bool>(out);
 }
 
+nvinfer1::PluginTensorDesc desc_of(Tensor const& t)
+{
+    nvinfer1::PluginTensorDesc d{};
+    d.dims = t.dims;
+    d.type = t.type;
+    d.format = nvinfer1::TensorFormat::kLINEAR;
+    d.scale = 1.0f;
+    return d;
+}
+
 }  // namespace harness

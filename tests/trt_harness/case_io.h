@@ -51,6 +51,8 @@ std::string load_case(std::string const& folder, Case& out);
 bool write_file(std::string const& path, void const* data, size_t bytes);
 size_t element_size(nvinfer1::DataType t);
 char const* type_name(nvinfer1::DataType t);
+// The tensor as TensorRT describes it to a plugin: linear format, scale 1.
+nvinfer1::PluginTensorDesc desc_of(Tensor const& t);
 
 }  // namespace harness
 

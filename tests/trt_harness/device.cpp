@@ -9,16 +9,6 @@ using namespace nvinfer1;
 
 namespace {
 
-PluginTensorDesc desc_of(Tensor const& t)
-{
-    PluginTensorDesc d{};
-    d.dims = t.dims;
-    d.type = t.type;
-    d.format = TensorFormat::kLINEAR;
-    d.scale = 1.0f;
-    return d;
-}
-
 // Device allocations freed on every path.
 struct Buffers {
     std::vector<void*> list;

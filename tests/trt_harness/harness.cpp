@@ -124,16 +124,6 @@ OwnedFields node_fields(Case const& c, IPluginCreatorV3One* creator)
     return out;
 }
 
-PluginTensorDesc desc_of(Tensor const& t)
-{
-    PluginTensorDesc d{};
-    d.dims = t.dims;
-    d.type = t.type;
-    d.format = TensorFormat::kLINEAR;
-    d.scale = 1.0f;
-    return d;
-}
-
 DynamicPluginTensorDesc dynamic_of(Tensor const& t)
 {
     DynamicPluginTensorDesc d{};
