@@ -68,7 +68,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     cfg = {"device": args.device, "threads": args.threads, "repeats": args.repeats,
            "warmup": args.warmup, "cache": _cache("onnx")}
     if "onnxruntime" in backends:  # one pool: no session's idle workers spin beside another's
-        from irpe.deploy.ort import share_thread_pool
+        from irpe.runtime.onnxruntime.session import share_thread_pool
         cfg["ort_thread_pool"] = "shared" if share_thread_pool(args.threads) else "per session"
     jobs = mb.plan(families, batches, backends, precisions, args.quick, detr_sizes, args.device)
     results = mb.run_all(jobs, cfg)

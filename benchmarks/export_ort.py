@@ -7,7 +7,7 @@ Each model is exported with ``export.onnx.export_onnx`` (RPE nodes + local funct
 weights, non-zero iRPE tables), loaded into ``--sessions`` CPU sessions of its own, warmed up and
 then timed round-robin (one run of each session per round; a row's round time is the mean of its
 sessions) so machine drift hits all alike and no row hangs on one session's memory placement.
-All sessions share ONE intra-op thread pool (``irpe.deploy.ort.share_thread_pool``): with a
+All sessions share ONE intra-op thread pool (``irpe.runtime.onnxruntime.session.share_thread_pool``): with a
 pool each, the idle workers of the session that ran last spin on the cores for tens of ms and
 slow the next one, which skewed the ratios by several hundredths (docs/export.md;
 ``--own-pools`` times it that way). Where the
@@ -39,7 +39,7 @@ import torch
 from benchmarks import deit_forward
 from benchmarks.deit_forward import MODELS, device_name
 from benchmarks.report import write_json_md
-from irpe.deploy.ort import create_session, find_library, share_thread_pool
+from irpe.runtime.onnxruntime.session import create_session, find_library, share_thread_pool
 
 GOALS = {"irpe_k": 0.95, "irpe_qkv": 0.90, "irpe_k_ops": 0.98, "irpe_qkv_ops": 0.95}
 OPS_SUFFIX = "_ops"  # rows of the sessions with the custom-op library
@@ -169,7 +169,7 @@ def export_models(models: Dict[str, str], folder: Path, overrides: Dict) -> Dict
     """Export every model once (random weights, iRPE tables ~ N(0, 0.02))."""
     from export.onnx import export_onnx
     from irpe import create_model, randomize_tables
-    from irpe.artifact import default_spec
+    from irpe.artifact.trained import default_spec
     paths = {}
     for key, name in models.items():
         torch.manual_seed(0)

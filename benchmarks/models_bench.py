@@ -156,7 +156,7 @@ def _export(value: Entry, path: Path) -> None:
     """export.onnx of a registry name, or of the module built with overrides."""
     import warnings
     from export.onnx import export_onnx
-    from irpe.artifact import default_spec
+    from irpe.artifact.trained import default_spec
     from irpe.models import create_model
     name, overrides = entry(value)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -170,9 +170,9 @@ def _export(value: Entry, path: Path) -> None:
 
 def ort_runner(value: Entry, inputs, cache: Path, threads: int) -> Runner:
     """An onnxruntime CPU session of a model exported by export.onnx (cached per model); the
-    iRPE custom-op library when built (irpe.deploy.ort, $IRPE_ORT_CUSTOM_OPS=off: functions)."""
-    from export.onnx import io_spec
-    from irpe.deploy.ort import create_session
+    iRPE custom-op library when built (irpe.runtime.onnxruntime.session, $IRPE_ORT_CUSTOM_OPS=off: functions)."""
+    from irpe.artifact.contract import io_spec
+    from irpe.runtime.onnxruntime.session import create_session
     path = cache / (label(value).replace(" ", "_").replace("=", "-").strip("()") + ".onnx")
     if not path.is_file():
         _export(value, path)

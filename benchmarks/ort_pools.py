@@ -41,8 +41,8 @@ def _feeds(session, task: str) -> Dict[str, np.ndarray]:
 
 def child(mode: str, paths: List[str], threads: int, repeats: int) -> Dict:
     """Median ms per call of each model alone and in turn, in this process's ``mode``."""
-    from irpe.deploy.contract import read_onnx_spec
-    from irpe.deploy.ort import create_session, share_thread_pool
+    from irpe.artifact.contract import read_onnx_spec
+    from irpe.runtime.onnxruntime.session import create_session, share_thread_pool
     if mode == "shared" and not share_thread_pool(threads):
         raise RuntimeError("could not make the shared pool")
     runs = {}

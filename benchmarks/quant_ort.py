@@ -29,7 +29,7 @@ from benchmarks.deit_forward import MODELS, device_name
 from benchmarks.export_ort import (OPS_SUFFIX, QUICK_OVERRIDES, round_robin, export_models,
                                    session_runs)
 from benchmarks.report import write_json_md
-from irpe.deploy.ort import find_library, share_thread_pool
+from irpe.runtime.onnxruntime.session import find_library, share_thread_pool
 
 INT8 = "_int8"
 # (row, reference row, goal): throughput(row) / throughput(reference) >= goal

@@ -41,7 +41,7 @@ Result = Tuple[int, float, float, float]  # status (-1 = lost), seconds, start l
 def _model_file(folder: Path) -> Path:
     """The untrained demo classifier in trained-model format (tiny, CPU friendly)."""
     import torch
-    from irpe.artifact import default_spec, save_trained
+    from irpe.artifact.trained import default_spec, save_trained
     from irpe.data.shapes import SHAPE_CLASSES
     from irpe.models import create_model
     torch.manual_seed(0)

@@ -41,7 +41,7 @@ def weights(name: str, cache: Path) -> Path:
 
 def _untrained(name: str, path: Path) -> Path:
     import torch
-    from irpe.artifact import default_spec, save_trained
+    from irpe.artifact.trained import default_spec, save_trained
     from irpe.models import create_model
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -66,7 +66,7 @@ def onnx_file(weights: Path, cache: Path) -> Path:
     """The ONNX export of ``weights`` under ``cache``/onnx, exported when missing; named by
     serve's demo cache key (digest of the weights file and of the irpe/ + export/ sources), so
     changed weights, spec, model or exporter code never reuse a stale file."""
-    from irpe.deploy.exporters import get_exporter
+    from irpe.artifact.exporters import get_exporter
     from serve.demo import onnx_cache_path
     exporter = get_exporter("onnx")
     onnx = onnx_cache_path(weights, cache, exporter)

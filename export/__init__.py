@@ -1,13 +1,14 @@
-"""torch -> ONNX export of iRPE models (RPE nodes + local functions), validation, TensorRT.
+"""torch -> ONNX export of iRPE models (RPE nodes + local functions), validation, quantisation,
+Triton model repositories.
 
-Submodules: ``onnx`` (export_onnx, read_metadata), ``validate``, ``tensorrt`` (build_engine;
-the runner is irpe.deploy.trt_runtime.TRTRunner), ``cli``. Import them directly; this package
-imports no exporter module, it only registers the ``onnx`` exporter with irpe.deploy.exporters
+Submodules: ``onnx`` (export_onnx), ``validate``, ``quantize``, ``triton_repo``, ``cli`` (which
+also wires ``irpe build-engine`` to irpe.runtime.tensorrt.build). Import them directly; this package
+imports no exporter module, it only registers the ``onnx`` exporter with irpe.artifact.exporters
 (how serve's demo has files exported without importing export/).
 """
 from pathlib import Path as _Path
 
-from irpe.deploy.exporters import register_exporter as _register
+from irpe.artifact.exporters import register_exporter as _register
 
 
 def _write_onnx(source: str, output: _Path) -> _Path:

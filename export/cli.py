@@ -17,14 +17,16 @@ __all__ = ["add_parser", "cmd_export", "cmd_validate", "cmd_build_engine"]
 def cmd_export(args: argparse.Namespace) -> int:
     """Export a model to ONNX; prints the output path, size and RPE node counts."""
     import warnings
-    from .onnx import export_onnx, read_metadata_props
+    from irpe.artifact.contract import read_onnx_props
+
+    from .onnx import export_onnx
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = _warn_line
         path = export_onnx(args.source, _output(args.source, args.output),
                            args.checkpoint, inline=args.inline, opset=args.opset,
                            progress=not args.quiet, optimize=not args.no_optimize)
-    props = read_metadata_props(path)
+    props = read_onnx_props(path)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB): {props['irpe.model_name']}, "
           f"opset {props['irpe.opset']}, rpe nodes {props['irpe.rpe_nodes']}"
           f"{' (inlined)' if args.inline else ''}, weights {props['irpe.weights']}")
@@ -50,7 +52,7 @@ def _output(source: str, output) -> str:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Compare the file with PyTorch; exit status 1 when any output is out of tolerance."""
-    from irpe.deploy.ort import CustomOpsError
+    from irpe.runtime.onnxruntime.session import CustomOpsError
     from .validate import validate, write_report
     try:
         report = validate(args.file, args.source, args.checkpoint, num_inputs=args.num_inputs,
@@ -95,7 +97,8 @@ def _print_report(report: dict) -> None:
 
 def cmd_build_engine(args: argparse.Namespace) -> int:
     """Build a TensorRT engine (and its .json sidecar) from an ONNX file."""
-    from .tensorrt import EngineBuildError, TensorRTUnavailable, build_engine
+    from irpe.runtime.tensorrt.build import build_engine
+    from irpe.runtime.tensorrt.common import EngineBuildError, TensorRTUnavailable
     output = args.output or str(args.onnx).rsplit(".", 1)[0] + ".engine"
     try:
         side = build_engine(args.onnx, output, precision=args.precision, batch=args.batch,
@@ -192,5 +195,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     from .quantize_cli import add_parser as add_quantize
     add_quantize(sub)  # irpe quantize (export/quantize_cli.py)
-    from .triton_cli import add_parser as add_triton_repo
-    add_triton_repo(sub)  # irpe triton-repo (export/triton_cli.py)
+    from .triton_repo_cli import add_parser as add_triton_repo
+    add_triton_repo(sub)  # irpe triton-repo (export/triton_repo_cli.py)

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from irpe.artifact import ModelSpec
+from irpe.artifact.trained import ModelSpec
 from irpe.models import pad_images
 
 __all__ = ["Batch", "make_batches", "default_sizes", "IMAGE_SUFFIXES"]

@@ -21,10 +21,8 @@ import torch
 from torch import nn
 
 import irpe
-from irpe.artifact import ModelSpec
-from irpe.deploy.contract import io_spec, onnx_metadata
-from irpe.deploy.contract import read_onnx_props as read_metadata_props
-from irpe.deploy.contract import read_onnx_spec as read_metadata
+from irpe.artifact.trained import ModelSpec
+from irpe.artifact.contract import io_spec, onnx_metadata
 from irpe.rpe import iRPE, set_traceable
 
 from . import symbolic
@@ -32,7 +30,7 @@ from .functions import (GATHER, attach_functions, count_rpe_nodes, inline_functi
                         rpe_nodes)
 from .source import Source, SourceLike, load_source
 
-__all__ = ["export_onnx", "export_source", "read_metadata", "read_metadata_props", "io_spec",
+__all__ = ["export_onnx", "export_source",
            "output_module"]
 
 MAX_IR_VERSION = 10  # onnxruntime 1.31 reads <= 13, TensorRT parsers expect <= 10
@@ -140,7 +138,7 @@ def _static_output_dims(model: onnx.ModelProto, shapes: List[Tuple[int, ...]],
 
 
 def _metadata(src: Source, opset: int, inline: bool, nodes: Dict[str, int]) -> Dict[str, str]:
-    """The contract's keys (irpe.deploy.contract.onnx_metadata) plus this exporter's own."""
+    """The contract's keys (irpe.artifact.contract.onnx_metadata) plus this exporter's own."""
     meta = onnx_metadata(src.spec, getattr(src.model, "rpe_config", None), src.weights,
                          irpe.__version__)
     meta.update({

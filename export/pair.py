@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Dict, List, Optional
 
-from irpe.deploy.contract import ENGINE_SUFFIXES
+from irpe.artifact.contract import ENGINE_SUFFIXES
 
 from .source import Source
 

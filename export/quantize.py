@@ -8,8 +8,8 @@ preprocessing (a folder of images, or the synthetic shapes set). Dynamic: ``quan
 Only the layers with weights are quantised: Conv, Gemm and every MatMul by a 2-D weight (the
 linear layers). The attention block's internals (q @ k^T, P @ v, the iRPE table products and
 the RPEGather / RPEScatter nodes) stay float, so the file keeps its iRPE nodes and their
-functions, and ``irpe.deploy.ort_fuse`` fuses the block into one RPEAttention as in fp32.
-The quantisation is written into the file's metadata (irpe.deploy.contract).
+functions, and ``irpe.runtime.onnxruntime.rewrites`` fuses the block into one RPEAttention as in fp32.
+The quantisation is written into the file's metadata (irpe.artifact.contract).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-from irpe.deploy.contract import (onnx_precision, quantization_metadata, read_onnx_props,
+from irpe.artifact.contract import (onnx_precision, quantization_metadata, read_onnx_props,
                                   read_onnx_spec)
 
 __all__ = ["QuantMode", "Target", "CalibrationMethod", "QuantizeSettings", "quantize",
@@ -209,7 +209,7 @@ def _run_ort(model, output: Path, settings: QuantizeSettings, nodes: List[str], 
 def quantize(model_path: os.PathLike, output: os.PathLike,
              settings: QuantizeSettings = QuantizeSettings()) -> Dict:
     """Quantise an exported file to int8 and write it to ``output``; returns the metadata
-    record (:func:`irpe.deploy.contract.quantization_metadata`)."""
+    record (:func:`irpe.artifact.contract.quantization_metadata`)."""
     import onnx
     source = Path(model_path)
     props = read_onnx_props(source)  # missing / corrupt file: a clear error

@@ -13,7 +13,7 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-from irpe.artifact import ModelSpec, default_spec, load_trained, read_spec
+from irpe.artifact.trained import ModelSpec, default_spec, load_trained, read_spec
 from irpe.checkpoint import CheckpointError
 from irpe.models import model_info
 from irpe.models.registry import bundled_weights
@@ -84,7 +84,7 @@ def _from_module(model: nn.Module, spec: Optional[ModelSpec]) -> Source:
     if spec is None:
         name = getattr(model, "model_name", None)
         if name is None:
-            raise ValueError("exporting an nn.Module needs spec= (irpe.artifact.ModelSpec)")
+            raise ValueError("exporting an nn.Module needs spec= (irpe.artifact.trained.ModelSpec)")
         spec = default_spec(name)
     return Source(model.eval(), spec, "module")
 

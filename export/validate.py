@@ -16,8 +16,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from irpe.artifact import spec_from_metadata
-from irpe.deploy.contract import ENGINE_SUFFIXES, read_sidecar, sidecar_path
+from irpe.artifact.trained import spec_from_metadata
+from irpe.artifact.contract import (ENGINE_SUFFIXES, onnx_precision, read_onnx_props, read_sidecar,
+                                    sidecar_path)
 
 from .inputs import Batch, make_batches
 from .pair import check_pair
@@ -37,12 +38,11 @@ Runner = Callable[[Dict[str, torch.Tensor]], Dict[str, np.ndarray]]
 
 def _onnx_runner(path: str, custom_ops: Optional[str] = None
                  ) -> Tuple[Runner, Dict[str, str], str]:
-    """ORT session (custom-op library when found, see irpe.deploy.ort); with the library, a
+    """ORT session (custom-op library when found, see irpe.runtime.onnxruntime.session); with the library, a
     function-path session runs beside it and ``run.versus`` collects max |custom - functions|."""
     import onnxruntime as ort
-    from irpe.deploy.ort import create_session
-    from .onnx import read_metadata_props
-    props = read_metadata_props(path)
+    from irpe.runtime.onnxruntime.session import create_session
+    props = read_onnx_props(path)
     session, ops = create_session(path, custom_ops=custom_ops)
     functions = create_session(path, custom_ops="off", quiet=True)[0] if ops.custom_ops else None
     names = [i.name for i in session.get_inputs()]
@@ -62,7 +62,7 @@ def _onnx_runner(path: str, custom_ops: Optional[str] = None
 
 
 def _engine_runner(path: str) -> Tuple[Runner, Dict[str, str], str]:
-    from .tensorrt import TRTRunner
+    from irpe.runtime.tensorrt.runner import TRTRunner
     props = read_sidecar(path).get("onnx_metadata", {}) if sidecar_path(path).is_file() else {}
     runner = TRTRunner(path)
 
@@ -176,7 +176,7 @@ def validate(onnx_or_engine_path: os.PathLike, source=None, checkpoint: Optional
              sizes: Optional[Sequence[Tuple[int, int]]] = None,
              custom_ops: Optional[str] = None) -> Dict:
     """Run the file and PyTorch on the same inputs; the report's ``passed`` is the verdict.
-    ``custom_ops`` (auto/on/off): ONNX Runtime's iRPE path (irpe.deploy.ort); ``precision``
+    ``custom_ops`` (auto/on/off): ONNX Runtime's iRPE path (irpe.runtime.onnxruntime.session); ``precision``
     picks the tolerances (default: the file's, from its metadata: int8 when quantised)."""
     path = os.fspath(onnx_or_engine_path)
     if precision is None:
@@ -223,8 +223,7 @@ def _missed_limits(metrics: Dict) -> List[str]:
 
 
 def _file_precision(path: str) -> str:
-    """int8 for a quantised ONNX file (irpe.deploy.contract), else fp32."""
-    from irpe.deploy.contract import onnx_precision, read_onnx_props
+    """int8 for a quantised ONNX file (irpe.artifact.contract), else fp32."""
     if path.endswith(ENGINE_SUFFIXES) or not os.path.isfile(path):
         return "fp32"
     return onnx_precision(read_onnx_props(path))

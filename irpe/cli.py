@@ -24,7 +24,7 @@ SHIPPED_BESIDE = ("export", "serve")
 # top-level packages of a checkout that no install maps (benchmarks/, and plugins/ it imports):
 # an editable install's console script reaches them through _checkout_on_path
 CHECKOUT_ONLY = ("benchmarks",)
-EXTENSIONS = ("irpe.data.cli", "irpe.weights", "irpe.engine.cli", "export.cli", "serve.cli",
+EXTENSIONS = ("irpe.data.cli", "irpe.weights", "irpe.training.cli", "export.cli", "serve.cli",
               "benchmarks.cli")
 
 

@@ -89,6 +89,21 @@ class RPEConfig:
             raise ValueError(f"shared_head must be 0 or 1 in {text!r}")
         return cls(ratio, parts[2], parts[3], parts[4] == "1", skip, parts[5])
 
+    def to_dict(self) -> dict:
+        """JSON form: the config string and skip (what rebuilds it) plus the derived fields a
+        reader may want (ratio, method, mode, shared_head, on, num_buckets)."""
+        return {"config": self.to_string(), "ratio": self.ratio, "method": self.method.value,
+                "mode": self.mode, "shared_head": self.shared_head, "skip": self.skip,
+                "on": self.on, "num_buckets": self.num_buckets}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RPEConfig":
+        """Inverse of :meth:`to_dict`; also reads the older ``{"rpe", "skip"}`` form."""
+        text = data.get("config", data.get("rpe"))
+        if not isinstance(text, str):
+            raise ValueError(f"not an iRPE config dict: {data!r}")
+        return cls.from_string(text, skip=int(data.get("skip", 0)))
+
 
 def get_rpe_config(ratio: float = 1.9, method: Union[str, int, Method] = "product",
                    mode: str = "contextual", shared_head: bool = True, skip: int = 0,

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
-from irpe.deploy.trt_common import library_dir
+from irpe.runtime.tensorrt.common import library_dir
 
 __all__ = ["find_headers", "cuda_include", "rtx_library_dir", "tensorrt_library_dir", "build_plugins",
            "unavailable_reason", "CI_HEADERS"]

@@ -59,7 +59,7 @@ def _share_ort_pool(settings) -> None:
     names = [m.name for m in settings.models if m.backend == "onnxruntime"]
     if settings.ort_thread_pool != "shared" or not names:
         return
-    from irpe.deploy.ort import share_thread_pool
+    from irpe.runtime.onnxruntime.session import share_thread_pool
     shared = share_thread_pool(settings.threads)
     logging.getLogger("irpe.serve").info("onnxruntime thread pool", extra={
         "pool": "shared" if shared else "per_model", "threads": settings.threads,  # 0: default

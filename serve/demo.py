@@ -2,7 +2,7 @@
 
 For the onnxruntime backend the bundled trained-model files are exported once to ONNX in the
 cache (``$IRPE_CACHE/onnx``, named by a digest of the weights and the exporter), so later starts
-reuse them. The exporter is the one registered with ``irpe.deploy.exporters`` (kind ``onnx``):
+reuse them. The exporter is the one registered with ``irpe.artifact.exporters`` (kind ``onnx``):
 serve never imports export/.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import List, Optional
 
-from irpe.deploy.exporters import Exporter, get_exporter
+from irpe.artifact.exporters import Exporter, get_exporter
 from irpe.models.registry import bundled_weights, model_info
 
 from .config import ModelConfig

@@ -6,8 +6,8 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from irpe.deploy.contract import input_names, output_names
-from irpe.deploy.triton_config import V2_TYPES, TensorInfo, model_config, onnx_io
+from irpe.artifact.contract import input_names, output_names
+from irpe.artifact.triton_config import V2_TYPES, TensorInfo, model_config, onnx_io
 
 from .errors import ServeError
 from .model import ServedModel, validate_count

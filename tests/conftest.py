@@ -92,7 +92,7 @@ def ort_library(tmp_path_factory):
 
 @pytest.fixture
 def ort_library_env(request, monkeypatch):
-    """Point irpe.deploy.ort at the freshly built library (mode from the test); modules opt in
+    """Point irpe.runtime.onnxruntime.session at the freshly built library (mode from the test); modules opt in
     with ``pytestmark = pytest.mark.usefixtures("ort_library_env")``."""
     monkeypatch.delenv("IRPE_ORT_CUSTOM_OPS", raising=False)
     if "ort_library" in request.fixturenames:

@@ -8,7 +8,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from irpe.artifact import ModelSpec
+from irpe.artifact.trained import ModelSpec
 from serve.backends import Backend, create_backend, register_backend
 
 __all__ = ["FaultBackend", "InjectedFault", "fault_backend"]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Tupl
 import numpy as np
 import torch
 
-from irpe.artifact import ModelSpec, default_spec, save_trained
+from irpe.artifact.trained import ModelSpec, default_spec, save_trained
 from irpe.data.shapes import SHAPE_CLASSES, render_classification
 from irpe.models import create_model
 from irpe.rpe import randomize_tables

@@ -1,4 +1,4 @@
-"""irpe.deploy.contract and exporters: the one artifact contract export/ writes and serve/ reads.
+"""irpe.artifact.contract and exporters: the one artifact contract export/ writes and serve/ reads.
 
 Every way to name a model to ``irpe export`` round-trips labels, preprocessing and task; serve
 imports nothing from export/.
@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from export.source import load_source
-from irpe.artifact import ModelSpec, default_spec, read_spec, save_trained
+from irpe.artifact.trained import ModelSpec, default_spec, read_spec, save_trained
 from irpe.checkpoint import save_checkpoint
 from irpe.cli import main
-from irpe.deploy import contract, exporters
+from irpe.artifact import contract, exporters
 from irpe.models import create_model, model_info
 from irpe.models.deit import IRPE_VARIANTS
 from irpe.models.registry import bundled_weights
@@ -91,18 +91,18 @@ def test_tensor_names_and_dynamic_axes():
 @pytest.mark.parametrize("ratio, method, on", list(IRPE_VARIANTS.values()) + [(2.0, "euc", "q")])
 def test_rpe_config_dict_round_trip(ratio, method, on):
     cfg = RPEConfig(ratio=ratio, method=method, mode="contextual", skip=1, on=on)
-    data = json.loads(json.dumps(contract.rpe_config_to_dict(cfg)))
-    assert contract.rpe_config_from_dict(data) == cfg
+    data = json.loads(json.dumps(cfg.to_dict()))
+    assert RPEConfig.from_dict(data) == cfg
     assert data["num_buckets"] == cfg.num_buckets and data["config"] == cfg.to_string()
 
 
 def test_rpe_config_dict_reads_the_older_form_and_rejects_others():
     cfg = RPEConfig.from_string("rpe-2.0-product-ctx-1-k", skip=0)
-    assert contract.rpe_config_from_dict({"rpe": "rpe-2.0-product-ctx-1-k", "skip": 0}) == cfg
+    assert RPEConfig.from_dict({"rpe": "rpe-2.0-product-ctx-1-k", "skip": 0}) == cfg
     with pytest.raises(ValueError, match="not an iRPE config dict"):
-        contract.rpe_config_from_dict({"ratio": 2.0})
+        RPEConfig.from_dict({"ratio": 2.0})
     with pytest.raises(ValueError, match="bad iRPE config string"):
-        contract.rpe_config_from_dict({"config": "product-2.0"})
+        RPEConfig.from_dict({"config": "product-2.0"})
 
 
 def test_trained_file_overrides_use_the_contract_form(tmp_path):
@@ -112,7 +112,7 @@ def test_trained_file_overrides_use_the_contract_form(tmp_path):
     torch.manual_seed(0)
     save_trained(spec.build(), str(path), spec)
     back, meta = read_spec(str(path))
-    assert json.loads(meta["irpe.overrides"])["rpe_config"] == contract.rpe_config_to_dict(cfg)
+    assert json.loads(meta["irpe.overrides"])["rpe_config"] == cfg.to_dict()
     assert back.build_overrides()["rpe_config"] == cfg
 
 

@@ -8,7 +8,7 @@ import torch
 
 from export.onnx import export_onnx
 from irpe import RPEConfig
-from irpe.artifact import save_trained
+from irpe.artifact.trained import save_trained
 from irpe.cli import main
 from irpe.models import model_info
 from irpe.models.registry import bundled_weights
@@ -99,7 +99,7 @@ def _detector_stub(path: Path, queries: int) -> dict:
     """A real (tiny) ONNX file with a DETR's tensor names and dims, and its irpe metadata."""
     import onnx
     from onnx import TensorProto, helper
-    from irpe.artifact import default_spec
+    from irpe.artifact.trained import default_spec
     x = helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, "h", "w"])
     logits = helper.make_tensor_value_info("pred_logits", TensorProto.FLOAT,
                                            ["batch", queries, 9])

@@ -53,7 +53,7 @@ def test_float_tiff_in_unit_range_and_bad_values():
 
 
 def test_16bit_star_classified_star_by_the_demo_classifier():
-    from irpe.artifact import load_trained
+    from irpe.artifact.trained import load_trained
     from irpe.models import model_info
     from irpe.models.registry import bundled_weights
     torch.set_num_threads(1)

@@ -3,10 +3,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from irpe.artifact import default_spec, load_trained
+from irpe.artifact.trained import default_spec, load_trained
 from irpe.data.datasets import ShapesClassification, ShapesDetection
 from irpe.data.shapes import SHAPE_CLASSES
-from irpe.engine.evaluate import evaluate_classification, evaluate_detection
+from irpe.training.evaluate import evaluate_classification, evaluate_detection
 from irpe.models import create_model, model_info
 from irpe.models.registry import bundled_weights
 

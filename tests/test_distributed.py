@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from irpe.cli import main
-from irpe.engine.train import TrainConfig, train
+from irpe.training.train import TrainConfig, train
 
 DEMO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "irpe", "demo"))
 CLS = ["--model", "deit_shapes_irpe", "--data", "shapes", "--epochs", "2", "--shapes-train", "32",
@@ -48,7 +48,7 @@ def torchrun(*args: str, procs: int = 2, ok: bool = True) -> subprocess.Complete
 
 def single(argv, tmp, **kw) -> str:
     """The same training in this process (no torch.distributed); returns its last.pt."""
-    from irpe.engine.cli import RECIPES, TASK_NAMES
+    from irpe.training.cli import RECIPES, TASK_NAMES
     task = TASK_NAMES[argv[0]]
     values = dict(RECIPES[task], task=task, output=str(tmp), progress=False)
     it = iter(argv[1:])
@@ -170,7 +170,7 @@ def test_detection_two_processes_equal_one_process(tmp_path):
 
 
 def test_distributed_rejects_bad_input(monkeypatch):
-    from irpe.engine.distributed import resolve_device, setup
+    from irpe.training.distributed import resolve_device, setup
     monkeypatch.setenv("WORLD_SIZE", "two")
     with pytest.raises(ValueError, match="WORLD_SIZE='two' is not an integer"):
         setup("cpu")

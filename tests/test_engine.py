@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from irpe.box_ops import box_cxcywh_to_xyxy, box_xyxy_to_cxcywh, generalized_box_iou
-from irpe.engine.criterion import SetCriterion
-from irpe.engine.evaluate import coco_map, detections_to_coco, topk_accuracy
-from irpe.engine.matcher import HungarianMatcher
-from irpe.engine.optim import mixup_cutmix, param_groups, soft_cross_entropy, warmup_cosine
+from irpe.training.criterion import SetCriterion
+from irpe.training.evaluate import coco_map, detections_to_coco, topk_accuracy
+from irpe.training.matcher import HungarianMatcher
+from irpe.training.optim import mixup_cutmix, param_groups, soft_cross_entropy, warmup_cosine
 from irpe.models import create_model
 
 
@@ -193,7 +193,7 @@ def test_soft_cross_entropy_matches_hard_labels():
 
 
 def test_rank_shares_of_a_global_batch_are_the_one_process_batch():
-    from irpe.engine.distributed import Dist, ResumableSampler, ShardSampler
+    from irpe.training.distributed import Dist, ResumableSampler, ShardSampler
     n, batch, world = 37, 4, 3
     for epoch in (0, 1):
         ranks = []
@@ -217,8 +217,8 @@ def test_rank_shares_of_a_global_batch_are_the_one_process_batch():
 
 
 def test_random_hflip_shares_the_global_coins():
-    from irpe.engine.distributed import Dist
-    from irpe.engine.tasks import random_hflip
+    from irpe.training.distributed import Dist
+    from irpe.training.tasks import random_hflip
     images = torch.arange(8.0).view(8, 1, 1, 1).expand(8, 1, 2, 3).contiguous()
     _, one = random_hflip(images, None, 0.5, torch.Generator().manual_seed(1))
     for r in range(2):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from irpe import RPEConfig
-from irpe.artifact import save_trained
+from irpe.artifact.trained import save_trained
 from irpe.cli import main
 from tests.helpers import tiny_deit
 

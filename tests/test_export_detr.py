@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from export.functions import DOMAIN, GATHER
-from export.onnx import export_onnx, read_metadata_props
+from export.onnx import export_onnx
 from export.validate import validate
+from irpe.artifact.contract import read_onnx_props
 from irpe import create_model, save_checkpoint
 from irpe.models import pad_images
 
@@ -66,7 +67,7 @@ def test_graph_io_nodes_and_metadata(detr, tmp_path):
                       "pred_logits": ["batch", 20, 9], "pred_boxes": ["batch", 20, 4]}
     # bucket ids come from the feature-map size inside the graph, not from a constant
     assert {"Log", "Round", "Range"} <= {n.op_type for n in proto.graph.node}
-    props = read_metadata_props(path)
+    props = read_onnx_props(path)
     assert props["irpe.task"] == "detection" and props["irpe.weights"].startswith("checkpoint:")
 
 

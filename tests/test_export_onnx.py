@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from export.functions import DOMAIN, GATHER, SCATTER
-from export.onnx import export_onnx, read_metadata, read_metadata_props
+from export.onnx import export_onnx
+from irpe.artifact.contract import read_onnx_props, read_onnx_spec
 from irpe import RPEConfig, create_model, randomize_tables
-from irpe.artifact import default_spec, save_trained
+from irpe.artifact.trained import default_spec, save_trained
 from tests.helpers import tiny_deit
 
 
@@ -116,15 +117,15 @@ def test_inline_output_has_no_rpe_nodes_and_same_results(qkv_files):
     onnx.checker.check_model(proto, full_check=True)
     x = torch.randn(2, 3, 40, 40)
     np.testing.assert_array_equal(run_ort(inlined, images=x)[0], run_ort(path, images=x)[0])
-    assert json.loads(read_metadata_props(inlined)["irpe.inline"]) is True
+    assert json.loads(read_onnx_props(inlined)["irpe.inline"]) is True
 
 
 def test_dynamic_batch_and_metadata(qkv_files):
     model, spec, path, _ = qkv_files
     for batch in (1, 5):
         assert_parity(model, path, batch=batch)
-    assert read_metadata(path).metadata() == spec.metadata()
-    props = read_metadata_props(path)
+    assert read_onnx_spec(path).metadata() == spec.metadata()
+    props = read_onnx_props(path)
     assert set(spec.metadata()) <= set(props)
     assert json.loads(props["irpe.rpe_config"])["config"] == "rpe-1.9-product-ctx-1-qkv"
     assert json.loads(props["irpe.rpe_nodes"]) == {GATHER: 4, SCATTER: 2}
@@ -156,8 +157,8 @@ def test_trained_file_source_records_its_weights(tmp_path):
     model, spec = tiny_deit(cfg)
     save_trained(model, str(tmp_path / "t.safetensors"), spec)
     path = export_onnx(str(tmp_path / "t.safetensors"), tmp_path / "t.onnx")
-    assert read_metadata_props(path)["irpe.weights"] == f"trained:{tmp_path / 't.safetensors'}"
-    assert read_metadata(path).metadata() == spec.metadata()
+    assert read_onnx_props(path)["irpe.weights"] == f"trained:{tmp_path / 't.safetensors'}"
+    assert read_onnx_spec(path).metadata() == spec.metadata()
     assert_parity(model, path)
 
 
@@ -198,10 +199,10 @@ def test_corrupt_or_foreign_onnx_files(tmp_path):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"\x00not a protobuf\xff" * 10)
     with pytest.raises(ValueError, match="not a readable ONNX file"):
-        read_metadata(bad)
+        read_onnx_spec(bad)
     with pytest.raises(FileNotFoundError):
-        read_metadata(tmp_path / "missing.onnx")
+        read_onnx_spec(tmp_path / "missing.onnx")
     plain = onnx.helper.make_model(onnx.helper.make_graph([], "g", [], []))
     onnx.save(plain, tmp_path / "plain.onnx")
     with pytest.raises(ValueError, match="not an irpe trained-model file"):
-        read_metadata(tmp_path / "plain.onnx")
+        read_onnx_spec(tmp_path / "plain.onnx")

@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from export.onnx import export_onnx
-from export.tensorrt import build_engine, sidecar_path
-from export.trt_inspect import engine_plugin_layers
-from irpe.deploy.trt_common import TensorRTUnavailable, import_tensorrt, is_rtx
+from irpe.artifact.contract import sidecar_path
+from irpe.runtime.tensorrt.build import build_engine
+from tests.trt_inspect import engine_plugin_layers
+from irpe.runtime.tensorrt.common import TensorRTUnavailable, import_tensorrt, is_rtx
 from irpe import RPEConfig, create_model
-from irpe.artifact import default_spec, save_trained
+from irpe.artifact.trained import default_spec, save_trained
 from tests.helpers import tiny_deit
 
 try:
@@ -80,7 +81,7 @@ def test_engine_from_inlined_file(onnx_files, tmp_path):
 
 _CREATOR_SCRIPT = textwrap.dedent("""
     import sys, numpy as np
-    from irpe.deploy.trt_common import import_tensorrt
+    from irpe.runtime.tensorrt.common import import_tensorrt
     trt = import_tensorrt()
     calls = []
     class Creator(trt.IPluginCreatorV3One):
@@ -94,7 +95,7 @@ _CREATOR_SCRIPT = textwrap.dedent("""
             return None  # no kernel here: the parser must report the failure
     for op in ("RPEGather", "RPEScatter"):
         trt.get_plugin_registry().register_creator(Creator(op), "irpe")
-    from export.tensorrt import build_engine
+    from irpe.runtime.tensorrt.build import build_engine
     try:
         build_engine(sys.argv[1], sys.argv[2], plugin_override=sys.argv[3] == "1", **%s)
     except ValueError as exc:
@@ -146,7 +147,7 @@ def test_clear_error_without_any_tensorrt_module(onnx_files):
 @needs_trt
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="TRTRunner needs a CUDA GPU")
 def test_runner_matches_pytorch_on_gpu(onnx_files, tmp_path):
-    from irpe.deploy.trt_runtime import TRTRunner
+    from irpe.runtime.tensorrt.runner import TRTRunner
     from export.validate import validate
     engine = tmp_path / "deit.engine"
     build_engine(onnx_files["deit"], engine, batch=(1, 2, 4))

@@ -11,7 +11,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from irpe import bucket_ids
-from irpe.deploy.ort import CustomOpsError, create_session
+from irpe.runtime.onnxruntime.session import CustomOpsError, create_session
 
 pytestmark = pytest.mark.usefixtures("ort_library_env")  # fixtures: tests/conftest.py
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from irpe import bucket_ids, rpe_gather
-from irpe.deploy.ort import create_session
+from irpe.runtime.onnxruntime.session import create_session
 from tests.helpers import ORT_ATTRS, ort_headers, ort_op_model
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ import torch
 from onnx import TensorProto, helper
 
 from irpe import bucket_ids, rpe_gather, rpe_scatter
-from irpe.deploy.ort import CustomOpsError, create_session
+from irpe.runtime.onnxruntime.session import CustomOpsError, create_session
 from tests.helpers import ORT_ATTRS as ATTRS
 from tests.helpers import ORT_SOURCE as SOURCE
 from tests.helpers import build_ort_library as _build
@@ -142,7 +142,7 @@ def test_bad_attribute_is_a_clear_error_or_a_logged_fallback(ort_library, op, at
     model = op_model(op, **attrs)
     with pytest.raises(CustomOpsError, match=message):
         create_session(model, custom_ops="on")
-    with caplog.at_level(logging.WARNING, logger="irpe.deploy.ort"):
+    with caplog.at_level(logging.WARNING, logger="irpe.runtime.onnxruntime.session"):
         session, path = create_session(model, custom_ops="auto")
     assert not path.custom_ops and message in path.reason
     assert "retrying with the ONNX functions" in caplog.text
@@ -208,7 +208,7 @@ def test_missing_library(tmp_path, monkeypatch, caplog):
     model = op_model("RPEScatter", num_buckets=50, **ATTRS)
     with pytest.raises(CustomOpsError, match="no custom-op library at .*nope.so"):
         create_session(model, custom_ops="on")
-    with caplog.at_level(logging.INFO, logger="irpe.deploy.ort"):
+    with caplog.at_level(logging.INFO, logger="irpe.runtime.onnxruntime.session"):
         _, path = create_session(model)  # auto: the functions, said in one log line
     assert not path.custom_ops
     assert [r.getMessage() for r in caplog.records] == [
@@ -222,7 +222,7 @@ def _refused_library(library: Path, monkeypatch, caplog, error: str, warning: st
     model = op_model("RPEScatter", num_buckets=50, **ATTRS)
     with pytest.raises(CustomOpsError, match=error):
         create_session(model, custom_ops="on")
-    with caplog.at_level(logging.WARNING, logger="irpe.deploy.ort"):
+    with caplog.at_level(logging.WARNING, logger="irpe.runtime.onnxruntime.session"):
         session, path = create_session(model, custom_ops="auto")
     assert not path.custom_ops and warning in caplog.text
     return session
@@ -352,7 +352,7 @@ def test_bfloat16_both_ops(ort_library):
 
 def test_two_gather_adds_in_a_row_become_one_node(ort_library):
     """Add(Add(x, gather K), gather Q) -> RPEGatherAdd2: the graph's order of additions."""
-    from irpe.deploy.ort_fuse import fuse_gather_add
+    from irpe.runtime.onnxruntime.rewrites import fuse_gather_add
     ids, table, _ = layer()
     nodes = [helper.make_node("RPEGather", [f"t{n}", "index"], [f"g{n}"], domain="irpe",
                               num_buckets=50, **ATTRS) for n in (1, 2)]

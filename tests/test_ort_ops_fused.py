@@ -1,4 +1,4 @@
-"""Load-time fusions of the ORT custom-op library (irpe/deploy/ort_fuse.py): the iRPE-V chain
+"""Load-time fusions of the ORT custom-op library (irpe/runtime/onnxruntime/rewrites.py): the iRPE-V chain
 RPEScatter -> MatMul(W) -> Add(base) as one RPEScatterMatMulAdd against the unfused custom ops,
 the files' functions and PyTorch; the AVX2 gather+Add rows with ids outside [0, K); the switch.
 Gather+Add basics: tests/test_ort_ops.py."""
@@ -12,7 +12,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from irpe import bucket_ids, rpe_scatter
-from irpe.deploy.ort import create_session
+from irpe.runtime.onnxruntime.session import create_session
 from tests.helpers import ORT_ATTRS as ATTRS
 
 pytestmark = pytest.mark.usefixtures("ort_library_env")  # fixtures: tests/conftest.py

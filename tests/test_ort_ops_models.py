@@ -14,9 +14,9 @@ import torch
 
 from export.onnx import export_onnx
 from irpe import RPEConfig, create_model, save_checkpoint
-from irpe.artifact import default_spec, save_trained
+from irpe.artifact.trained import default_spec, save_trained
 from irpe.cli import main
-from irpe.deploy.ort import create_session
+from irpe.runtime.onnxruntime.session import create_session
 from irpe.models import pad_images
 from tests.helpers import TINY, run_python, tiny_deit
 
@@ -60,7 +60,7 @@ def test_every_variant_custom_ops_vs_functions_vs_torch(ort_library, tmp_path, m
         # 2 blocks: Softmax(RPEGatherAdd) as one node; bias tables are constants folded at
         # export (no RPE node), cross adds its two gathers before the logits (left unfused)
         assert ops.fused_softmax == (2 if mode == "ctx" and method != "cross" else 0)
-        # and then each block as one RPEAttention (irpe.deploy.ort_attention)
+        # and then each block as one RPEAttention (irpe.runtime.onnxruntime.rewrite_attention)
         assert ops.attention == ops.fused_softmax
         monkeypatch.setenv("IRPE_ORT_FUSE", "gather,scatter")
         exact = create_session(path, custom_ops="on")[0].run(None, {"images": x.numpy()})[0]
@@ -162,7 +162,7 @@ def test_serve_backend_required_library_missing(qkv_file, tmp_path, monkeypatch)
     marks that model failed, 503); auto serves through the functions."""
     from serve.backends import create_backend
     from serve.config import ModelConfig
-    from irpe.deploy.ort import CustomOpsError
+    from irpe.runtime.onnxruntime.session import CustomOpsError
     monkeypatch.setenv("IRPE_ORT_OPS_LIBRARY", str(tmp_path / "gone.so"))
     path, _ = qkv_file
     cfg = ModelConfig(name="m", path=path, backend="onnxruntime", ort_custom_ops="on")
@@ -231,6 +231,6 @@ def test_benchmark_attention_blocks_cut_from_exported_files(ort_library, qkv_fil
 
 def _fused_ops(graph: bytes, stages: str) -> set:
     import onnx
-    from irpe.deploy.ort_fuse import fuse_model, parse_stages
+    from irpe.runtime.onnxruntime.rewrites import fuse_model, parse_stages
     fused, _ = fuse_model(graph, parse_stages(stages))
     return {n.op_type for n in onnx.load_from_string(fused).graph.node}

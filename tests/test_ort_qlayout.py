@@ -1,4 +1,4 @@
-"""Stage ``qlayout`` of the load-time rewrite (irpe/deploy/ort_qlayout.py): the iRPE-Q table is
+"""Stage ``qlayout`` of the load-time rewrite (irpe/runtime/onnxruntime/rewrite_qlayout.py): the iRPE-Q table is
 computed bucket-major, MatMul(W^T, k^T), and its index rewritten to match. Same outputs as the
 ONNX functions and PyTorch (shared and per-head tables), a clean graph (no dangling Mul, no
 unused initializers, one shared index), and no rewrite where the pattern is not exactly the Q
@@ -13,8 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from export.onnx import export_onnx
 from irpe import RPEConfig
-from irpe.deploy.ort import create_session
-from irpe.deploy.ort_fuse import fuse_model
+from irpe.runtime.onnxruntime.session import create_session
+from irpe.runtime.onnxruntime.rewrites import fuse_model
 from tests.helpers import ORT_ATTRS as ATTRS
 from tests.helpers import tiny_deit
 

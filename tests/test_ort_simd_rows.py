@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from irpe.deploy.ort import create_session
-from irpe.deploy.ort_fuse import fuse_gather_add
+from irpe.runtime.onnxruntime.session import create_session
+from irpe.runtime.onnxruntime.rewrites import fuse_gather_add
 from tests.helpers import ORT_ATTRS as ATTRS
 
 pytestmark = pytest.mark.usefixtures("ort_library_env")  # fixtures: tests/conftest.py

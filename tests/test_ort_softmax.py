@@ -1,7 +1,7 @@
 """The Softmax fusion of the ORT custom-op library: RPEGatherAdd*Softmax(Scatter) and
 RPEBucketMatMulAdd on hand-made graphs against PyTorch, on every SIMD level
 ($IRPE_ORT_SIMD), thread counts, masked rows, bad attributes / shapes, and the load-time
-rewrite (irpe/deploy/ort_fuse.py) of Softmax(Add(x, RPEGather)) with and without the V chain."""
+rewrite (irpe/runtime/onnxruntime/rewrites.py) of Softmax(Add(x, RPEGather)) with and without the V chain."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,8 +10,8 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from irpe import bucket_ids, rpe_scatter
-from irpe.deploy.ort import create_session
-from irpe.deploy.ort_fuse import parse_stages
+from irpe.runtime.onnxruntime.session import create_session
+from irpe.runtime.onnxruntime.rewrites import parse_stages
 from tests.helpers import ORT_ATTRS as ATTRS
 
 pytestmark = pytest.mark.usefixtures("ort_library_env")  # fixtures: tests/conftest.py

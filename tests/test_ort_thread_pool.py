@@ -1,4 +1,4 @@
-"""irpe.deploy.ort.share_thread_pool: one process-wide ONNX Runtime pool that every session
+"""irpe.runtime.onnxruntime.session.share_thread_pool: one process-wide ONNX Runtime pool that every session
 made afterwards shares. Run in fresh processes: the pool is process-wide and made once."""
 import textwrap
 
@@ -9,7 +9,7 @@ SCRIPT = textwrap.dedent("""
     import numpy as np
     import onnxruntime as ort
     from onnx import TensorProto, helper
-    from irpe.deploy.ort import create_session, session_options, share_thread_pool
+    from irpe.runtime.onnxruntime.session import create_session, session_options, share_thread_pool
 
     def threads():
         return len(os.listdir("/proc/self/task"))
@@ -50,7 +50,7 @@ def test_sessions_share_one_pool_made_once():
 UNSHARED = textwrap.dedent("""
     import os
     import onnxruntime as ort
-    from irpe.deploy.ort import session_options
+    from irpe.runtime.onnxruntime.session import session_options
     options = session_options(ort, 2)
     assert options.use_per_session_threads is True and options.intra_op_num_threads == 2
     assert session_options(ort).intra_op_num_threads == 0  # ONNX Runtime's default

@@ -16,8 +16,8 @@ import pytest
 
 from export.onnx import export_onnx
 from export.quantize import QuantizeSettings, QuantMode, Target, calibration_feeds, quantize
-from irpe.deploy.contract import onnx_precision, onnx_quantization, read_onnx_props
-from irpe.deploy.ort import create_session
+from irpe.artifact.contract import onnx_precision, onnx_quantization, read_onnx_props
+from irpe.runtime.onnxruntime.session import create_session
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "irpe" / "demo" / "deit_shapes_irpe.safetensors"
@@ -103,7 +103,7 @@ def test_quantised_file_runs_without_the_library_close_to_fp32(fp32, which, requ
 
 
 def read_onnx_spec_of(path: Path):
-    from irpe.deploy.contract import read_onnx_spec
+    from irpe.artifact.contract import read_onnx_spec
     return read_onnx_spec(path)
 
 
@@ -198,8 +198,8 @@ def test_eval_runs_a_quantised_file_within_half_a_point_of_fp32(fp32, static, tm
 def test_eval_of_an_onnx_file_matches_pytorch_on_the_same_images(fp32):
     from torch.utils.data import DataLoader
     from irpe.data.datasets import ShapesClassification
-    from irpe.engine.cli import load_for_eval
-    from irpe.engine.evaluate import evaluate_classification
+    from irpe.training.cli import load_for_eval
+    from irpe.training.evaluate import evaluate_classification
     net, spec = load_for_eval(str(fp32))
     model, _ = load_for_eval(str(DEMO))
     data = ShapesClassification(40, 0, 64, spec.transform(), split="val")

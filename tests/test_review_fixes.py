@@ -26,7 +26,7 @@ def _one_line(err: str, command: str) -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 def test_engine_without_gpu_is_a_one_line_usage_error(tmp_path, capsys):
-    from irpe.deploy.trt_runtime import TRTRunner
+    from irpe.runtime.tensorrt.runner import TRTRunner
     from irpe.errors import CLIError, GPURequired
     engine = tmp_path / "m.engine"
     engine.write_bytes(b"ftrt" + bytes(60))  # passes the magic check, then needs CUDA
@@ -88,7 +88,7 @@ def test_train_refuses_a_non_empty_output_unless_forced(tmp_path, capsys):
 
 
 def test_train_output_that_is_a_file_and_resume_into_a_full_folder(tmp_path, capsys):
-    from irpe.engine.cli import _check_output
+    from irpe.training.cli import _check_output
     (tmp_path / "f").write_text("x")
     code, _, err = _run(capsys, *TRAIN, "--output", str(tmp_path / "f"))
     assert code == 2 and "exists and is not a directory" in err
@@ -148,7 +148,7 @@ def test_unknown_model_suggests_the_same_family_first(capsys, name, family):
 # ---- 7: validation images in class subfolders ----
 
 def test_validation_images_are_found_in_class_subfolders(tmp_path):
-    from irpe.artifact import default_spec
+    from irpe.artifact.trained import default_spec
     from irpe.data.shapes import render_classification
     from export.inputs import make_batches
     for index, cls in ((0, "circle"), (6, "star")):

@@ -1,4 +1,4 @@
-"""Artifact checks before use (irpe/filecheck.py): safetensors, ONNX and TensorRT engine files
+"""Artifact checks before use (irpe/artifact/filecheck.py): safetensors, ONNX and TensorRT engine files
 that are missing, empty, truncated or of another kind give one clear error, through every
 loader that reads them (serving, `irpe validate` / build-engine, the TensorRT runner)."""
 from __future__ import annotations
@@ -9,11 +9,12 @@ from pathlib import Path
 import onnx
 import pytest
 
-from export.onnx import read_metadata
-from irpe.deploy.trt_runtime import TRTRunner
-from irpe.artifact import read_spec
+
+from irpe.artifact.contract import read_onnx_spec
+from irpe.runtime.tensorrt.runner import TRTRunner
+from irpe.artifact.trained import read_spec
 from irpe.cli import main
-from irpe.filecheck import ArtifactError, ArtifactMissing, check_file
+from irpe.artifact.filecheck import ArtifactError, ArtifactMissing, check_file
 
 VTRT = b"vtrt" + bytes(12)  # TensorRT-RTX header: tag, 12 bytes, u64 total size at offset 16
 
@@ -90,7 +91,7 @@ def test_truncated_engine_and_safetensors_header(samples, tmp_path):
 def test_loaders_use_the_check(samples, tmp_path):
     (tmp_path / "e.onnx").write_bytes(samples["engine"].read_bytes())
     with pytest.raises(ValueError, match="looks like a TensorRT engine"):
-        read_metadata(tmp_path / "e.onnx")
+        read_onnx_spec(tmp_path / "e.onnx")
     with pytest.raises(ArtifactError, match="looks like an ONNX file"):
         TRTRunner(samples["onnx"])  # checked before the CUDA requirement
     with pytest.raises(ArtifactError, match="looks like an ONNX file"):

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import torch
 
-from irpe.artifact import default_spec, save_trained
+from irpe.artifact.trained import default_spec, save_trained
 from irpe.cli import main
 from irpe.data.shapes import SHAPE_CLASSES
 from irpe.models import create_model

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from irpe.artifact import load_trained
+from irpe.artifact.trained import load_trained
 from irpe.data.shapes import SHAPE_CLASSES, render_classification, render_detection
 from irpe.data.transforms import load_image
 from irpe.models import PostProcess

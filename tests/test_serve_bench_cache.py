@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from benchmarks.serve_bench import model_config, onnx_file
-from irpe.artifact import default_spec, read_spec, save_trained
+from irpe.artifact.trained import default_spec, read_spec, save_trained
 from irpe.models import create_model
 from serve.demo import onnx_cache_path
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from irpe.artifact import read_spec
+from irpe.artifact.trained import read_spec
 from irpe.cli import main
 from serve.backends import create_backend
 from serve.config import ModelConfig, ServeSettings
@@ -158,7 +158,7 @@ def test_demo_onnx_cache_key_covers_model_and_exporter_sources(tmp_path, monkeyp
     import dataclasses
     import shutil
 
-    from irpe.deploy import exporters
+    from irpe.artifact import exporters
     from serve import demo
     weights = tmp_path / "w.safetensors"
     weights.write_bytes(b"weights")

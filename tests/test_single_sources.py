@@ -101,7 +101,7 @@ def test_wheel_ships_irpe_export_serve_and_not_benchmarks(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"irpe", "export", "serve"}
-    for shipped in ("irpe/demo/deit_shapes_irpe.safetensors", "irpe/deploy/contract.py",
+    for shipped in ("irpe/demo/deit_shapes_irpe.safetensors", "irpe/artifact/contract.py",
                     "export/onnx.py", "serve/app.py"):
         assert shipped in names
 

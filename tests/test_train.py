@@ -5,9 +5,9 @@ import os
 import pytest
 import torch
 
-from irpe.artifact import load_trained, read_spec
+from irpe.artifact.trained import load_trained, read_spec
 from irpe.cli import main
-from irpe.engine.train import TrainConfig, Trainer, train
+from irpe.training.train import TrainConfig, Trainer, train
 
 SMALL_DEIT = dict(embed_dim=48, depth=2, num_heads=2)
 
@@ -200,7 +200,7 @@ def test_resume_from_a_file_that_is_not_a_checkpoint_is_one_line(cls_dir, tmp_pa
 
 def test_resume_mid_epoch_needs_a_compatible_global_batch():
     from irpe.checkpoint import CheckpointError
-    from irpe.engine.state import resume_step
+    from irpe.training.state import resume_step
     state = {"epoch": 0, "epoch_step": 3, "global_batch": 8}
     assert resume_step(state, 8, "x") == 3 and resume_step(state, 4, "x") == 6
     assert resume_step(dict(state, epoch_step=0), 16, "x") == 0

@@ -15,12 +15,13 @@ import onnxruntime as ort
 import pytest
 from google.protobuf import text_format
 
-from export.onnx import export_onnx, read_metadata_props
+from export.onnx import export_onnx
+from irpe.artifact.contract import read_onnx_props
 from irpe.cli import main
 from tritonclient.grpc import model_config_pb2  # Triton's schema (tritonclient[grpc], dev extra)
 
 DEMO = Path(__file__).resolve().parents[1] / "irpe" / "demo"
-# ONNX element type -> Triton data type, written out independently of export/triton.py
+# ONNX element type -> Triton data type, written out independently of export/triton_repo.py
 DTYPES = {onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.INT64: "TYPE_INT64"}
 
 
@@ -85,7 +86,7 @@ def test_label_file_for_classification(repo):
     cfg = parse(out / "deit_shapes_irpe" / "config.pbtxt")
     assert cfg.output[0].label_filename == "labels.txt"
     labels = (out / "deit_shapes_irpe" / "labels.txt").read_text().splitlines()
-    props = read_metadata_props(out / "deit_shapes_irpe" / "1" / "model.onnx")
+    props = read_onnx_props(out / "deit_shapes_irpe" / "1" / "model.onnx")
     assert labels == json.loads(props["irpe.class_names"]) and len(labels) == cfg.output[0].dims[0]
     detr_cfg = parse(out / "detr_shapes_irpe" / "config.pbtxt")
     assert all(not o.label_filename for o in detr_cfg.output)  # no-object class: not a classifier
@@ -118,7 +119,7 @@ def _fake_engine(tmp_path: Path, onnx_path: Path, module: str, plugin_layers, li
             "tensorrt_version": "10.13.0", "profiles": {"images": [[1, 3, 64, 64], [4, 3, 64, 64],
                                                                    [16, 3, 64, 64]]},
             "plugin_libraries": libs, "plugin_layers": plugin_layers,
-            "onnx_metadata": read_metadata_props(onnx_path)}
+            "onnx_metadata": read_onnx_props(onnx_path)}
     Path(f"{engine}.json").write_text(json.dumps(side))
     return engine
 
@@ -145,8 +146,8 @@ def test_tensorrt_plan_with_plugin(repo, tmp_path, capsys):
 def test_real_engine_from_build_engine(repo, tmp_path, capsys):
     """An engine built here by `irpe build-engine`'s code: TensorRT-RTX (CI) is refused with the
     reason; full TensorRT (GPU machines with it) gives a tensorrt_plan with the profile's batch."""
-    from export.tensorrt import build_engine
-    from irpe.deploy.trt_common import TensorRTUnavailable, import_tensorrt, is_rtx
+    from irpe.runtime.tensorrt.build import build_engine
+    from irpe.runtime.tensorrt.common import TensorRTUnavailable, import_tensorrt, is_rtx
     try:
         trt = import_tensorrt()
     except TensorRTUnavailable as exc:
@@ -184,7 +185,7 @@ def test_ort_custom_op_library_is_copied_and_referenced(repo, tmp_path):
 def test_ort_ops_auto_references_the_build_only_if_it_runs_the_file(repo, tmp_path):
     """auto: build/plugins/libirpe_ort_ops.so is referenced exactly when it exists and ONNX
     Runtime runs the model with it (checked here with a session of our own)."""
-    from export.triton import DEFAULT_ORT_OPS, RepoOptions, write_repository
+    from export.triton_repo import DEFAULT_ORT_OPS, RepoOptions, write_repository
     out, detr = repo
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

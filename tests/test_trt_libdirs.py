@@ -1,4 +1,4 @@
-"""The TensorRT wheels' library folders are found one way (irpe.deploy.trt_common.library_dir /
+"""The TensorRT wheels' library folders are found one way (irpe.runtime.tensorrt.common.library_dir /
 wheel_library_dirs), used by the plugin build (plugins/trt_build) and the isolated engine build
 (export/trt_isolate). Real package folders on sys.path stand in for the wheels."""
 import sys
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-import export.trt_isolate as isolate
-from irpe.deploy import trt_common
-from irpe.deploy.trt_common import WHEEL_LIBS, library_dir, wheel_library_dirs
+import irpe.runtime.tensorrt.isolate as isolate
+from irpe.runtime.tensorrt import common as trt_common
+from irpe.runtime.tensorrt.common import WHEEL_LIBS, library_dir, wheel_library_dirs
 from plugins import trt_build
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from export.onnx import export_onnx
-from export.tensorrt import build_engine
-from export.trt_inspect import engine_plugin_layers
+from irpe.runtime.tensorrt.build import build_engine
+from tests.trt_inspect import engine_plugin_layers
 from irpe import RPEConfig, create_model
-from irpe.artifact import default_spec
-from irpe.deploy.trt_common import TensorRTUnavailable, import_tensorrt, is_rtx
+from irpe.artifact.trained import default_spec
+from irpe.runtime.tensorrt.common import TensorRTUnavailable, import_tensorrt, is_rtx
 from tests.helpers import tiny_deit
 from tests.trt_plugin_env import ROOT, build_or_skip, require
 
@@ -111,7 +111,7 @@ def test_detr_engine_dynamic_hw(plugin, onnx_files, tmp_path):
 
 _STATIC = """
 import ctypes, sys
-from irpe.deploy.trt_common import import_tensorrt
+from irpe.runtime.tensorrt.common import import_tensorrt
 registry = import_tensorrt().get_plugin_registry()
 before = {(c.name, c.plugin_namespace) for c in registry.all_creators}
 lib = ctypes.CDLL(sys.argv[1])
@@ -178,7 +178,7 @@ def test_library_for_another_major_is_refused(plugin, onnx_files, tmp_path):
 def test_aborting_build_is_one_error_line(plugin, onnx_files, tmp_path, monkeypatch, capsys):
     """Without the libtensorrt_rtx.so link the parser's dlopen aborts the build process: the
     caller survives: EngineBuildError naming the signal, through the CLI one line, exit 1."""
-    import export.trt_isolate as isolate
+    import irpe.runtime.tensorrt.isolate as isolate
     monkeypatch.setattr(isolate, "wheel_library_dirs", lambda: [])
     from irpe.cli import main
     code = main(["build-engine", str(onnx_files["k"]), "-o", str(tmp_path / "b.engine"),

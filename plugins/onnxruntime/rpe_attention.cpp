@@ -1,6 +1,6 @@
 // RPEAttention(q, k, v, [wk, idk], [wq, idq], [idv, wv]) -> out: a whole attention block with
 // its iRPE terms in one op (rpe_attention.h per (b, h) pair), made by the load-time fusion stage
-// "attention" (irpe/deploy/ort_attention.py), CPU, float32:
+// "attention" (irpe/runtime/onnxruntime/rewrite_attention.py), CPU, float32:
 //   logits = scale * q @ k^T + (scale * q @ wk)[i, idk[i, j]] + (wq @ k^T)[idq[i, j]]
 //   out    = softmax(logits) @ v + (bucket sums of softmax by idv) @ wv
 // q, k, v [B, H, L, d], or input 0 the packed qkv [B, L, 3, H, d] (timm's reshape of the qkv

@@ -20,7 +20,7 @@ namespace irpe_ort {
 
 enum class Op { kGather, kScatter };
 
-// The load-time fused forms beyond RPEGatherAdd* (irpe/deploy/ort_fuse.py): Softmax of the
+// The load-time fused forms beyond RPEGatherAdd* (irpe/runtime/onnxruntime/rewrites.py): Softmax of the
 // gather-add (kSoftmax), the same plus the iRPE-V bucket sums as a 2nd output
 // (kSoftmaxScatter), and base + sums @ weight (kBucketMatMulAdd, RPEBucketMatMulAdd).
 enum class Fused { kNone, kSoftmax, kSoftmaxScatter, kBucketMatMulAdd };
@@ -37,7 +37,7 @@ struct RpeConfig {
     Op op = Op::kGather;
     bool grid = false;
     int adds = 0;  // RPEGatherAdd (1): input 2 + gather; RPEGatherAdd2 (2): + a 2nd gather of
-                   // inputs 3, 4. Adds fused at session load (irpe/deploy/ort_fuse.py)
+                   // inputs 3, 4. Adds fused at session load (irpe/runtime/onnxruntime/rewrites.py)
     Fused fused = Fused::kNone;
     Simd simd = Simd::kPortable;
     int64_t num_buckets = 0;  // 0 = not set (RPEGather: the table's last dim)
@@ -127,19 +127,19 @@ class NarrowedIds;  // rpe_terms.h
 // CPU compute of RPEGather / RPEScatter (rpe_ort_rows.cpp): every output row on ORT's pool.
 OrtStatusPtr rows_cpu(const RpeConfig& c, GridIdCache& cache, Ort::KernelContext& ctx);
 
-// CPU compute of RPEGatherAdd / RPEGatherAdd2 (rpe_fused.cpp), float32.
+// CPU compute of RPEGatherAdd / RPEGatherAdd2 (rpe_gather_add.cpp), float32.
 OrtStatusPtr gather_add_cpu(const RpeConfig& c, NarrowedIds& ids, Ort::KernelContext& ctx);
 
 // CPU compute of RPEGatherAdd*Softmax* (rpe_softmax.cpp), float32.
 OrtStatusPtr softmax_cpu(const RpeConfig& c, NarrowedIds& ids, BucketListCache& lists,
                          Ort::KernelContext& ctx);
 
-// RpeConfig::adds of RPEScatterMatMulAdd (base + RPEScatter @ weight; rpe_fused_v.cpp, fp32 CPU).
+// RpeConfig::adds of RPEScatterMatMulAdd (base + RPEScatter @ weight; rpe_scatter_matmul_add.cpp, fp32 CPU).
 constexpr int kScatterMatMulAdd = 3;
 constexpr const char* kScatterMatMulAddName = "RPEScatterMatMulAdd";
 OrtStatusPtr scatter_matmul_add_cpu(const RpeConfig& c, Ort::KernelContext& ctx);
 
-// RPEBucketMatMulAdd(sums, weight, base) = base + sums @ weight (rpe_fused_v.cpp, fp32 CPU):
+// RPEBucketMatMulAdd(sums, weight, base) = base + sums @ weight (rpe_scatter_matmul_add.cpp, fp32 CPU):
 // the iRPE-V term when RPEGatherAdd*SoftmaxScatter already gave the bucket sums.
 OrtStatusPtr bucket_matmul_add_cpu(Simd simd, Ort::KernelContext& ctx);
 
@@ -147,7 +147,7 @@ OrtStatusPtr bucket_matmul_add_cpu(Simd simd, Ort::KernelContext& ctx);
 bool constant_input(const OrtApi& api, const OrtKernelInfo* info, size_t index);
 
 // RPEAttention (rpe_attention.cpp, rpe_attention.h): a whole iRPE attention block, CPU fp32;
-// made at session load by the fusion stage "attention" (irpe/deploy/ort_attention.py).
+// made at session load by the fusion stage "attention" (irpe/runtime/onnxruntime/rewrite_attention.py).
 constexpr const char* kAttentionName = "RPEAttention";
 OrtCustomOp* attention_op();
 struct AttnProblem;  // rpe_attention.h

@@ -3,7 +3,7 @@
 // libonnxruntime: RegisterCustomOps receives the API table from the runtime that loads it.
 //
 // This file: the kernel object, the op registrations and RegisterCustomOps; the CPU row kernels
-// are in rpe_ort_rows.cpp, the load-time fused ops in rpe_fused*.cpp.
+// are in rpe_ort_rows.cpp, the load-time fused ops in rpe_gather_add.cpp, rpe_scatter_matmul_add.cpp.
 #include <cstdio>
 #include <exception>
 
@@ -258,14 +258,14 @@ void make_ops()
                 }
             }
         }
-        for (int adds = 1; adds <= 2 && !cuda; ++adds) {  // irpe.deploy.ort's fusion (CPU, fp32)
+        for (int adds = 1; adds <= 2 && !cuda; ++adds) {  // irpe.runtime.onnxruntime.session's fusion (CPU, fp32)
             for (Fused fused : {Fused::kNone, Fused::kSoftmax, Fused::kSoftmaxScatter}) {
                 g_ops.push_back(std::make_unique<RpeOp>(Op::kGather, false, false,
                                                         ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, adds,
                                                         fused));
             }
         }
-        if (!cuda) {  // RPEScatterMatMulAdd (irpe.deploy.ort_fuse, CPU, fp32)
+        if (!cuda) {  // RPEScatterMatMulAdd (irpe.runtime.onnxruntime.rewrites, CPU, fp32)
             g_ops.push_back(std::make_unique<RpeOp>(Op::kScatter, false, false,
                                                     ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
                                                     kScatterMatMulAdd));

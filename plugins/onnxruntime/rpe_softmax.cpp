@@ -4,7 +4,7 @@
 // so the attention logits are written and read once instead of twice. The *Scatter forms take
 // the iRPE-V index as their last input (attribute scatter_buckets K) and give a second output,
 // the bucket sums of the probabilities [B, H, Lq, K] (RPEScatter of output 0, same order),
-// taken from the same row. Not exported ops: irpe.deploy.ort_fuse rewrites Softmax(RPEGatherAdd*)
+// taken from the same row. Not exported ops: irpe.runtime.onnxruntime.rewrites rewrites Softmax(RPEGatherAdd*)
 // into them at session load. fp32, CPU; the logits equal RPEGatherAdd's bit for bit, the
 // probabilities are ONNX Runtime's Softmax within float rounding (own vectorised exp).
 #include <immintrin.h>

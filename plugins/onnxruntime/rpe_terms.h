@@ -1,6 +1,6 @@
 // The gather terms of the load-time fused ops (RPEGatherAdd*, RPEGatherAdd*Softmax*): one
 // output row of base + gather (+ gather2), the additions in the graph's order, so a fused op's
-// logits equal the unfused graph's bit for bit. Shared by rpe_fused.cpp and rpe_softmax.cpp.
+// logits equal the unfused graph's bit for bit. Shared by rpe_gather_add.cpp and rpe_softmax.cpp.
 #ifndef IRPE_ORT_RPE_TERMS_H
 #define IRPE_ORT_RPE_TERMS_H
 

@@ -3,7 +3,7 @@
 Inputs: ``images`` float32 (B, 3, H, W) and, for detection, ``sizes`` int64 (B, 2) = valid
 (h, w) of each padded image. Outputs: classification ``logits`` (B, C); detection
 ``pred_logits`` (B, Q, C+1) and ``pred_boxes`` (B, Q, 4) cx, cy, w, h relative to the valid
-size. These are the export contract's tensor names (irpe.deploy.contract), so every backend
+size. These are the export contract's tensor names (irpe.artifact.contract), so every backend
 answers the same request the same.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from irpe.artifact import ModelSpec
-from irpe.deploy.contract import input_names, output_names  # the export contract
+from irpe.artifact.trained import ModelSpec
+from irpe.artifact.contract import input_names, output_names  # the export contract
 
 if TYPE_CHECKING:  # (the config needs pydantic; serve.backends.cuda_graphs is used without it)
     from ..config import ModelConfig

@@ -6,8 +6,8 @@ from typing import Dict, List, Optional, Union
 
 import numpy as np
 
-from irpe.artifact import ModelSpec
-from irpe.deploy.contract import read_onnx_spec
+from irpe.artifact.trained import ModelSpec
+from irpe.artifact.contract import read_onnx_spec
 
 from . import Backend, input_names, output_names
 
@@ -44,13 +44,13 @@ class OrtBackend(Backend):
     platform = "onnxruntime_onnx"
 
     def read_spec(self) -> ModelSpec:
-        from irpe.deploy.contract import onnx_precision, read_onnx_props
+        from irpe.artifact.contract import onnx_precision, read_onnx_props
         self.file_precision = onnx_precision(read_onnx_props(self.cfg.path))  # int8: quantised
         return read_onnx_spec(self.cfg.path)
 
     def load(self) -> None:
         import onnxruntime as ort
-        from irpe.deploy.ort import create_session
+        from irpe.runtime.onnxruntime.session import create_session
         providers = providers_for(self.cfg.providers, self.cfg.device,
                                   ort.get_available_providers())
         self.session, self.ops_path = create_session(

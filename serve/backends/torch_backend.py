@@ -18,7 +18,7 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
-from irpe.artifact import ModelSpec, load_trained, read_spec
+from irpe.artifact.trained import ModelSpec, load_trained, read_spec
 from irpe.precision import torch_dtype
 
 from . import Backend, output_names
@@ -40,7 +40,7 @@ def precision_error(out: Dict[str, torch.Tensor], ref: Dict[str, torch.Tensor]) 
 
 
 class TorchBackend(Backend):
-    """``irpe.artifact.load_trained`` + eval-mode forward under ``torch.inference_mode``."""
+    """``irpe.artifact.trained.load_trained`` + eval-mode forward under ``torch.inference_mode``."""
 
     platform = "pytorch_libtorch"
     graphs = None

@@ -1,5 +1,5 @@
 """TensorRT backend: a serialized engine (+ iRPE plugin libraries) run by
-``irpe.deploy.trt_runtime.TRTRunner``; needs a CUDA GPU and a TensorRT Python module."""
+``irpe.runtime.tensorrt.runner.TRTRunner``; needs a CUDA GPU and a TensorRT Python module."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,8 +7,8 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from irpe.artifact import ModelSpec, read_spec
-from irpe.deploy.contract import engine_spec, read_onnx_spec
+from irpe.artifact.trained import ModelSpec, read_spec
+from irpe.artifact.contract import engine_spec, read_onnx_spec
 
 from . import Backend, output_names
 
@@ -37,7 +37,7 @@ class TensorRTBackend(Backend):
             raise RuntimeError(f"model {self.cfg.name}: the tensorrt backend needs device cuda")
         import torch
         try:
-            from irpe.deploy.trt_runtime import TRTRunner
+            from irpe.runtime.tensorrt.runner import TRTRunner
             self.runner = TRTRunner(str(self.cfg.path), plugins=[str(p) for p in self.cfg.plugins],
                                     device=torch.device(self.cfg.device))
         except ImportError as exc:  # no TensorRT module

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from irpe import bucket_ids, rpe_gather, rpe_scatter
-from irpe.deploy.ort import find_library
+from irpe.runtime.onnxruntime.session import find_library
 from tests.helpers import ORT_ATTRS as ATTRS
 from tests.helpers import ort_op_model as op_model
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from export.onnx import export_onnx
-from export.tensorrt import build_engine
-from export.trt_inspect import engine_plugin_layers
+from irpe.runtime.tensorrt.build import build_engine
+from tests.trt_inspect import engine_plugin_layers
 from irpe import RPEConfig, create_model
-from irpe.artifact import default_spec
-from irpe.deploy.trt_common import TensorRTUnavailable, import_tensorrt, is_rtx
+from irpe.artifact.trained import default_spec
+from irpe.runtime.tensorrt.common import TensorRTUnavailable, import_tensorrt, is_rtx
 from plugins import trt_build
 from tests.helpers import tiny_deit
 from tests.trt_plugin_env import BUILD_DIR
@@ -54,7 +54,7 @@ def setup():
 
 
 def _run(trt, plugin, model, onnx, tmp_path, feeds, **ranges):
-    from irpe.deploy.trt_runtime import TRTRunner
+    from irpe.runtime.tensorrt.runner import TRTRunner
     engine = tmp_path / "model.engine"
     aot = {"compute_capability": "current"} if is_rtx(trt) else {}
     side = build_engine(onnx, engine, plugins=[plugin], **ranges, **aot)

@@ -107,7 +107,7 @@ def export_deit_qkv(path: Path) -> Path:
     """A 1-block DeiT (5x5 patches + cls) with product iRPE on q, k, v, exported by export/."""
     from export.onnx import export_onnx
     from irpe import RPEConfig, create_model
-    from irpe.artifact import default_spec
+    from irpe.artifact.trained import default_spec
     cfg = RPEConfig(ratio=1.9, method="product", mode="ctx", shared_head=True, skip=1, on="qkv")
     kw = dict(img_size=40, patch_size=8, embed_dim=32, depth=1, num_heads=HEADS, num_classes=10,
               rpe_config=cfg)

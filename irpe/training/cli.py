@@ -56,7 +56,7 @@ def _check_output(out: str, resume, force: bool) -> None:
 
 def load_for_eval(model: str, checkpoint: str = None):
     """(model, spec) from a trained-model file, or a registered name (+ checkpoint/bundled)."""
-    from ..artifact import default_spec, load_trained, read_spec
+    from ..artifact.trained import default_spec, load_trained, read_spec
     from ..checkpoint import CheckpointError
     from ..models import create_model, model_info
     from ..models.registry import bundled_weights

@@ -7,7 +7,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from .triton import DEFAULT_ORT_OPS, RepoOptions, write_repository
+from .triton_repo import DEFAULT_ORT_OPS, RepoOptions, write_repository
 
 __all__ = ["add_parser", "cmd_triton_repo"]
 _ROOT = Path(__file__).resolve().parents[1]

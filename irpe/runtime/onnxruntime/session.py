@@ -13,7 +13,7 @@ error; ``off`` never loads it. The mode comes from the caller, else ``$IRPE_ORT_
 ``$IRPE_ORT_OPS_LIBRARY`` names the library file (default: the checkout's build/plugins/).
 With the CPU library, each ``Add(x, RPEGather(...))`` is loaded as one ``RPEGatherAdd`` node
 and each V term ``Add(x, MatMul(RPEScatter(...), W))`` as one ``RPEScatterMatMulAdd``
-and a Softmax of such logits as one ``RPEGatherAdd*Softmax*`` (:mod:`irpe.deploy.ort_fuse`; the
+and a Softmax of such logits as one ``RPEGatherAdd*Softmax*`` (:mod:`irpe.runtime.onnxruntime.rewrites`; the
 file is not changed; ``$IRPE_ORT_FUSE=0`` turns them off, a comma list such as
 ``gather,scatter`` keeps only those stages).
 """
@@ -29,12 +29,12 @@ __all__ = ["MODES", "MODE_ENV", "LIBRARY_ENV", "FUSE_ENV", "CustomOpsError", "Op
            "resolve_mode", "find_library", "share_thread_pool", "session_options",
            "create_session"]
 
-log = logging.getLogger("irpe.deploy.ort")
+log = logging.getLogger("irpe.runtime.onnxruntime.session")
 
 MODES = ("auto", "on", "off")
 MODE_ENV = "IRPE_ORT_CUSTOM_OPS"
 LIBRARY_ENV = "IRPE_ORT_OPS_LIBRARY"
-FUSE_ENV = "IRPE_ORT_FUSE"  # "0": no load-time fusion; else stages (ort_fuse.parse_stages)
+FUSE_ENV = "IRPE_ORT_FUSE"  # "0": no load-time fusion; else stages (rewrites.parse_stages)
 _BUILD_DIR = Path(__file__).resolve().parents[2] / "build" / "plugins"
 _CPU_LIB, _CUDA_LIB = "libirpe_ort_ops.so", "libirpe_ort_ops_cuda.so"
 _GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
@@ -55,8 +55,8 @@ class OpsPath:
     fused: int = 0  # Add(x, RPEGather) pairs run as one RPEGatherAdd
     fused_v: int = 0  # Add(x, MatMul(RPEScatter, W)) chains run as one RPEScatterMatMulAdd
     fused_softmax: int = 0  # Softmax(RPEGatherAdd*) run as one RPEGatherAdd*Softmax*
-    q_layout: int = 0  # iRPE-Q tables computed bucket-major (irpe.deploy.ort_qlayout)
-    attention: int = 0  # attention blocks run as one RPEAttention (irpe.deploy.ort_attention)
+    q_layout: int = 0  # iRPE-Q tables computed bucket-major (irpe.runtime.onnxruntime.rewrite_qlayout)
+    attention: int = 0  # attention blocks run as one RPEAttention (irpe.runtime.onnxruntime.rewrite_attention)
 
     def describe(self) -> str:
         """One line for logs and reports."""
@@ -172,11 +172,11 @@ def _plan(ort: Any, mode: str, library: Optional[os.PathLike], cuda: bool,
 
 def _fused_source(source: Union[str, bytes], path: OpsPath, fuse: Optional[str]
                   ) -> Tuple[Union[str, bytes], OpsPath]:
-    """With the CPU library: the model with the RPE ops fused at load (irpe.deploy.ort_fuse),
+    """With the CPU library: the model with the RPE ops fused at load (irpe.runtime.onnxruntime.rewrites),
     stages ``fuse`` or else ``$IRPE_ORT_FUSE``."""
     if not path.custom_ops:
         return source, path
-    from .ort_fuse import fuse_model, parse_stages
+    from irpe.runtime.onnxruntime.rewrites import fuse_model, parse_stages
     stages = parse_stages(fuse if fuse is not None else os.environ.get(FUSE_ENV, "1"))
     if not stages:
         return source, path

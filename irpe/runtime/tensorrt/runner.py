@@ -14,9 +14,9 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from irpe.errors import GPURequired
-from irpe.filecheck import check_file
+from irpe.artifact.filecheck import check_file
 
-from .trt_common import import_tensorrt, load_plugins, make_logger
+from irpe.runtime.tensorrt.common import import_tensorrt, load_plugins, make_logger
 
 __all__ = ["TRTRunner"]
 

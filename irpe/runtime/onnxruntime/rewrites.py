@@ -6,9 +6,9 @@ the MatMul's outputs never reach memory); then ``Softmax(RPEGatherAdd*(...))`` -
 ``RPEGatherAdd*Softmax`` (logits built and normalised in one pass) and, where the probabilities
 also feed an ``RPEScatterMatMulAdd``, ``RPEGatherAdd*SoftmaxScatter`` whose 2nd output (the V
 bucket sums, taken from each row while it is in cache) feeds ``RPEBucketMatMulAdd(sums, W, x)``.
-First of all (stage ``qlayout``, irpe.deploy.ort_qlayout) the iRPE-Q table is made bucket-major.
+First of all (stage ``qlayout``, irpe.runtime.onnxruntime.rewrite_qlayout) the iRPE-Q table is made bucket-major.
 
-Applied by :func:`irpe.deploy.ort.create_session` to the model it hands to ONNX Runtime, only
+Applied by :func:`irpe.runtime.onnxruntime.session.create_session` to the model it hands to ONNX Runtime, only
 when the CPU library is registered; the file on disk is never changed. A pair is fused when the
 gather's output is float32, feeds that one Add and nothing else; anything unexpected (a file
 onnx cannot parse, external data, no type information) leaves the model as it is.
@@ -18,13 +18,13 @@ from __future__ import annotations
 import logging
 from typing import Dict, FrozenSet, List, NamedTuple, Tuple, Union
 
-from irpe.deploy.ort_attention import fuse_attention
-from irpe.deploy.ort_qlayout import relayout_q
+from irpe.runtime.onnxruntime.rewrite_attention import fuse_attention
+from irpe.runtime.onnxruntime.rewrite_qlayout import relayout_q
 
 __all__ = ["FUSED_OP", "SCATTER_OP", "STAGES", "FuseCounts", "fuse_gather_add", "fuse_model",
            "fuse_graph", "fuse_chains", "fuse_scatter", "fuse_softmax", "parse_stages"]
 
-log = logging.getLogger("irpe.deploy.ort")
+log = logging.getLogger("irpe.runtime.onnxruntime.session")
 
 FUSED_OP = "RPEGatherAdd"
 SCATTER_OP = "RPEScatterMatMulAdd"
@@ -40,8 +40,8 @@ class FuseCounts(NamedTuple):
     scatter: int = 0  # Add(x, MatMul(RPEScatter, W)) chains
     softmax: int = 0  # Softmax(RPEGatherAdd*) (of which with the V bucket sums: scatter_sums)
     scatter_sums: int = 0
-    qlayout: int = 0  # Q-form gathers made bucket-major (irpe.deploy.ort_qlayout)
-    attention: int = 0  # whole attention blocks run as RPEAttention (irpe.deploy.ort_attention)
+    qlayout: int = 0  # Q-form gathers made bucket-major (irpe.runtime.onnxruntime.rewrite_qlayout)
+    attention: int = 0  # whole attention blocks run as RPEAttention (irpe.runtime.onnxruntime.rewrite_attention)
 
 
 def parse_stages(setting: str) -> FrozenSet[str]:

@@ -118,8 +118,8 @@ class OnnxModel:
     a PyTorch model: ``model(images)`` -> logits, ``model(images, sizes)`` -> DETR outputs."""
 
     def __init__(self, path: str, threads: Optional[int] = None) -> None:
-        from ..deploy.contract import onnx_precision, read_onnx_props, read_onnx_spec
-        from ..deploy.ort import create_session
+        from ..artifact.contract import onnx_precision, read_onnx_props, read_onnx_spec
+        from ..runtime.onnxruntime.session import create_session
         self.spec = read_onnx_spec(path)
         self.precision = onnx_precision(read_onnx_props(path))
         self.session, self.ops = create_session(path, threads=threads)

@@ -1,6 +1,6 @@
 // RPEScatterMatMulAdd(attn, index, weight, base) = base + RPEScatter(attn, index) @ weight: the
 // iRPE-V term and its Add into the attention output as one pass. Not an exported op:
-// irpe.deploy.ort_fuse rewrites RPEScatter -> MatMul(weight) -> Add(base) into it when a session
+// irpe.runtime.onnxruntime.rewrites rewrites RPEScatter -> MatMul(weight) -> Add(base) into it when a session
 // loads with this library. Per group of 4 (b, h) rows of one query i: the bucket sums (rpe_cpu.h,
 // the order of RPEScatter) go to a K x 4 buffer, then a K x D product is added to the base rows,
 // so the (B, H, Lq, K) scatter output and the MatMul's (B, H, Lq, D) result never reach memory.

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import List, Optional, Sequence
 
-__all__ = ["TensorRTUnavailable", "import_tensorrt", "is_rtx", "make_logger", "load_plugins",
+__all__ = ["TensorRTUnavailable", "EngineBuildError", "import_tensorrt", "is_rtx", "make_logger", "load_plugins",
            "abi_mismatch", "MODULES", "WHEEL_LIBS", "wheel_library_dirs", "library_dir"]
 
 MODULES = ("tensorrt", "tensorrt_rtx_bindings", "tensorrt_rtx")
@@ -24,6 +24,10 @@ WHEEL_LIBS = ("tensorrt_rtx_libs", "tensorrt_libs")
 INSTALL_HINT = ("install TensorRT (`pip install tensorrt`, GPU machines) or TensorRT-RTX "
                 "(`pip install tensorrt-rtx-cu13-libs tensorrt-rtx-cu13-bindings`, builds "
                 "engines ahead of time on CPU-only machines too)")
+
+
+class EngineBuildError(RuntimeError):
+    """TensorRT did not produce an engine (or the build process died)."""
 
 
 class TensorRTUnavailable(ImportError):

@@ -11,7 +11,7 @@ import re
 import struct
 from typing import Callable, Dict, Optional
 
-from .checkpoint import CheckpointError
+from irpe.checkpoint import CheckpointError
 
 __all__ = ["ArtifactError", "ArtifactMissing", "check_file", "KINDS"]
 

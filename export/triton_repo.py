@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from irpe.deploy.contract import ENGINE_SUFFIXES, read_sidecar, sidecar_path
-from irpe.deploy.ort import default_library
-from irpe.deploy.triton_config import TensorInfo, model_config, onnx_io, pbtxt
+from irpe.artifact.contract import ENGINE_SUFFIXES, read_onnx_props, read_sidecar, sidecar_path
+from irpe.runtime.onnxruntime.session import default_library
+from irpe.artifact.triton_config import TensorInfo, model_config, onnx_io, pbtxt
 
 __all__ = ["RepoOptions", "TensorInfo", "onnx_io", "write_repository", "config_text",
            "ort_library_problem", "DEFAULT_ORT_OPS", "ENGINE_SUFFIXES"]
@@ -124,8 +124,7 @@ def _resolve(path: Path, options: RepoOptions, scratch: Path) -> _Model:
 
 
 def _from_onnx(path: Path, options: RepoOptions, source: str) -> _Model:
-    from .onnx import read_metadata_props
-    props = read_metadata_props(path)  # clear errors for missing / non-ONNX files
+    props = read_onnx_props(path)  # clear errors for missing / non-ONNX files
     inputs, outputs = onnx_io(path)
     libs = _ort_library(path, props, options.ort_ops)
     batch = _batch_size(inputs, options.max_batch_size, None)
@@ -167,7 +166,7 @@ def ort_library_problem(model: Path, lib: Path) -> Optional[str]:
 
 
 def _from_engine(path: Path, options: RepoOptions) -> _Model:
-    from irpe.filecheck import check_file
+    from irpe.artifact.filecheck import check_file
     check_file(path, "engine")
     side = _sidecar(path)
     module = side.get("tensorrt_module", "")
@@ -274,7 +273,7 @@ def _labels(model: _Model) -> List[str]:
 
 def config_text(model: _Model, options: RepoOptions, labels: bool) -> str:
     """config.pbtxt (protobuf text format of Triton's ModelConfig, from
-    irpe.deploy.triton_config: the same config `irpe serve` answers on /v2/models/{m}/config)."""
+    irpe.artifact.triton_config: the same config `irpe serve` answers on /v2/models/{m}/config)."""
     lines = [f"# written by `irpe triton-repo` from {model.source}",
              f"# model {model.props.get('irpe.model_name', '?')}, task "
              f"{model.props.get('irpe.task', '?')}, iRPE "

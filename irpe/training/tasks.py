@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..artifact import default_spec
+from ..artifact.trained import default_spec
 from ..models import create_model, model_info
 from .criterion import SetCriterion
 from .distributed import SINGLE, Dist, ResumableSampler, ShardSampler

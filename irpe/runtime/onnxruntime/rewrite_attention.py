@@ -2,7 +2,7 @@
 one ``RPEAttention`` node of the custom-op library (plugins/onnxruntime/rpe_attention.cpp),
 which keeps the logits, probabilities and iRPE tables of a block of queries in cache.
 
-Applied last by :func:`irpe.deploy.ort_fuse.fuse_model`, after ``qlayout`` and ``softmax``. It
+Applied last by :func:`irpe.runtime.onnxruntime.rewrites.fuse_model`, after ``qlayout`` and ``softmax``. It
 matches the graph those stages leave for the timm/DeiT attention:
 
     q, k, v = Squeeze(Split(qkv)) (three equal parts);  a = q or Mul(q, scalar)
@@ -22,7 +22,7 @@ __all__ = ["ATTENTION_OP", "fuse_attention"]
 
 ATTENTION_OP = "RPEAttention"
 _DOMAIN = "irpe"
-# The softmax forms of irpe.deploy.ort_fuse: name -> (gather terms, with the V sums)
+# The softmax forms of irpe.runtime.onnxruntime.rewrites: name -> (gather terms, with the V sums)
 _SOFTMAX_FORMS = {"RPEGatherAddSoftmax": (1, False), "RPEGatherAdd2Softmax": (2, False),
                   "RPEGatherAddSoftmaxScatter": (1, True), "RPEGatherAdd2SoftmaxScatter": (2, True)}
 

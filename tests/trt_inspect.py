@@ -30,7 +30,7 @@ def _from_plan_text(plan: bytes) -> Optional[Dict[str, List[str]]]:
 
 
 def _from_inspector(trt: ModuleType, plan: bytes) -> Optional[Dict[str, List[str]]]:
-    from irpe.deploy.trt_common import make_logger
+    from irpe.runtime.tensorrt.common import make_logger
     runtime = trt.Runtime(make_logger(trt))
     engine = runtime.deserialize_cuda_engine(plan)
     if engine is None:

@@ -1,6 +1,6 @@
 // RPEGatherAdd(table, index, base) = base + RPEGather(table, index), and
 // RPEGatherAdd2(table, index, base, table2, index2) = (base + gather) + gather2, with ONNX's
-// broadcasting of base (rank <= 4, dims equal or 1). Not exported ops: irpe.deploy.ort_fuse
+// broadcasting of base (rank <= 4, dims equal or 1). Not exported ops: irpe.runtime.onnxruntime.rewrites
 // rewrites Add(x, RPEGather(...)) (and a chain of two) into them when a session loads with
 // this library, so the attention logits are read and written once instead of once per gather
 // and once per Add. The additions happen in the graph's order, so the result equals the

@@ -13,11 +13,10 @@ from typing import Dict, List, Optional, Tuple
 
 from torch import nn
 
-from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from .deploy.contract import rpe_config_from_dict, rpe_config_to_dict
-from .filecheck import check_file
-from .models import create_model, model_info
-from .rpe import RPEConfig
+from irpe.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from irpe.artifact.filecheck import check_file
+from irpe.models import create_model, model_info
+from irpe.rpe import RPEConfig
 
 __all__ = ["ModelSpec", "default_spec", "save_trained", "read_spec", "load_trained",
            "spec_from_metadata"]
@@ -45,7 +44,7 @@ class ModelSpec:
 
     def transform(self):
         """The :class:`irpe.data.Preprocess` this model was trained and evaluated with."""
-        from .data.transforms import Preprocess
+        from irpe.data.transforms import Preprocess
         return Preprocess.from_dict(self.preprocess)
 
     def metadata(self) -> Dict[str, str]:
@@ -113,10 +112,10 @@ def load_trained(path: str) -> Tuple[nn.Module, ModelSpec]:
 
 
 def _encode(overrides: Dict) -> Dict:
-    return {k: rpe_config_to_dict(v) if isinstance(v, RPEConfig) else
+    return {k: v.to_dict() if isinstance(v, RPEConfig) else
             (list(v) if isinstance(v, tuple) else v) for k, v in overrides.items()}
 
 
 def _decode(overrides: Dict) -> Dict:
-    return {k: rpe_config_from_dict(v) if isinstance(v, dict) and ("config" in v or "rpe" in v)
+    return {k: RPEConfig.from_dict(v) if isinstance(v, dict) and ("config" in v or "rpe" in v)
             else v for k, v in overrides.items()}

@@ -2,25 +2,23 @@
 
 Tensor names and dynamic axes per task, the ``irpe.*`` metadata of ONNX files (written by
 ``irpe export``, read by serving, validation and engine building), the JSON sidecar next to a
-TensorRT engine, and the JSON form of :class:`irpe.rpe.RPEConfig`. Light imports only: onnx is
-imported inside the functions that parse a file.
+TensorRT engine. onnx is imported inside the functions that parse a file.
 """
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
-from ..checkpoint import CheckpointError
-from ..filecheck import check_file
-from ..rpe import RPEConfig
+from irpe.checkpoint import CheckpointError
+from irpe.artifact.filecheck import check_file
+from irpe.artifact.trained import ModelSpec, spec_from_metadata
+from irpe.rpe import RPEConfig
 
-if TYPE_CHECKING:  # artifact imports this module (RPEConfig JSON): no import cycle at run time
-    from ..artifact import ModelSpec
 
 __all__ = ["TASKS", "input_names", "output_names", "dynamic_axes", "io_spec",
-           "rpe_config_to_dict", "rpe_config_from_dict", "onnx_metadata", "read_onnx_props",
+           "onnx_metadata", "read_onnx_props",
            "read_onnx_spec", "ENGINE_SUFFIXES", "sidecar_path", "write_sidecar", "read_sidecar",
            "engine_spec", "PRECISION_KEY", "QUANTIZATION_KEY", "quantization_metadata",
            "onnx_precision", "onnx_quantization"]
@@ -62,28 +60,12 @@ def io_spec(task: str) -> Tuple[List[str], List[str], Dict[str, Dict[int, str]]]
     return list(input_names(task)), list(output_names(task)), dynamic_axes(task)
 
 
-def rpe_config_to_dict(cfg: RPEConfig) -> Dict:
-    """JSON form of an iRPE config: the config string and skip (what rebuilds it) plus the
-    derived fields a reader may want (ratio, method, mode, shared_head, on, num_buckets)."""
-    return {"config": cfg.to_string(), "ratio": cfg.ratio, "method": cfg.method.value,
-            "mode": cfg.mode, "shared_head": cfg.shared_head, "skip": cfg.skip, "on": cfg.on,
-            "num_buckets": cfg.num_buckets}
-
-
-def rpe_config_from_dict(data: Dict) -> RPEConfig:
-    """Inverse of :func:`rpe_config_to_dict`; also reads the older ``{"rpe", "skip"}`` form."""
-    text = data.get("config", data.get("rpe"))
-    if not isinstance(text, str):
-        raise ValueError(f"not an iRPE config dict: {data!r}")
-    return RPEConfig.from_string(text, skip=int(data.get("skip", 0)))
-
-
 def onnx_metadata(spec: "ModelSpec", rpe_config: Optional[RPEConfig], weights: str,
                   version: str) -> Dict[str, str]:
     """The contract's ``metadata_props`` of an exported file (the exporter adds its own keys)."""
     meta = spec.metadata()
     meta.update({
-        "irpe.rpe_config": json.dumps(rpe_config_to_dict(rpe_config) if rpe_config else None),
+        "irpe.rpe_config": json.dumps(rpe_config.to_dict() if rpe_config else None),
         "irpe.weights": weights, "irpe.version": version,
         "irpe.dynamic_axes": json.dumps(dynamic_axes(spec.task)),
     })
@@ -123,8 +105,7 @@ def read_onnx_props(path: os.PathLike) -> Dict[str, str]:
 
 
 def read_onnx_spec(path: os.PathLike) -> "ModelSpec":
-    """The :class:`irpe.artifact.ModelSpec` stored in an exported ONNX file."""
-    from ..artifact import spec_from_metadata
+    """The :class:`irpe.artifact.trained.ModelSpec` stored in an exported ONNX file."""
     props = read_onnx_props(path)
     try:
         return spec_from_metadata(props)
@@ -160,7 +141,6 @@ def read_sidecar(engine_path: os.PathLike) -> Dict:
 
 def engine_spec(engine_path: os.PathLike) -> "ModelSpec":
     """The ModelSpec of an engine, from the ONNX metadata its sidecar recorded."""
-    from ..artifact import spec_from_metadata
     try:
         return spec_from_metadata(read_sidecar(engine_path).get("onnx_metadata", {}))
     except CheckpointError as exc:

@@ -14,22 +14,19 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List
 
-from irpe.deploy.trt_common import wheel_library_dirs
+from irpe.runtime.tensorrt.common import (EngineBuildError, TensorRTUnavailable,
+                                         wheel_library_dirs)
 
-__all__ = ["EngineBuildError", "build_in_subprocess", "link_unversioned", "wheel_library_dirs"]
+__all__ = ["build_in_subprocess", "child_main", "link_unversioned"]
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-class EngineBuildError(RuntimeError):
-    """TensorRT did not produce an engine (or the build process died)."""
+ROOT = Path(__file__).resolve().parents[3]  # the checkout: the child imports irpe from it
+CHILD = "irpe.runtime.tensorrt.build"  # the module whose __main__ builds in the child
 
 
 def _errors() -> Dict[str, type]:
     """Exception types a child's error is re-raised as (the first one in its MRO)."""
-    from irpe.deploy.trt_common import TensorRTUnavailable
     kinds = (EngineBuildError, TensorRTUnavailable, FileNotFoundError, ValueError, OSError)
     return {c.__name__: c for c in kinds}
 
@@ -74,7 +71,7 @@ def build_in_subprocess(kwargs: Dict) -> Dict:
         link_unversioned(link_dir, wheel_library_dirs())
         args = {**kwargs, "onnx_path": os.fspath(kwargs["onnx_path"]),
                 "engine_path": os.fspath(kwargs["engine_path"])}
-        proc = subprocess.run([sys.executable, "-m", "export.trt_isolate", json.dumps(args),
+        proc = subprocess.run([sys.executable, "-m", CHILD, json.dumps(args),
                                str(result)], env=_child_env(link_dir), capture_output=True,
                               text=True, stdin=subprocess.DEVNULL)
         sys.stderr.write(proc.stderr)
@@ -88,17 +85,13 @@ def build_in_subprocess(kwargs: Dict) -> Dict:
     return answer["sidecar"]
 
 
-def _main(argv: List[str]) -> int:
+def child_main(build: Callable[..., Dict], argv: List[str]) -> int:
+    """The child's side: ``build(**kwargs)``, its sidecar or its error written as JSON."""
     kwargs, result = json.loads(argv[0]), Path(argv[1])
-    from .tensorrt import build_engine
     try:
-        answer = {"ok": True, "sidecar": build_engine(**kwargs, isolate=False)}
+        answer = {"ok": True, "sidecar": build(**kwargs)}
     except Exception as exc:  # reported to the parent, which re-raises it
         answer = {"ok": False, "types": [c.__name__ for c in type(exc).__mro__],
                   "message": str(exc)}
     result.write_text(json.dumps(answer))
     return 0 if answer["ok"] else 1
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))

@@ -14,16 +14,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from irpe.deploy.trt_common import (TensorRTUnavailable, import_tensorrt, is_rtx, load_plugins,
-                                    make_logger)
-from irpe.deploy.contract import sidecar_path, write_sidecar
-from irpe.deploy.trt_runtime import TRTRunner
+from irpe.artifact.contract import read_onnx_props, write_sidecar
+from irpe.runtime.tensorrt.common import (EngineBuildError, import_tensorrt, is_rtx, load_plugins,
+                                          make_logger)
+from irpe.runtime.tensorrt.isolate import build_in_subprocess, child_main
 
-from .trt_isolate import EngineBuildError
-
-__all__ = ["build_engine", "TRTRunner", "TensorRTUnavailable", "EngineBuildError",
-           "parse_compute_capability",
-           "sidecar_path", "default_ranges", "PRECISIONS"]
+__all__ = ["build_engine", "parse_compute_capability", "default_ranges", "PRECISIONS"]
 
 PRECISIONS = ("fp32", "tf32", "fp16")
 Range3 = Tuple[int, int, int]
@@ -156,8 +152,7 @@ def _check_fixed_size(onnx_path: os.PathLike, height, width) -> None:
     """Refuse height/width ranges for a classifier: its input size is fixed in the file."""
     if height is None and width is None:
         return
-    from .onnx import read_metadata_props
-    props = read_metadata_props(os.fspath(onnx_path))
+    props = read_onnx_props(os.fspath(onnx_path))
     if props.get("irpe.task") != "detection":
         flags = " and ".join(f for f, v in (("--height", height), ("--width", width)) if v)
         raise ValueError(f"{flags}: {props.get('irpe.model_name', onnx_path)} takes a fixed "
@@ -174,19 +169,17 @@ def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision:
     """Build and write an engine; returns the sidecar dict (also written as JSON beside it).
 
     Unset ranges default from the file's metadata (:func:`default_ranges`). ``isolate`` (default:
-    when plugins are given) builds in a child process (:mod:`export.trt_isolate`).
+    when plugins are given) builds in a child process (:mod:`irpe.runtime.tensorrt.isolate`).
     """
     _check_fixed_size(onnx_path, height, width)
     if isolate or (isolate is None and plugins):
-        from .trt_isolate import build_in_subprocess
         return build_in_subprocess(dict(
             onnx_path=onnx_path, engine_path=engine_path, precision=precision, batch=batch,
             height=height, width=width, workspace_mib=workspace_mib, timing_cache=timing_cache,
             plugins=list(plugins), plugin_override=plugin_override,
             compute_capability=compute_capability, module=module, progress=progress))
-    from .onnx import read_metadata_props
     onnx_path, engine_path = os.fspath(onnx_path), Path(engine_path)
-    defaults = default_ranges(read_metadata_props(onnx_path))
+    defaults = default_ranges(read_onnx_props(onnx_path))
     batch = _check_range("batch", batch or defaults["batch"])
     height = height or defaults.get("height")
     width = width or defaults.get("width")
@@ -233,8 +226,7 @@ def _write(path: Path, data: bytes) -> None:
 
 def _sidecar(trt, onnx_path, engine_path, precision, shapes, target, plugins, creators,
              override, plugin_layers, seconds) -> Dict:
-    from .onnx import read_metadata_props
-    props = read_metadata_props(onnx_path)
+    props = read_onnx_props(onnx_path)
     return {
         "engine": engine_path.name, "onnx": os.path.abspath(onnx_path),
         "tensorrt_module": trt.__name__, "tensorrt_version": trt.__version__,
@@ -256,3 +248,7 @@ def _rpe_route(props: Dict[str, str], plugin_layers: List[str]) -> str:
     if props.get("irpe.rpe_nodes", "{}") == "{}":
         return "none in the model"
     return "local functions inlined by the parser"
+
+
+if __name__ == "__main__":  # the child of build_in_subprocess
+    sys.exit(child_main(lambda **kw: build_engine(**kw, isolate=False), sys.argv[1:]))

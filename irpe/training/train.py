@@ -16,7 +16,7 @@ from typing import Dict, Optional
 
 import torch
 
-from ..artifact import save_trained
+from ..artifact.trained import save_trained
 from ..checkpoint import CheckpointError
 from .distributed import setup, teardown
 from .optim import param_groups, warmup_cosine
