@@ -8,7 +8,7 @@ imports no exporter module, it only registers the ``onnx`` exporter with irpe.ar
 """
 from pathlib import Path as _Path
 
-from irpe.artifact.exporters import register_exporter as _register
+from irpe.artifact import exporters
 
 
 def _write_onnx(source: str, output: _Path) -> _Path:
@@ -17,4 +17,4 @@ def _write_onnx(source: str, output: _Path) -> _Path:
     return export_onnx(source, output)
 
 
-_register("onnx", _write_onnx, sources=(_Path(__file__).parent,))
+exporters.register_exporter("onnx", _write_onnx, sources=(_Path(__file__).parent,))

@@ -15,7 +15,7 @@ import torch
 from irpe.artifact.trained import ModelSpec
 from irpe.models import pad_images
 
-__all__ = ["Batch", "make_batches", "default_sizes", "IMAGE_SUFFIXES"]
+__all__ = ["Batch", "make_batches", "default_sizes", "image_files", "IMAGE_SUFFIXES"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".ppm")
 CLS_BATCH = 4   # classification images per batch (the file has a dynamic batch axis)
@@ -39,7 +39,7 @@ def default_sizes(spec: ModelSpec) -> List[Tuple[int, int]]:
     return [(short, long), (long, short), (short * 3 // 4, short * 3 // 4)]
 
 
-def _image_files(image_dir: Optional[os.PathLike]) -> List[Path]:
+def image_files(image_dir: Optional[os.PathLike]) -> List[Path]:
     if image_dir is None:
         return []
     folder = Path(image_dir)
@@ -76,7 +76,7 @@ def make_batches(spec: ModelSpec, num_inputs: int, image_dir: Optional[os.PathLi
     if num_inputs < 1:
         raise ValueError(f"num_inputs must be >= 1, got {num_inputs}")
     sizes = list(sizes) if sizes else default_sizes(spec)
-    files = _image_files(image_dir)[:num_inputs]
+    files = image_files(image_dir)[:num_inputs]
     images = _real_images(spec, files)
     size = image_size or int(spec.preprocess.get("size", 224))
     images += _random_images(spec, num_inputs - len(images), size, sizes)

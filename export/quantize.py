@@ -23,7 +23,9 @@ from typing import Dict, Iterator, List, Optional, Sequence
 import numpy as np
 
 from irpe.artifact.contract import (onnx_precision, quantization_metadata, read_onnx_props,
-                                  read_onnx_spec)
+                                    read_onnx_spec)
+
+from .inputs import image_files
 
 __all__ = ["QuantMode", "Target", "CalibrationMethod", "QuantizeSettings", "quantize",
            "weight_nodes", "calibration_feeds", "SHAPES"]
@@ -133,8 +135,7 @@ def _shapes_items(spec, samples: int, seed: int) -> Iterator:
 
 def _folder_items(spec, folder: str, samples: int) -> Iterator:
     from irpe.data.transforms import load_image
-    from .inputs import _image_files  # the validation inputs' folder rules
-    files = _image_files(folder)[:samples]
+    files = image_files(folder)[:samples]
     tf = spec.transform()
     for path in files:
         yield tf(load_image(str(path)))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from irpe.argtypes import number
 from irpe.errors import CLIError
 
 __all__ = ["add_parser", "cmd_quantize"]
@@ -50,7 +51,6 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``irpe quantize``."""
-    from irpe.cli import number
     p = sub.add_parser("quantize", help="int8 post-training quantisation of an exported file "
                                         "(ONNX Runtime; iRPE ops and attention stay float)")
     p.add_argument("model", help="ONNX file from `irpe export`")

@@ -9,6 +9,7 @@ from typing import Callable, List, Optional, Sequence
 import torch
 
 from . import __version__
+from .argtypes import positive
 from .checkpoint import CheckpointError
 from .bucket import Method, bucket_ids, coefficients, piecewise_index
 from .errors import CLIError
@@ -128,14 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_models)
     p = sub.add_parser("info", help="iRPE config, bucket counts and bucket map of a model")
     p.add_argument("name", help="registered model name (see `irpe models`)")
-    p.add_argument("--height", type=_positive, help="patch-grid height (default: model's)")
-    p.add_argument("--width", type=_positive, help="patch-grid width (default: model's)")
+    p.add_argument("--height", type=positive, help="patch-grid height (default: model's)")
+    p.add_argument("--width", type=positive, help="patch-grid width (default: model's)")
     p.set_defaults(func=cmd_info)
     p = sub.add_parser("check", help="self-test: bucket ids, ops, model forward, checkpoint")
     p.add_argument("--model", default=DEFAULT_CHECK_MODEL, help="model to build and run")
-    p.add_argument("--batch", type=_positive, default=2, help="batch size of the forward")
-    p.add_argument("--img-size", type=_positive, default=224, help="input height = width")
-    p.add_argument("--threads", type=_positive, default=2, help="torch CPU threads")
+    p.add_argument("--batch", type=positive, default=2, help="batch size of the forward")
+    p.add_argument("--img-size", type=positive, default=224, help="input height = width")
+    p.add_argument("--threads", type=positive, default=2, help="torch CPU threads")
     p.set_defaults(func=cmd_check)
     for module in EXTENSIONS:
         _add_extension(sub, module)
@@ -191,23 +192,6 @@ def _foreign_package(top: str) -> Optional[str]:
     found = Path(next(iter(spec.submodule_search_locations or []), spec.origin or ""))
     ours = Path(__file__).resolve().parents[1]
     return None if found.resolve().parent == ours else str(found)
-
-
-def number(kind: type = int, minimum: float = 1) -> Callable[[str], float]:
-    """argparse type: a ``kind`` number >= ``minimum``, with a clear usage error otherwise."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            what = "an integer" if kind is int else "a number"
-            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-    return parse
-
-
-_positive = number(int, 1)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import Dict
 
+from ..argtypes import number
 from ..errors import CLIError
 
 # what the writers create, and all that --force removes from a non-empty output directory
@@ -72,7 +73,6 @@ def cmd_shapes_det(args: argparse.Namespace) -> int:
 
 
 def _common(p: argparse.ArgumentParser, train: int, val: int, size: int, min_size: int) -> None:
-    from ..cli import number
     p.add_argument("--out", required=True, help="output directory (must be empty or absent)")
     p.add_argument("--train", type=number(int, 1), default=train, help=f"train images ({train})")
     p.add_argument("--val", type=number(int, 0), default=val, help=f"val images ({val})")
@@ -85,7 +85,6 @@ def _common(p: argparse.ArgumentParser, train: int, val: int, size: int, min_siz
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``irpe data`` and its subcommands on the top-level subparsers."""
-    from ..cli import number
     from .shapes import MIN_SIZE
     data = sub.add_parser("data", help="synthetic datasets: write the shapes sets to disk")
     cmds = data.add_subparsers(dest="data_command", required=True, metavar="DATASET")

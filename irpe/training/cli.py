@@ -6,6 +6,7 @@ import json
 import os
 from typing import Dict
 
+from ..argtypes import number, positive
 from ..errors import CLIError
 
 TASK_NAMES = {"cls": "classification", "det": "detection"}
@@ -153,14 +154,13 @@ def _eval_dataset(spec, args):
 
 
 def _add_train(sub) -> None:
-    from ..cli import _positive, number
     p = sub.add_parser("train", help="train a model (DeiT recipe / DETR set loss)")
     p.add_argument("task", choices=sorted(TASK_NAMES), help="cls (ImageFolder) or det (COCO)")
     p.add_argument("--model", required=True, help="registered model name")
     p.add_argument("--data", required=True, help="dataset directory, or 'shapes' (synthetic)")
     p.add_argument("--output", required=True, help="run directory (model, log, last.pt)")
-    p.add_argument("--epochs", type=_positive)
-    p.add_argument("--batch-size", type=_positive)
+    p.add_argument("--epochs", type=positive)
+    p.add_argument("--batch-size", type=positive)
     for flag in ("lr", "min-lr", "lr-backbone", "weight-decay", "warmup-epochs",
                  "label-smoothing", "mixup", "cutmix", "drop-path", "clip-grad"):
         p.add_argument(f"--{flag}", type=number(float, 0))
@@ -173,8 +173,8 @@ def _add_train(sub) -> None:
     p.add_argument("--no-amp", dest="amp", action="store_false", default=None)
     for flag in ("seed", "threads", "workers", "max-steps"):
         p.add_argument(f"--{flag}", type=int)
-    p.add_argument("--shapes-train", type=_positive, help="synthetic training images")
-    p.add_argument("--shapes-val", type=_positive, help="synthetic validation images")
+    p.add_argument("--shapes-train", type=positive, help="synthetic training images")
+    p.add_argument("--shapes-val", type=positive, help="synthetic validation images")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--freeze-bn", action="store_true", default=None,
                    help="keep BatchNorm statistics fixed (fine-tuning; exact multi-process runs)")
@@ -184,17 +184,16 @@ def _add_train(sub) -> None:
 
 
 def _add_eval(sub) -> None:
-    from ..cli import _positive
     p = sub.add_parser("eval", help="top-1/top-5 or COCO mAP on a validation set")
     p.add_argument("model", help="trained-model .safetensors, exported/quantised .onnx (ONNX "
                                  "Runtime, CPU), or a registered name")
     p.add_argument("--checkpoint", help="weights for a registered name (default: bundled)")
     p.add_argument("--data", default="shapes", help="dataset directory, or 'shapes'")
     p.add_argument("--split", default="val")
-    p.add_argument("--batch-size", type=_positive, default=32)
-    p.add_argument("--shapes-val", type=_positive, default=1000)
+    p.add_argument("--batch-size", type=positive, default=32)
+    p.add_argument("--shapes-val", type=positive, default=1000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=_positive, default=2)
+    p.add_argument("--threads", type=positive, default=2)
     p.add_argument("--device", default="auto",
                    help="cpu, cuda, cuda:1 (default: cuda if available; torchrun: cuda:LOCAL_RANK)")
     p.add_argument("--json", help="also write the metrics to this JSON file")
