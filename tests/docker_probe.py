@@ -1,5 +1,5 @@
 """Probe the serving image as a user would (scripts/docker-test.sh runs this after the build):
-the README's hardened `docker run` on 127.0.0.1, every answer compared with `irpe serve` run
+docs/docker.md's hardened `docker run` on 127.0.0.1, every answer compared with `irpe serve` run
 outside the container on the same model files, then `docker stop` draining in-flight requests.
 
     python -m tests.docker_probe --image irpe-deploy:cpu [--docker /usr/bin/docker]
@@ -98,7 +98,7 @@ def model_repository(docker: Docker, image: str, folder: Path) -> Path:
 
 
 def run_container(docker: Docker, image: str, repo: Path, name: str) -> Tuple[str, str, float]:
-    """The README's hardened run: published on 127.0.0.1 only, read-only root filesystem,
+    """docs/docker.md's hardened run: published on 127.0.0.1 only, read-only root filesystem,
     cache volume, model repository mounted read-only; (container id, URL, start time)."""
     docker("volume", "rm", "-f", f"{name}-cache", check=False)
     started = time.monotonic()

@@ -17,7 +17,7 @@ Send = Callable[[httpx.Client, str], object]
 
 @lru_cache(maxsize=None)
 def images() -> dict:
-    """The README's examples: star.png, hexagon.jpg (val split, seed 5), scene.png."""
+    """The images of README and docs/serve.md: star.png, hexagon.jpg (val, seed 5), scene.png."""
     return {"star.png": encode(render_classification(5, 6, split="val")[0], "PNG"),
             "hexagon.jpg": encode(render_classification(5, 3, split="val")[0], "JPEG", quality=95),
             "scene.png": encode(render_detection(5, 3, split="val")[0], "PNG")}

@@ -7,6 +7,7 @@ tree, so nothing compiles twice; it needs the ORT headers (skips without them, e
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from irpe import bucket_ids, rpe_gather
-from irpe.runtime.onnxruntime.session import create_session
+from irpe.runtime.onnxruntime.session import create_session, default_library
 from tests.helpers import ORT_ATTRS, ort_headers, ort_op_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,3 +118,10 @@ def test_rebuilt_only_when_a_source_changes(built, source):
     done = make("-q", *what_if, str(built), f"ORT_OPS_DIR={built.parent}",
                 f"ORT_OPS_CMAKE={built.parent / 'cmake'}")
     assert done.returncode == (1 if source else 0), done.stdout + done.stderr
+
+
+def test_sessions_look_for_the_library_where_make_writes_it():
+    """The sessions' default library is the file `make ort-ops` writes (Makefile ORT_OPS_DIR)."""
+    found = re.search(r"^ORT_OPS_DIR\s*\?=\s*(\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert found, "ORT_OPS_DIR default not found in the Makefile"
+    assert default_library() == ROOT / found.group(1) / LIB
