@@ -68,7 +68,7 @@ def load_ours(device: str):
 
 def case_variants(case, dtype, device, ours) -> Dict[str, Dict]:
     """{op: {variant: (fn, bytes)}} for one case; also the reference outputs to compare."""
-    from plugins.capi import METHOD_IDS
+    from plugins.kernel_sources import METHOD_IDS
     from irpe.bucket import parse_method
     b, h, method, ratio, gh, gw, skip = case
     ids = grid_ids(method, ratio, gh, gw, skip, device)

@@ -20,8 +20,9 @@ import torch
 from .idcache import BUCKET_IDS
 
 __all__ = [
-    "Method", "METHOD_IDS", "Coefficients", "parse_method", "coefficients", "num_buckets", "piecewise_index",
-    "bucket_ids", "bucket_ids_traceable", "relative_offsets",
+    "Method", "METHOD_IDS", "Coefficients", "parse_method", "coefficients", "num_buckets",
+    "piecewise_index", "piecewise_index_traceable", "ids_from_offsets", "bucket_ids", "bucket_ids_traceable",
+    "relative_offsets",
 ]
 
 IntOrTensor = Union[int, torch.Tensor]
@@ -109,8 +110,9 @@ def piecewise_index(x: torch.Tensor, ratio: float) -> torch.Tensor:
     return idx
 
 
-def _piecewise_traceable(x: torch.Tensor, c: Coefficients) -> torch.Tensor:
-    """Piecewise index with ``where`` only (no data-dependent shapes); x is float."""
+def piecewise_index_traceable(x: torch.Tensor, c: Coefficients) -> torch.Tensor:
+    """Piecewise index with ``where`` only (no data-dependent shapes, so it traces and exports);
+    x is float, ``c`` the ratio's coefficients."""
     abs_x = x.abs()
     inside = abs_x <= c.alpha
     safe = torch.where(inside, torch.full_like(abs_x, c.alpha), abs_x)  # no log(0)
@@ -126,9 +128,11 @@ def relative_offsets(height: int, width: int) -> torch.Tensor:
     return pos[:, None, :] - pos[None, :, :]
 
 
-def _ids_from_offsets(method: Method, dr: torch.Tensor, dc: torch.Tensor, ratio: float,
+def ids_from_offsets(method: Method, dr: torch.Tensor, dc: torch.Tensor, ratio: float,
                       piecewise) -> torch.Tensor:
-    """Shared per-method composition; ``piecewise`` is the masked or the traceable function."""
+    """Bucket ids of relative offsets (dr, dc) by ``method``'s composition, shared by the id
+    matrices and the fused kernel's offset tables; ``piecewise`` is :func:`piecewise_index` or
+    :func:`piecewise_index_traceable` (with the coefficients bound)."""
     beta_int = coefficients(ratio).beta_int
     if method == Method.PRODUCT:
         return (piecewise(dr) + beta_int) * (2 * beta_int + 1) + (piecewise(dc) + beta_int)
@@ -148,7 +152,7 @@ def _ids_from_offsets(method: Method, dr: torch.Tensor, dc: torch.Tensor, ratio:
 @torch.inference_mode(False)  # a normal tensor even if first built under inference_mode
 def _build_ids(method: Method, ratio: float, height: int, width: int, skip: int) -> torch.Tensor:
     diff = relative_offsets(height, width)
-    ids = _ids_from_offsets(method, diff[..., 0], diff[..., 1], ratio,
+    ids = ids_from_offsets(method, diff[..., 0], diff[..., 1], ratio,
                             lambda x: piecewise_index(x, ratio))
     if skip > 0:
         length = height * width
@@ -196,7 +200,7 @@ def bucket_ids_traceable(method: Union[str, Method], ratio: float, height: IntOr
     k = (cols + rows * 0).reshape(-1).float()
     dr = r.view(-1, 1) - r.view(1, -1)
     dc = k.view(-1, 1) - k.view(1, -1)
-    ids = _ids_from_offsets(method, dr, dc, ratio, lambda x: _piecewise_traceable(x, c))
+    ids = ids_from_offsets(method, dr, dc, ratio, lambda x: piecewise_index_traceable(x, c))
     if skip > 0:
         extra = num_buckets(method, ratio, skip=0)
         ids = torch.nn.functional.pad(ids, (skip, 0, skip, 0), value=extra)

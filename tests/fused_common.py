@@ -1,4 +1,5 @@
 """Shared pieces of the fused-attention tests (CPU interpreter): skip marker, fixture, inputs."""
+import contextlib
 import importlib.util
 import os
 
@@ -44,3 +45,36 @@ def inputs(batch, heads, length, head_dim, dtype=torch.float32):
 def check(out, ref, dtype):
     err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
     assert err <= TOL[dtype], f"max rel err {err:.2e} > {TOL[dtype]:.0e}"
+
+
+class Launches:
+    """Triton kernel launches seen inside :func:`count_launches` (forward, backward)."""
+
+    def __init__(self) -> None:
+        self.forward = 0
+        self.backward = 0
+
+
+@contextlib.contextmanager
+def count_launches():
+    """Count forward/backward Triton kernel launches (each launch fetches its kernel through the
+    module's getter once, so wrapping the getters counts them); tells a kernel run from the
+    torch fallback without a counter in the product."""
+    from irpe.fused import kernel, kernel_bwd
+    seen = Launches()
+    getters = [(kernel, "get_kernel", "forward"), (kernel_bwd, "get_backward_kernel", "backward")]
+    originals = [getattr(module, name) for module, name, _ in getters]
+
+    def counted(getter, field):
+        def fetch(*args, **kwargs):
+            setattr(seen, field, getattr(seen, field) + 1)
+            return getter(*args, **kwargs)
+        return fetch
+
+    for (module, name, field), original in zip(getters, originals):
+        setattr(module, name, counted(original, field))
+    try:
+        yield seen
+    finally:
+        for (module, name, _), original in zip(getters, originals):
+            setattr(module, name, original)

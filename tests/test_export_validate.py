@@ -93,3 +93,20 @@ def test_bad_input(files, tmp_path):
     onnx.save(plain, tmp_path / "anon.onnx")
     with pytest.raises(ValueError, match="does not say which weights"):
         validate(tmp_path / "anon.onnx")
+
+
+def test_validation_images_are_found_in_class_subfolders(tmp_path):
+    from irpe.artifact.trained import default_spec
+    from irpe.data.shapes import render_classification
+    from export.inputs import make_batches
+    for index, cls in ((0, "circle"), (6, "star")):
+        (tmp_path / cls).mkdir()
+        render_classification(5, index, split="val")[0].save(tmp_path / cls / f"{index}.png")
+    (tmp_path / "notes.txt").write_text("not an image")
+    spec = default_spec("deit_shapes_irpe")
+    batches = make_batches(spec, 3, tmp_path)
+    names = [n for b in batches for n in b.names]
+    assert names == ["0.png", "6.png", "random0"]  # sorted by path, then random fill
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no images .* in .*empty or its subfolders"):
+        make_batches(spec, 1, tmp_path / "empty")

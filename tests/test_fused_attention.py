@@ -11,10 +11,11 @@ import torch
 from irpe.attention import RPEAttention, rpe_attention, unfused_attention
 from irpe.fused import (fused_rpe_attention, fused_supported, reference_forward,
                         set_fused_attention, set_fused_ids)
-from irpe.fused.op import LAUNCHES, check_inputs
+from irpe.fused.op import check_inputs
 from irpe.models.transformer import RPEMultiheadAttention
 from irpe.rpe import get_rpe_config, set_traceable
-from tests.fused_common import check, inputs, interpret, modules, needs_triton  # noqa: F401
+from tests.fused_common import (check, count_launches, inputs, interpret,  # noqa: F401
+                                modules, needs_triton)
 
 
 # (method, on, mode, skip, grid h, grid w, shared head): every method, every term, bias and
@@ -112,9 +113,9 @@ def test_model_block_uses_fused_and_matches(interpret):
     for p in (attn.rpe_q, attn.rpe_k, attn.rpe_v):
         torch.nn.init.normal_(p.lookup_table_weight, std=0.5)
     x = torch.randn(2, 17, 32)
-    before = LAUNCHES[0]
-    fused = attn(x)
-    assert LAUNCHES[0] == before + 1
+    with count_launches() as launches:
+        fused = attn(x)
+    assert launches.forward == 1
     set_fused_attention("unfused")
     check(fused, attn(x), torch.float32)
 
@@ -131,12 +132,12 @@ def test_backward_matches_unfused(interpret):
         mask = torch.zeros(1, 13, dtype=torch.bool)
         mask[0, -2:] = True
         grads = []
-        before = LAUNCHES[1]
-        for mode in ("fused", "unfused"):
-            set_fused_attention(mode)
-            out = rpe_attention(q, k, v, 0.25, *mods_i, 3, 4, mask)
-            grads.append(torch.autograd.grad((out * out).sum(), [q, k, v] + params))
-        assert LAUNCHES[1] == before + 1  # the Triton backward kernel ran
+        with count_launches() as launches:
+            for mode in ("fused", "unfused"):
+                set_fused_attention(mode)
+                out = rpe_attention(q, k, v, 0.25, *mods_i, 3, 4, mask)
+                grads.append(torch.autograd.grad((out * out).sum(), [q, k, v] + params))
+        assert launches.backward == 1  # the Triton backward kernel ran
         for g_fused, g_ref in zip(*grads):
             check(g_fused, g_ref, torch.float32)
 
@@ -220,9 +221,9 @@ def test_cpu_without_interpreter_takes_cpu_path(monkeypatch):
         set_fused_attention(mode)
         try:
             assert not fused_supported(q, k, *mods, 3, 3, None)
-            before = LAUNCHES[0]
-            check(rpe_attention(q, k, v, 0.25, *mods, 3, 3), ref, torch.float32)
-            assert LAUNCHES[0] == before
+            with count_launches() as launches:
+                check(rpe_attention(q, k, v, 0.25, *mods, 3, 3), ref, torch.float32)
+            assert launches.forward == 0
         finally:
             set_fused_attention(None)
 
@@ -262,9 +263,9 @@ def test_detr_model_fused_matches_unfused(interpret):
     net = randomize_tables(create_model("detr_tiny_irpe").eval(), std=0.5)
     x, sizes = torch.randn(2, 3, 96, 128), torch.tensor([[96, 128], [64, 96]])
     with torch.no_grad():
-        before = LAUNCHES[0]
-        fused = net(x, sizes)
-        assert LAUNCHES[0] > before  # the encoder layers ran the kernel
+        with count_launches() as launches:
+            fused = net(x, sizes)
+        assert launches.forward > 0  # the encoder layers ran the kernel
         set_fused_attention("unfused")
         ref = net(x, sizes)
     check(fused["pred_logits"], ref["pred_logits"], torch.float32)

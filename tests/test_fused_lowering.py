@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from irpe.fused.variants import FAMILIES
-from tests.fused_common import check, inputs, interpret, needs_triton  # noqa: F401
+from tests.fused_common import check, count_launches, inputs, interpret, needs_triton  # noqa: F401
 from tests.trt_plugin_env import ROOT
 
 _seen, FORWARD = set(), []
@@ -101,7 +101,7 @@ def test_v_term_detr_table_matches_reference(interpret, id_mode):
     BLOCK_T 128) over 42 tokens (3 key tiles, the last partial), padded keys, both id modes."""
     from irpe.bucket import bucket_ids
     from irpe.fused.dispatch import _offset_ids
-    from irpe.fused.op import LAUNCHES, fused_rpe_attention
+    from irpe.fused.op import fused_rpe_attention
     from irpe.fused.reference import reference_forward
     from irpe.rpe import iRPE
     gh, gw = 6, 7
@@ -113,9 +113,9 @@ def test_v_term_detr_table_matches_reference(interpret, id_mode):
     mask[1, -9:] = True
     q, k, v = inputs(2, 2, gh * gw, 16)
     args = (q, k, v, None, None, None, None, ids[None].to(torch.int32), 81, mask, grid)
-    launches = LAUNCHES[0]
-    out, s = fused_rpe_attention(*args)
-    assert LAUNCHES[0] == launches + 1  # the Triton kernel ran, not the torch fallback
+    with count_launches() as launches:
+        out, s = fused_rpe_attention(*args)
+    assert launches.forward == 1  # the Triton kernel ran, not the torch fallback
     ref_out, ref_s = reference_forward(*args)
     check(out, ref_out, torch.float32)
     check(s, ref_s, torch.float32)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from irpe.bucket import METHOD_IDS, Method, bucket_ids, num_buckets
-from plugins import capi
+from tools import kernels_capi
 
 METHODS = ["euc", "quant", "product", "cross_rows", "cross_cols"]
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="no host C c
 
 @pytest.fixture(scope="module")
 def host_lib(tmp_path_factory):
-    return capi.KernelLibrary(capi.build_host_library(tmp_path_factory.mktemp("host")))
+    return kernels_capi.KernelLibrary(kernels_capi.build_host_library(tmp_path_factory.mktemp("host")))
 
 
 def host_ids(lib, method, ratio, h, w, skip):
@@ -93,10 +93,10 @@ def test_bucket_ids_host_rejects_null(host_lib):
 
 def test_header_method_ids_are_the_official_ones():
     """IRPE_METHOD_* in the header equal irpe.bucket.METHOD_IDS (the official numeric ids)."""
-    text = (capi.KERNEL_DIR / "irpe_bucket.h").read_text()
+    text = (kernels_capi.KERNEL_DIR / "irpe_bucket.h").read_text()
     found = {name.lower(): int(v) for name, v in re.findall(r"IRPE_METHOD_(\w+) = (\d+)", text)}
     names = {"euclidean": Method.EUCLIDEAN, "quant": Method.QUANT, "product": Method.PRODUCT,
              "cross_rows": Method.CROSS_ROWS, "cross_cols": Method.CROSS_COLS}
     assert set(found) == set(names)
     for name, value in found.items():
-        assert METHOD_IDS[names[name]] == value and capi.METHOD_IDS[names[name]] == value
+        assert METHOD_IDS[names[name]] == value and kernels_capi.METHOD_IDS[names[name]] == value

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from irpe.bucket import bucket_ids
-from plugins import capi
+from tools import kernels_capi
 
-pytestmark = pytest.mark.skipif(capi.nvcc_path() is None,
+pytestmark = pytest.mark.skipif(kernels_capi.nvcc_path() is None,
                                 reason="nvcc not found (CUDA toolkit not installed): "
                                        "the kernels cannot be compiled on this machine")
 
@@ -21,12 +21,12 @@ DUMMY = ctypes.c_void_p(256)  # never dereferenced: every call below fails befor
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    lib_path, log = capi.build_kernels_library(tmp_path_factory.mktemp("kernels"))
-    return capi.KernelLibrary(lib_path), log
+    lib_path, log = kernels_capi.build_kernels_library(tmp_path_factory.mktemp("kernels"))
+    return kernels_capi.KernelLibrary(lib_path), log
 
 
 def problem(b=2, h=3, lq=5, lk=5, k=7):
-    p = capi.Problem(b, h, lq, lk, k)
+    p = kernels_capi.Problem(b, h, lq, lk, k)
     p.stride[:] = [h * lq * k, lq * k, k, 1]
     return p
 
@@ -34,7 +34,7 @@ def problem(b=2, h=3, lq=5, lk=5, k=7):
 def test_every_kernel_compiles_for_every_arch(built):
     _, log = built
     assert "warning" not in log.lower(), log
-    for arch in capi.ARCHS:
+    for arch in kernels_capi.ARCHS:
         compiled = set(re.findall(rf"Compiling entry function '\w*?(\d+{'|'.join(KERNELS)})\w*' "
                                   rf"for 'sm_{arch}'", log))
         names = {re.sub(r"^\d+", "", name) for name in compiled}
@@ -43,7 +43,7 @@ def test_every_kernel_compiles_for_every_arch(built):
 
 def test_library_exports_the_c_abi(built):
     lib, _ = built
-    header = (capi.KERNEL_DIR / "irpe_kernels.h").read_text()
+    header = (kernels_capi.KERNEL_DIR / "irpe_kernels.h").read_text()
     declared = re.findall(r"IRPE_API [\w\s\*]+?\b(irpe_\w+)\(", header)
     assert len(declared) >= 9
     for name in declared:
@@ -95,5 +95,5 @@ def test_launch_failure_is_reported(built):
     assert status == 2
     message = lib.lib.irpe_last_error().decode()
     assert message.startswith("cuda") and len(message) > 10, message
-    with pytest.raises(capi.KernelError, match="CUDA error: cuda"):
+    with pytest.raises(kernels_capi.KernelError, match="CUDA error: cuda"):
         lib._check(_gather(lib, problem()), "irpe_gather")

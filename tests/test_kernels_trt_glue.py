@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from plugins import trt_build
+from tools import trt_plugin_build
 from tests.trt_plugin_env import ROOT, require
 
 SOURCES = ["plugins/tensorrt/rpe_fields.cpp", "plugins/tensorrt/rpe_plugin.cpp",
@@ -18,11 +18,11 @@ SOURCES = ["plugins/tensorrt/rpe_fields.cpp", "plugins/tensorrt/rpe_plugin.cpp",
 
 @pytest.fixture(scope="module")
 def glue(tmp_path_factory):
-    require(trt_build.unavailable_reason(need_runtime=False))
+    require(trt_plugin_build.unavailable_reason(need_runtime=False))
     exe = tmp_path_factory.mktemp("glue") / "glue"
     build = subprocess.run(
         ["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-DIRPE_STATIC_REGISTRATION",
-         "-isystem", str(trt_build.find_headers()), "-isystem", str(trt_build.cuda_include()),
+         "-isystem", str(trt_plugin_build.find_headers()), "-isystem", str(trt_plugin_build.cuda_include()),
          "-Itests/trt_glue", "-Iplugins/kernels", "-Iplugins/tensorrt", *SOURCES, "-o", str(exe)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr

@@ -234,3 +234,13 @@ def test_conv_stem_matches_patch_grid_and_rejects_odd_patch():
     model = create_model("deit_shapes_irpe").eval()
     assert model(torch.randn(1, 3, 64, 64)).shape == (1, 8)
     assert "patch_embed.stem.0.weight" in model.state_dict()
+
+
+def test_default_input_size_follows_the_models_preprocessing():
+    from irpe.flops import default_input_size, profile_model
+    assert default_input_size("detr_shapes_irpe") == (128, 192)  # min 128, max 256
+    assert default_input_size("detr_resnet50_irpe") == (800, 1216)  # DETR's 800 / 1333
+    assert default_input_size("deit_shapes_irpe") == (64, 64)
+    assert default_input_size("deit_small_patch16_224") == (224, 224)
+    _, macs = profile_model("detr_shapes_irpe")
+    assert 0.1e9 < macs < 0.5e9  # was 16.19G at 800x1216

@@ -25,6 +25,7 @@ from tests.helpers import ORT_SOURCE as SOURCE
 from tests.helpers import build_ort_library as _build
 from tests.helpers import ort_headers as headers
 from tests.helpers import ort_op_model as op_model
+from tests.ort_cases import add_model, gather_graph_model, layer
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("ort_library_env")  # fixtures: tests/conftest.py
@@ -34,14 +35,6 @@ def run(model: bytes, mode: str, threads: int = 1, **feeds) -> np.ndarray:
     session, path = create_session(model, threads=threads, custom_ops=mode)
     assert path.custom_ops == (mode == "on")
     return session.run(None, feeds)[0]
-
-
-def layer(b=2, h=3, lq=26, k=50, skip=1, seed=0):
-    """Product ids on a 5x5 grid + cls, a table and an attention of those sizes."""
-    rng = np.random.default_rng(seed)
-    ids = bucket_ids("product", 1.9, 5, 5, skip=skip).numpy()
-    return (ids, rng.standard_normal((b, h, lq, k), dtype=np.float32),
-            rng.random((b, h, lq, lq), dtype=np.float32))
 
 
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
@@ -270,30 +263,6 @@ def test_cuda_ep_glue_compiles(ort_library):
     assert done.returncode == 0, done.stderr
 
 
-def _gather_graph_model(graph) -> bytes:
-    """``graph`` (RPEGather nodes + Adds) with the gather's local function, serialized."""
-    from export.functions import gather_function
-    model = helper.make_model(graph, functions=[gather_function(18)], opset_imports=[
-        helper.make_opsetid("", 18), helper.make_opsetid("irpe", 1)])
-    model.ir_version = 9
-    return model.SerializeToString()
-
-
-def add_model(base_shape, second_use: bool = False) -> bytes:
-    """Add(base, RPEGather(table, index)) (+ the gather as a 2nd output: not fusable)."""
-    nodes = [helper.make_node("RPEGather", ["table", "index"], ["g"], domain="irpe",
-                              num_buckets=50, **ATTRS),
-             helper.make_node("Add", ["base", "g"], ["out"])]
-    outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)]
-    if second_use:
-        outputs.append(helper.make_tensor_value_info("g", TensorProto.FLOAT, None))
-    inputs = [helper.make_tensor_value_info(n, t, None) for n, t in
-              (("table", TensorProto.FLOAT), ("index", TensorProto.INT64),
-               ("base", TensorProto.FLOAT))]
-    return _gather_graph_model(helper.make_graph(nodes, "add", inputs, outputs, value_info=[
-        helper.make_tensor_value_info("g", TensorProto.FLOAT, None)]))
-
-
 @pytest.mark.parametrize("base_shape", [(2, 3, 26, 26), (1, 3, 26, 26), (26, 26), (1, 1, 1, 26)])
 def test_gather_add_fused_at_load_equals_unfused(ort_library, base_shape):
     ids, table, _ = layer()
@@ -365,7 +334,7 @@ def test_two_gather_adds_in_a_row_become_one_node(ort_library):
     graph = helper.make_graph(nodes, "add2", inputs,
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
                               value_info=value)
-    data = _gather_graph_model(graph)
+    data = gather_graph_model(graph)
     fused, count = fuse_gather_add(data)
     assert count == 2 and b"RPEGatherAdd2" in fused
     rng = np.random.default_rng(4)

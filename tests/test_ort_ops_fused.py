@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from irpe import bucket_ids, rpe_scatter
 from irpe.runtime.onnxruntime.session import create_session
 from tests.helpers import ORT_ATTRS as ATTRS
+from tests.ort_cases import add_model, layer
 
 pytestmark = pytest.mark.usefixtures("ort_library_env")  # fixtures: tests/conftest.py
 
@@ -146,7 +147,6 @@ def test_fusion_switch_off(ort_library, monkeypatch):
 
 def test_gather_add_ids_outside_the_buckets_bit_identical(ort_library, monkeypatch):
     """The AVX2 rows' masked gathers: ids < 0 or >= K add 0, like the unfused RPEGather."""
-    from tests.test_ort_ops import add_model, layer
     ids, table, _ = layer()
     ids = ids.copy()
     ids[0, :9] = [-1, -7, K, K + 1, 10**12, -(10**12), 2**31, 3, 0]

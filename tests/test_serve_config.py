@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,8 +11,14 @@ from pydantic import ValidationError
 
 from irpe.artifact.trained import read_spec
 from irpe.cli import main
+from irpe.idcache import BUCKET_IDS
+from irpe.models import model_info
+from irpe.models.registry import bundled_weights
 from serve.backends import create_backend
 from serve.config import ModelConfig, ServeSettings
+from tests.helpers import ROOT
+
+CLS = bundled_weights(model_info("deit_shapes_irpe"))
 
 
 def test_yaml_repository_relative_paths_and_defaults(tmp_path, monkeypatch):
@@ -176,3 +184,37 @@ def test_demo_onnx_cache_key_covers_model_and_exporter_sources(tmp_path, monkeyp
     assert demo.onnx_cache_path(weights, tmp_path) != first
     weights.write_bytes(b"other weights")
     assert demo.onnx_cache_path(weights, tmp_path) not in (first,)
+
+
+def test_bucket_cache_limit_from_settings():
+    from serve.app import create_app
+    limit = BUCKET_IDS.max_bytes
+    try:
+        create_app(ServeSettings(bucket_cache_mib=0.5, models=[{"name": "m", "path": CLS}]))
+        assert BUCKET_IDS.max_bytes == 1 << 19
+    finally:
+        BUCKET_IDS.set_limit(limit)
+    with pytest.raises(ValidationError, match="bucket_cache_mib"):
+        ServeSettings(bucket_cache_mib=-1)
+
+
+def _prepare(tmp_path, extra: str):
+    repo = tmp_path / "repo.yaml"
+    repo.write_text(f"models:\n  - name: shapes\n    path: {CLS}\n{extra}")
+    return subprocess.run([sys.executable, "-m", "irpe", "serve", str(repo), "--prepare"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_prepare_refuses_an_unknown_default_model(tmp_path):
+    done = _prepare(tmp_path, "default_classifier: nope\n")
+    assert done.returncode == 2, done  # main: 0
+    assert "default_classifier 'nope' is not a configured model; configured: shapes" \
+        in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_default_detector_must_be_a_detector():
+    from serve.app import create_app
+    with pytest.raises(ValueError, match="'shapes' is a classification model, not detection"):
+        create_app(ServeSettings(default_detector="shapes",
+                                 models=[{"name": "shapes", "path": CLS}]))

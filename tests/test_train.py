@@ -1,6 +1,7 @@
 """Training end to end on tiny synthetic sets: loss goes down, files, resume, irpe eval."""
 import json
 import os
+import stat
 
 import pytest
 import torch
@@ -280,3 +281,12 @@ def test_eval_detector_checks_categories_and_maps_ids_by_name(det_dir, tmp_path,
     with pytest.raises(ValueError, match=r"differ from the training categories \(same names, "
                        r"other order\)"):
         Trainer(_cfg(tmp_path, "detection", "detr_shapes_irpe", data=str(permuted)))
+
+
+def test_saved_checkpoint_has_an_ordinary_file_mode(tmp_path):
+    from irpe.checkpoint import save_checkpoint
+    save_checkpoint(torch.nn.Linear(2, 2), str(tmp_path / "m.safetensors"))
+    (tmp_path / "plain").write_bytes(b"")
+    modes = {stat.S_IMODE(os.stat(tmp_path / n).st_mode) for n in ("m.safetensors", "plain")}
+    assert len(modes) == 1 and os.listdir(tmp_path) != []  # no temporary file left behind
+    assert sorted(os.listdir(tmp_path)) == ["m.safetensors", "plain"]

@@ -1,6 +1,6 @@
 """The TensorRT wheels' library folders are found one way (irpe.runtime.tensorrt.common.library_dir /
-wheel_library_dirs), used by the plugin build (plugins/trt_build) and the isolated engine build
-(export/trt_isolate). Real package folders on sys.path stand in for the wheels."""
+wheel_library_dirs), used by the plugin build (tools/trt_plugin_build) and the isolated engine
+build (irpe.runtime.tensorrt.isolate). Real package folders on sys.path stand in for the wheels."""
 import sys
 from pathlib import Path
 
@@ -9,7 +9,7 @@ import pytest
 import irpe.runtime.tensorrt.isolate as isolate
 from irpe.runtime.tensorrt import common as trt_common
 from irpe.runtime.tensorrt.common import WHEEL_LIBS, library_dir, wheel_library_dirs
-from plugins import trt_build
+from tools import trt_plugin_build
 
 
 def _wheel(root: Path, package: str, *libs: str) -> Path:
@@ -62,12 +62,12 @@ def test_library_dir_matches_pattern_then_extra_folders(wheels, tmp_path):
 
 
 def test_users_share_the_lookup(wheels, tmp_path, monkeypatch):
-    """trt_build's runtime folders and trt_isolate's link folders come from trt_common."""
+    """trt_plugin_build's runtime folders and isolate's link folders come from common."""
     rtx, full = wheels
     assert isolate.wheel_library_dirs is trt_common.wheel_library_dirs
     assert isolate.wheel_library_dirs() == [rtx, full]
-    assert trt_build.rtx_library_dir() == rtx
-    assert trt_build.tensorrt_library_dir() == full
+    assert trt_plugin_build.rtx_library_dir() == rtx
+    assert trt_plugin_build.tensorrt_library_dir() == full
     links = tmp_path / "links"
     links.mkdir()
     made = isolate.link_unversioned(links, isolate.wheel_library_dirs())
@@ -83,4 +83,4 @@ def test_tensorrt_root_is_searched_after_the_wheel(tmp_path, monkeypatch):
     (root / "lib" / "libnvinfer.so.10").write_bytes(b"")
     _prepend(monkeypatch, tmp_path / "site")
     monkeypatch.setenv("TENSORRT_ROOT", str(root))
-    assert trt_build.tensorrt_library_dir() == root / "lib"
+    assert trt_plugin_build.tensorrt_library_dir() == root / "lib"

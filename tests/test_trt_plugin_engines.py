@@ -146,7 +146,7 @@ def test_function_inlined_engine_has_no_plugin_layer(onnx_files, tmp_path):
 def _wrong_major_library(plugin: str, out: Path) -> str:
     """The plugin sources linked like CMake does, but accepting runtime major 11 (libnvinfer
     11) only; the kernels come from the CMake build's libirpe_kernels.so."""
-    from plugins.trt_build import cuda_include, find_headers, rtx_library_dir
+    from tools.trt_plugin_build import cuda_include, find_headers, rtx_library_dir
     lib, folder = out / "libwrong_major.so", Path(plugin).parent
     cmd = ["g++", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-O1",
            "-DIRPE_TRT_RUNTIME_MAJOR=11", "-isystem", str(find_headers()),

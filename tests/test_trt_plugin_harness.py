@@ -17,7 +17,7 @@ import subprocess
 import pytest
 import torch
 
-from plugins import trt_build
+from tools import trt_plugin_build
 from tests.trt_harness import cases as harness
 from tests.trt_plugin_env import ROOT, require
 
@@ -26,8 +26,8 @@ BUILD_DIR = ROOT / "build" / "test-trt-harness"
 
 @pytest.fixture(scope="module")
 def built():
-    require(trt_build.unavailable_reason(need_runtime=False))
-    build = harness.build(BUILD_DIR, archs="90", headers=trt_build.find_headers())
+    require(trt_plugin_build.unavailable_reason(need_runtime=False))
+    build = harness.build(BUILD_DIR, archs="90", headers=trt_plugin_build.find_headers())
     print(f"harness + plugin libraries built in {build['seconds']:.1f} s")
     return build
 

@@ -8,7 +8,7 @@ from typing import Optional
 
 import pytest
 
-from plugins import trt_build
+from tools import trt_plugin_build
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_DIR = ROOT / "build" / "test-trt-plugins"
@@ -25,5 +25,5 @@ def require(reason: Optional[str]) -> None:
 
 def build_or_skip(**kwargs) -> dict:
     """The TensorRT-RTX plugin library (built once per source state under build/)."""
-    require(trt_build.unavailable_reason())
-    return trt_build.build_plugins(BUILD_DIR, **kwargs)
+    require(trt_plugin_build.unavailable_reason())
+    return trt_plugin_build.build_plugins(BUILD_DIR, **kwargs)

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from .backward import backward_shape
-from .op import _pow2, launch_shape
+from .launch import launch_shape, next_pow2
 from .variants import DTYPES, FAMILIES, Family
 
 __all__ = ["compile_variant", "compile_backward_variant", "compile_family", "LoweringReport",
@@ -63,8 +63,8 @@ def compile_variant(dtype: torch.dtype = torch.float16, head_dim: int = 64, k_te
     block_m, block_n, warps = launch_shape(dtype, head_dim, v_buckets, "cuda", planes)
     cx = dict(ID_TABLE=id_table, HAS_TK=k_term, HAS_TQ=q_term, HAS_V=v_buckets > 0,
               HAS_MASK=mask, NIDK=planes, NIDQ=planes, NIDV=planes, BLOCK_M=block_m,
-              BLOCK_N=block_n, BLOCK_D=_pow2(head_dim),
-              BLOCK_T=_pow2(v_buckets) if v_buckets else 16,
+              BLOCK_N=block_n, BLOCK_D=next_pow2(head_dim),
+              BLOCK_T=next_pow2(v_buckets) if v_buckets else 16,
               IEEE=dtype == torch.float32, DOT_F32=False, STORE_LSE=False)
     return _compile(get_kernel(), dtype, cx, arch, num_warps or warps)
 
@@ -78,7 +78,7 @@ def compile_backward_variant(dtype: torch.dtype = torch.float16, head_dim: int =
     block, warps = backward_shape(dtype, head_dim, divmod(arch, 10))
     cx = dict(ID_TABLE=id_table, HAS_TK=k_term, HAS_TQ=q_term, HAS_V=v_term, HAS_MASK=mask,
               NIDK=planes, NIDQ=planes, NIDV=planes, BLOCK_M=block, BLOCK_N=block,
-              BLOCK_D=_pow2(head_dim), IEEE=dtype == torch.float32, DOT_F32=False)
+              BLOCK_D=next_pow2(head_dim), IEEE=dtype == torch.float32, DOT_F32=False)
     return _compile(get_backward_kernel(), dtype, cx, arch, num_warps or warps)
 
 

@@ -10,8 +10,9 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .op import LAUNCHES, MAX_HEAD_DIM, _launch, _pow2, _strides, kernel_available, triton_cdiv
-from .reference import _reduce_to, reference_backward
+from .launch import (MAX_HEAD_DIM, broadcast_strides, cdiv, dot_in_f32, kernel_available,
+                     launch_forward, next_pow2)
+from .reference import reduce_grad_to, reference_backward
 
 __all__ = ["fused_rpe_attention_backward", "backward_shape"]
 
@@ -41,12 +42,11 @@ def _launch_backward(inputs: tuple, grad_out: Tensor, grad_s: Optional[Tensor]) 
     """Gradients of (q, k, v, table_k, table_q) by the Triton backward kernel; the forward runs
     once more to get the rows' log-sum-exp (not kept by the op, so its outputs stay two)."""
     from .kernel_bwd import get_backward_kernel
-    LAUNCHES[1] += 1
     q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask, grid = inputs
     b, h, length, d = q.shape
     f32 = dict(dtype=torch.float32, device=q.device)
     lse = torch.empty((b * h, length), **f32)
-    out, s = _launch(*inputs, lse=lse)
+    out, s = launch_forward(*inputs, lse=lse)
     has_v = ids_v is not None and grad_s is not None
     delta = (grad_out.float() * out.float()).sum(-1)
     if has_v:
@@ -68,25 +68,26 @@ def _launch_backward(inputs: tuple, grad_out: Tensor, grad_s: Optional[Tensor]) 
     plane = next(i for i in ids if i is not None)[0].numel() if grid is not None \
         else length * length
     block, warps = _block(q)
-    get_backward_kernel()[(triton_cdiv(length, block), b * h)](
+    get_backward_kernel()[(cdiv(length, block), b * h)](
         q, k, v, *(t if t is not None else dummy for t in tables),
         *(i if i is not None else dummy for i in ids),
         mask_i8 if mask_i8 is not None else dummy, grad_out, grad_s if has_v else dummy,
         lse, delta.reshape(b * h, length).contiguous(), dq, dk, dv, dtk, dtq,
-        *_strides(q), *_strides(k), *_strides(v), *_strides(tables[0]), *_strides(tables[1]),
-        0 if mask_i8 is None else mask_i8.stride(0), *_strides(grad_out),
-        *_strides(grad_s if has_v else None),
+        *broadcast_strides(q), *broadcast_strides(k), *broadcast_strides(v),
+        *broadcast_strides(tables[0]), *broadcast_strides(tables[1]),
+        0 if mask_i8 is None else mask_i8.stride(0), *broadcast_strides(grad_out),
+        *broadcast_strides(grad_s if has_v else None),
         h, length, d, nbk, nbq, gh, gw, skip, plane, ID_TABLE=grid is not None,
         HAS_TK=table_k is not None, HAS_TQ=table_q is not None, HAS_V=has_v,
         HAS_MASK=mask is not None,
         NIDK=1 if ids[0] is None else ids[0].shape[0],
         NIDQ=1 if ids[1] is None else ids[1].shape[0],
         NIDV=1 if ids[2] is None else ids[2].shape[0],
-        BLOCK_M=block, BLOCK_N=block, BLOCK_D=_pow2(d), IEEE=q.dtype == torch.float32,
-        DOT_F32=q.dtype == torch.bfloat16 and q.device.type == "cpu", num_warps=warps)
+        BLOCK_M=block, BLOCK_N=block, BLOCK_D=next_pow2(d), IEEE=q.dtype == torch.float32,
+        DOT_F32=dot_in_f32(q), num_warps=warps)
     return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
-            None if table_k is None else _reduce_to(dtk, table_k),
-            None if table_q is None else _reduce_to(dtq, table_q))
+            None if table_k is None else reduce_grad_to(dtk, table_k),
+            None if table_q is None else reduce_grad_to(dtq, table_q))
 
 
 @torch.library.custom_op("irpe::fused_rpe_attention_backward", mutates_args=())

@@ -14,11 +14,12 @@ from typing import Dict, List, Literal, Optional, Tuple, get_args
 import torch
 from torch import nn
 
-from ..bucket import (_ids_from_offsets, _piecewise_traceable, bucket_ids, bucket_ids_traceable,
-                      coefficients, num_buckets, piecewise_index)
+from ..bucket import (bucket_ids, bucket_ids_traceable, coefficients, ids_from_offsets,
+                      num_buckets, piecewise_index, piecewise_index_traceable)
 from ..idcache import BUCKET_IDS
 from ..rpe import iRPE, iRPECross
-from .op import MAX_BUCKETS_V, MAX_HEAD_DIM, fused_rpe_attention, kernel_available
+from .launch import MAX_BUCKETS_V, MAX_HEAD_DIM, kernel_available
+from .op import fused_rpe_attention
 
 __all__ = ["FusedMode", "set_fused_attention", "set_fused_ids", "fused_mode", "fused_supported",
            "cpu_supported", "fused_attention"]
@@ -126,10 +127,10 @@ def _offset_ids(m: iRPE, height: int, width: int, skip: int, traceable: bool) ->
     dc = torch.arange(1 - width, width).view(1, -1).expand(2 * height - 1, -1)
     if traceable:
         coef = coefficients(m.ratio)
-        ids = _ids_from_offsets(m.method, dr.float(), dc.float(), m.ratio,
-                                lambda x: _piecewise_traceable(x, coef))
+        ids = ids_from_offsets(m.method, dr.float(), dc.float(), m.ratio,
+                               lambda x: piecewise_index_traceable(x, coef))
     else:
-        ids = _ids_from_offsets(m.method, dr, dc, m.ratio, lambda x: piecewise_index(x, m.ratio))
+        ids = ids_from_offsets(m.method, dr, dc, m.ratio, lambda x: piecewise_index(x, m.ratio))
     extra = num_buckets(m.method, m.ratio, 0) if skip > 0 else 0
     return torch.cat([ids.reshape(-1), ids.new_full((1,), extra)])
 

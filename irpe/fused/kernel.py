@@ -41,7 +41,7 @@ def _rpe_attention_fwd(
     d_ok = offs_d < D
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sql + offs_d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    if DOT_F32:  # the CPU interpreter's tl.dot mishandles bf16: upcast (tests only)
+    if DOT_F32:  # bf16 on the CPU interpreter (tl.dot mishandles it): upcast; launch.dot_in_f32
         q = q.to(tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)

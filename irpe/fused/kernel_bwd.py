@@ -39,7 +39,7 @@ def _rpe_attention_bwd(
                 other=0.0)
     v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svl + offs_d[None, :], mask=kv_mask,
                 other=0.0)
-    if DOT_F32:  # the CPU interpreter's tl.dot mishandles bf16: upcast (tests only)
+    if DOT_F32:  # bf16 on the CPU interpreter (tl.dot mishandles it): upcast; launch.dot_in_f32
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     keep = col_ok

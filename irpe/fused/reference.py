@@ -12,7 +12,8 @@ from typing import Iterator, List, Optional, Tuple
 
 import torch
 
-__all__ = ["ids_block", "expand_ids", "reference_forward", "reference_backward", "CHUNK_ELEMS"]
+__all__ = ["ids_block", "expand_ids", "reference_forward", "reference_backward", "reduce_grad_to",
+           "CHUNK_ELEMS"]
 
 Tensor = torch.Tensor
 CHUNK_ELEMS = 1 << 24  # fp32 values per (B, H, rows, L) temporary: 64 MB
@@ -101,7 +102,7 @@ def reference_forward(q: Tensor, k: Tensor, v: Tensor, table_k: Optional[Tensor]
     return out.to(q.dtype), s
 
 
-def _reduce_to(grad: Tensor, like: Tensor) -> Tensor:
+def reduce_grad_to(grad: Tensor, like: Tensor) -> Tensor:
     """Sum a (B, H, L, K) gradient over the batch/head dims that ``like`` broadcasts."""
     dims = [d for d in (0, 1) if like.shape[d] == 1 and grad.shape[d] != 1]
     if dims:
@@ -140,5 +141,5 @@ def reference_backward(inputs: tuple, grad_out: Tensor, grad_s: Optional[Tensor]
             dtq += _scatter(dz.transpose(-2, -1).contiguous(),
                             ids_block(ids_q, grid, length, cols, rows), dtq.shape[-1])
     return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
-            None if dtk is None else _reduce_to(dtk, table_k),
-            None if dtq is None else _reduce_to(dtq, table_q))
+            None if dtk is None else reduce_grad_to(dtk, table_k),
+            None if dtq is None else reduce_grad_to(dtq, table_q))

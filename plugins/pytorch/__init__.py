@@ -21,7 +21,7 @@ import torch
 from irpe.bucket import parse_method
 from irpe.ops import check_inputs, gather_generic, register_kernels, scatter_generic
 
-from ..capi import KERNEL_DIR, METHOD_IDS, CUDA_SOURCES, nvcc_path
+from ..kernel_sources import CUDA_SOURCES, KERNEL_DIR, METHOD_IDS, nvcc_path
 
 __all__ = ["CudaOpsUnavailable", "unavailable_reason", "load", "register", "is_registered",
            "gather_grid", "scatter_grid", "bucket_ids"]

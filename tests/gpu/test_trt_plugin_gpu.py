@@ -14,7 +14,7 @@ from tests.trt_inspect import engine_plugin_layers
 from irpe import RPEConfig, create_model
 from irpe.artifact.trained import default_spec
 from irpe.runtime.tensorrt.common import TensorRTUnavailable, import_tensorrt, is_rtx
-from plugins import trt_build
+from tools import trt_plugin_build
 from tests.helpers import tiny_deit
 from tests.trt_plugin_env import BUILD_DIR
 
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def _headers_major() -> int:
-    text = (trt_build.find_headers() / "NvInferVersion.h").read_text()
+    text = (trt_plugin_build.find_headers() / "NvInferVersion.h").read_text()
     for key in ("TRT_MAJOR_ENTERPRISE", "NV_TENSORRT_MAJOR"):
         for line in text.splitlines():
             parts = line.split()
@@ -38,7 +38,7 @@ def setup():
         trt = import_tensorrt()
     except TensorRTUnavailable as exc:
         pytest.skip(str(exc))
-    reason = trt_build.unavailable_reason(need_runtime=is_rtx(trt))
+    reason = trt_plugin_build.unavailable_reason(need_runtime=is_rtx(trt))
     if reason:
         pytest.skip(reason)
     major, cc = _headers_major(), torch.cuda.get_device_capability()
@@ -48,7 +48,7 @@ def setup():
                     f"{expected}.x headers")
     if is_rtx(trt) and cc == (9, 0):
         pytest.skip("TensorRT-RTX has no SM90 target")
-    build = trt_build.build_plugins(BUILD_DIR, archs=f"{cc[0]}{cc[1]}",
+    build = trt_plugin_build.build_plugins(BUILD_DIR, archs=f"{cc[0]}{cc[1]}",
                                     runtime="tensorrt_rtx" if is_rtx(trt) else "tensorrt")
     return trt, str(build["library"])
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from plugins import trt_build
+from tools import trt_plugin_build
 from tests.trt_harness import cases as harness
 from tests.trt_plugin_env import ROOT, require
 
@@ -20,10 +20,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 @pytest.fixture(scope="module")
 def run_whole(tmp_path_factory):
-    require(trt_build.unavailable_reason(need_runtime=False))
+    require(trt_plugin_build.unavailable_reason(need_runtime=False))
     major, minor = torch.cuda.get_device_capability()
     build = harness.build(ROOT / "build" / "test-trt-harness", archs=f"{major}{minor}",
-                          headers=trt_build.find_headers())
+                          headers=trt_plugin_build.find_headers())
     d = tmp_path_factory.mktemp("harness_gpu")
     cases = harness.write_cases(d / "cases", harness.export_deit_qkv(d / "deit_qkv.onnx"),
                                 harness.write_grid_onnx(d / "grid_nodes.onnx"))

@@ -11,9 +11,9 @@ import torch
 
 from irpe.attention import rpe_attention, unfused_attention
 from irpe.fused import set_fused_attention, set_fused_ids
-from irpe.fused.op import LAUNCHES
 from irpe.fused.variants import Variant
 from irpe.rpe import build_rpe, get_rpe_config
+from tests.fused_common import count_launches
 
 # largest |fused - fp32 unfused| / max |fp32 unfused| per dtype (tests/gpu/test_fused_attention_gpu)
 FORWARD_TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
@@ -60,10 +60,10 @@ def smoke(variant: Variant, device: str = "cuda", head_dim: int = 32) -> float:
     set_fused_ids(fam.ids)
     try:
         with torch.set_grad_enabled(fam.backward):
-            counter = 1 if fam.backward else 0
-            before = LAUNCHES[counter]
-            got = _run(mods, qkv, mask, dtype, device, True, fam.backward)
-            assert LAUNCHES[counter] > before, f"{variant.name}: the Triton kernel did not run"
+            with count_launches() as launches:
+                got = _run(mods, qkv, mask, dtype, device, True, fam.backward)
+            ran = launches.backward if fam.backward else launches.forward
+            assert ran > 0, f"{variant.name}: the Triton kernel did not run"
             ref = _run(mods, qkv, mask, torch.float32, device, False, fam.backward)
     finally:
         set_fused_attention(None)

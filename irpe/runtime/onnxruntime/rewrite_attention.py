@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-__all__ = ["ATTENTION_OP", "fuse_attention"]
+from irpe.runtime.onnxruntime.op_names import (ATTENTION, BUCKET_MATMUL_ADD, DOMAIN, GATHER_ADD2,
+                                               SOFTMAX_OPS)
 
-ATTENTION_OP = "RPEAttention"
-_DOMAIN = "irpe"
+__all__ = ["fuse_attention"]
+
 # The softmax forms of irpe.runtime.onnxruntime.rewrites: name -> (gather terms, with the V sums)
-_SOFTMAX_FORMS = {"RPEGatherAddSoftmax": (1, False), "RPEGatherAdd2Softmax": (2, False),
-                  "RPEGatherAddSoftmaxScatter": (1, True), "RPEGatherAdd2SoftmaxScatter": (2, True)}
+_SOFTMAX_FORMS = {name: (2 if add == GATHER_ADD2 else 1, with_v)
+                  for (add, with_v), name in SOFTMAX_OPS.items()}
 
 
 class _Graph:
@@ -150,7 +151,7 @@ def _terms(g: _Graph, at: int, gathers: int, a: str, k: str
 def _softmax_form(node, opset: int) -> Optional[Tuple[int, bool]]:
     """(gather terms, with V sums) of an RPE softmax node; (0, False) for a plain Softmax over
     the last axis; None otherwise."""
-    if node.domain == _DOMAIN:
+    if node.domain == DOMAIN:
         return _SOFTMAX_FORMS.get(node.op_type)
     plain = node.op_type == "Softmax" and node.domain in ("", "ai.onnx")
     return (0, False) if plain and _attr(node, "axis", -1 if opset >= 13 else 1) in (-1, 3) \
@@ -191,7 +192,7 @@ def _block(g: _Graph, at: int, opset: int) -> Optional[Tuple[Dict[str, str], str
     if scatter:
         sums = g.readers.get(node.output[1], [])
         bucket = g.nodes[sums[0]] if len(sums) == 1 else None
-        if (bucket is None or bucket.op_type != "RPEBucketMatMulAdd" or bucket.input[0] !=
+        if (bucket is None or bucket.op_type != BUCKET_MATMUL_ADD or bucket.input[0] !=
                 node.output[1] or bucket.input[2] != out or not g.only_reader(out, sums[0])
                 or not g.shared_weight(bucket.input[1])):
             return None
@@ -235,8 +236,8 @@ def fuse_attention(graph, opset: int = 18) -> int:
         inputs, out, replaced, attrs = found
         gone |= set(replaced)
         fused_at[max(replaced)] = helper.make_node(
-            ATTENTION_OP, [inputs.get(n, "") for n in order], [out],
-            name=f"{g.nodes[at].name}/irpe_attention", domain=_DOMAIN, **attrs)
+            ATTENTION, [inputs.get(n, "") for n in order], [out],
+            name=f"{g.nodes[at].name}/irpe_attention", domain=DOMAIN, **attrs)
     if not fused_at:
         return 0
     nodes = [fused_at.get(k, n) for k, n in enumerate(g.nodes) if k not in gone or k in fused_at]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
+from irpe.runtime.onnxruntime.op_names import DOMAIN, GATHER
+
 __all__ = ["relayout_q"]
 
 _SUFFIX = "/irpe_qlayout"
@@ -22,7 +24,7 @@ def _match(node, producer: Dict, uses: Dict, inits: Dict, rank,
     so an index the blocks share is decoded once."""
     import numpy as np
     from onnx import helper, numpy_helper
-    if node.op_type != "RPEGather" or node.domain != "irpe" or len(node.input) != 2:
+    if node.op_type != GATHER or node.domain != DOMAIN or len(node.input) != 2:
         return None
     reshape = producer.get(node.input[0])
     if (reshape is None or reshape.op_type != "Reshape" or uses.get(node.input[0]) != 1 or

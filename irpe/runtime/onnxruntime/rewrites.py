@@ -18,18 +18,17 @@ from __future__ import annotations
 import logging
 from typing import Dict, FrozenSet, List, NamedTuple, Tuple, Union
 
+from irpe.runtime.onnxruntime.op_names import (BUCKET_MATMUL_ADD, DOMAIN, GATHER, GATHER_ADD,
+                                               GATHER_ADD2, SCATTER, SCATTER_MATMUL_ADD,
+                                               SOFTMAX_OPS)
 from irpe.runtime.onnxruntime.rewrite_attention import fuse_attention
 from irpe.runtime.onnxruntime.rewrite_qlayout import relayout_q
 
-__all__ = ["FUSED_OP", "SCATTER_OP", "STAGES", "FuseCounts", "fuse_gather_add", "fuse_model",
+__all__ = ["STAGES", "FuseCounts", "fuse_gather_add", "fuse_model",
            "fuse_graph", "fuse_chains", "fuse_scatter", "fuse_softmax", "parse_stages"]
 
 log = logging.getLogger("irpe.runtime.onnxruntime.session")
 
-FUSED_OP = "RPEGatherAdd"
-SCATTER_OP = "RPEScatterMatMulAdd"
-BUCKET_OP = "RPEBucketMatMulAdd"
-_DOMAIN, _GATHER = "irpe", "RPEGather"
 STAGES = ("qlayout", "gather", "scatter", "softmax", "attention")  # in the order applied
 
 
@@ -89,7 +88,7 @@ def _pairs(graph) -> List[Tuple[int, int, int]]:
             if g is None or node.input[1 - side] == name:
                 continue
             gather = graph.node[g]
-            if (gather.domain == _DOMAIN and gather.op_type == _GATHER and
+            if (gather.domain == DOMAIN and gather.op_type == GATHER and
                     len(gather.input) == 2 and uses.get(name) == 1 and name in floats):
                 found.append((g, k, side))
                 break
@@ -104,9 +103,10 @@ def fuse_graph(graph) -> int:
     replace = {}
     for g, k, side in pairs:
         gather, add = graph.node[g], graph.node[k]
-        fused = helper.make_node(FUSED_OP, [gather.input[0], gather.input[1], add.input[1 - side]],
+        fused = helper.make_node(GATHER_ADD,
+                                 [gather.input[0], gather.input[1], add.input[1 - side]],
                                  list(add.output), name=(add.name or gather.name) + "/irpe_fused",
-                                 domain=_DOMAIN)
+                                 domain=DOMAIN)
         fused.attribute.extend(gather.attribute)
         drop.add(g)
         replace[k] = fused  # at the Add's place: every input is produced before it
@@ -122,16 +122,16 @@ def fuse_chains(graph) -> int:
     uses = _consumers(graph)
     drop, replace = set(), {}
     for k, node in enumerate(graph.node):
-        if node.domain != _DOMAIN or node.op_type != FUSED_OP or k in drop:
+        if node.domain != DOMAIN or node.op_type != GATHER_ADD or k in drop:
             continue
         first = producer.get(node.input[2])
         if first is None or first in drop or first in replace or uses.get(node.input[2]) != 1:
             continue
         inner = graph.node[first]
-        if inner.domain != _DOMAIN or inner.op_type != FUSED_OP:
+        if inner.domain != DOMAIN or inner.op_type != GATHER_ADD:
             continue
-        merged = helper.make_node(FUSED_OP + "2", list(inner.input) + list(node.input[:2]),
-                                  list(node.output), name=node.name + "2", domain=_DOMAIN)
+        merged = helper.make_node(GATHER_ADD2, list(inner.input) + list(node.input[:2]),
+                                  list(node.output), name=node.name + "2", domain=DOMAIN)
         merged.attribute.extend(inner.attribute)  # num_buckets: checked for the first table
         drop.add(first)
         replace[k] = merged
@@ -177,7 +177,7 @@ def _scatter_chain(graph, add, producer, uses, floats):
         sc = graph.node[s]
         attrs = {a.name: helper.get_attribute_value(a) for a in sc.attribute}
         base = add.input[1 - side]
-        if (sc.domain == _DOMAIN and sc.op_type == "RPEScatter" and len(sc.input) == 2 and
+        if (sc.domain == DOMAIN and sc.op_type == SCATTER and len(sc.input) == 2 and
                 _shared_weight(graph, mm.input[1], attrs.get("num_buckets", 0)) and
                 1 <= _float_rank(graph, base) <= 4 and base != name):
             return s, m, base
@@ -197,9 +197,9 @@ def fuse_scatter(graph) -> int:
             continue
         s, m, base = found
         sc, mm = graph.node[s], graph.node[m]
-        fused = helper.make_node(SCATTER_OP, [sc.input[0], sc.input[1], mm.input[1], base],
+        fused = helper.make_node(SCATTER_MATMUL_ADD, [sc.input[0], sc.input[1], mm.input[1], base],
                                  list(node.output), name=(node.name or sc.name) + "/irpe_fused_v",
-                                 domain=_DOMAIN)
+                                 domain=DOMAIN)
         fused.attribute.extend(sc.attribute)
         drop.update((s, m))
         replace[k] = fused
@@ -244,7 +244,7 @@ def fuse_softmax(graph, opset: int = 18, scatter: bool = True) -> Tuple[int, int
     uses = _consumers(graph)
     v_readers: Dict[str, List[int]] = {}  # probabilities -> the RPEScatterMatMulAdd nodes
     for k, node in enumerate(graph.node):
-        if node.domain == _DOMAIN and node.op_type == SCATTER_OP:
+        if node.domain == DOMAIN and node.op_type == SCATTER_MATMUL_ADD:
             v_readers.setdefault(node.input[0], []).append(k)
     drop, replace, with_v = set(), {}, 0
     for k, node in enumerate(graph.node):
@@ -253,7 +253,7 @@ def fuse_softmax(graph, opset: int = 18, scatter: bool = True) -> Tuple[int, int
             continue
         g = producer.get(node.input[0])
         add = graph.node[g] if g is not None else None
-        if (add is None or add.domain != _DOMAIN or add.op_type not in (FUSED_OP, FUSED_OP + "2")
+        if (add is None or add.domain != DOMAIN or add.op_type not in (GATHER_ADD, GATHER_ADD2)
                 or uses.get(node.input[0]) != 1 or g in drop):
             continue
         v = _v_partner(graph, node.output[0], k, producer, v_readers) if scatter else -1
@@ -266,15 +266,14 @@ def fuse_softmax(graph, opset: int = 18, scatter: bool = True) -> Tuple[int, int
             outputs.append(sums)
             buckets = {a.name: helper.get_attribute_value(a) for a in vnode.attribute}
             attrs.append(helper.make_attribute("scatter_buckets", int(buckets["num_buckets"])))
-            bucket = helper.make_node(BUCKET_OP, [sums, vnode.input[2], vnode.input[3]],
+            bucket = helper.make_node(BUCKET_MATMUL_ADD, [sums, vnode.input[2], vnode.input[3]],
                                       list(vnode.output), name=vnode.name + "/sums",
-                                      domain=_DOMAIN)
+                                      domain=DOMAIN)
             bucket.attribute.extend(vnode.attribute)
             replace[v] = bucket
             with_v += 1
-        op = add.op_type + ("SoftmaxScatter" if v >= 0 else "Softmax")
-        fused = helper.make_node(op, inputs, outputs, name=node.name + "/irpe_fused_softmax",
-                                 domain=_DOMAIN)
+        fused = helper.make_node(SOFTMAX_OPS[add.op_type, v >= 0], inputs, outputs,
+                                 name=node.name + "/irpe_fused_softmax", domain=DOMAIN)
         fused.attribute.extend(attrs)
         drop.add(g)
         replace[k] = fused

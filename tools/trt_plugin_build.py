@@ -1,5 +1,7 @@
 """Find TensorRT C++ headers and build the plugin library with CMake (tests, CI, scripts).
 
+A build aid outside the wheel, never imported by the product.
+
 Headers, in order: ``TENSORRT_ROOT`` (an install), the CI copy of the public 11.1 headers at
 ``../shared/third_party/tensorrt-11.1`` beside the checkout, the NGC image's system folder.
 The runtime library to link is TensorRT-RTX's ``libtensorrt_rtx.so.1`` from its wheel, or a

@@ -1,5 +1,5 @@
-"""Issue 20 item 12: the bucket-id cache is one process-wide LRU bounded by bytes (was a dict per
-iRPE module that kept every grid size it ever saw)."""
+"""irpe.idcache: the bucket-id cache is one process-wide LRU bounded by bytes, shared by every
+iRPE module and device, limited from the environment, exact under threads and many grid sizes."""
 import threading
 
 import pytest

@@ -1,34 +1,27 @@
 """ctypes view of the kernels' C ABI (plugins/kernels/irpe_kernels.h), and how to build it.
 
-Used by the tests: :func:`build_host_library` compiles only the bucket math (bucket_host.c,
-no CUDA) with the host C compiler, :func:`build_kernels_library` compiles the CUDA kernels with
-nvcc into a shared library. :class:`KernelLibrary` loads either and wraps the entry points.
+A test and benchmark aid, never imported by the product: :func:`build_host_library` compiles
+only the bucket math (bucket_host.c, no CUDA) with the host C compiler,
+:func:`build_kernels_library` compiles the CUDA kernels with nvcc into a shared library. :class:`KernelLibrary` loads either and wraps the entry points.
 """
 from __future__ import annotations
 
 import ctypes
-import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Iterable, Sequence, Union
 
 import torch
 
-from irpe import bucket
-from irpe.bucket import Method, parse_method
+from irpe.bucket import parse_method
+from plugins.kernel_sources import CUDA_SOURCES, KERNEL_DIR, METHOD_IDS, nvcc_path
 
 __all__ = ["KERNEL_DIR", "CUDA_SOURCES", "ARCHS", "METHOD_IDS", "BucketParams", "Problem",
            "KernelLibrary", "KernelError", "nvcc_path", "gencode_flags", "build_host_library",
            "build_kernels_library"]
 
-KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
-CUDA_SOURCES = ("common.cu", "gather.cu", "scatter.cu")
 # Machine code for Turing .. Hopper plus compute_90 PTX (CUDA 13 has nothing below sm_75).
 ARCHS = ("75", "80", "86", "89", "90")
-# IRPE_METHOD_* of irpe_bucket.h: the official ids of the methods with one bucket map (cross is
-# its rows and cols maps)
-METHOD_IDS = {m: number for m, number in bucket.METHOD_IDS.items() if m is not Method.CROSS}
 STATUS = {0: "ok", 1: "invalid argument", 2: "CUDA error"}
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 INDEX_DTYPES = {torch.int32: 0, torch.int64: 1}
@@ -104,15 +97,6 @@ class KernelLibrary:
     def call(self, name: str, *args) -> int:
         """Raw call of a kernel entry point with ctypes-ready arguments; returns the status."""
         return getattr(self.lib, name)(*args)
-
-
-def nvcc_path() -> str | None:
-    """nvcc from CUDACXX, PATH or /usr/local/cuda, or None."""
-    for candidate in (os.environ.get("CUDACXX"), shutil.which("nvcc"),
-                      "/usr/local/cuda/bin/nvcc"):
-        if candidate and Path(candidate).is_file():
-            return candidate
-    return None
 
 
 def gencode_flags(archs: Sequence[str] = ARCHS) -> list:

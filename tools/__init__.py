@@ -1,0 +1,1 @@
+"""Build and inspection aids for tests, benchmarks and CI; never imported by the product."""
