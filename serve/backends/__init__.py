@@ -13,8 +13,10 @@ from abc import ABC, abstractmethod
 from typing import Dict, Optional, Tuple
 
 import numpy as np
+import torch
 
 from irpe.artifact.trained import ModelSpec
+from irpe.data.transforms import normalize
 from irpe.artifact.contract import input_names, output_names  # the export contract
 
 from ..config import ModelConfig
@@ -48,18 +50,18 @@ class Backend(ABC):
 
     def infer_uint8(self, images: np.ndarray, sizes: Optional[np.ndarray]
                     ) -> Dict[str, np.ndarray]:
-        """One batch of uint8 (B, 3, H, W) pixels (decoded images, padding 0): normalised with
-        the artifact's mean/std here on the host; the torch backend does it on its device."""
-        from ..preprocess_pool import normalize
-        mean, std = self._host_mean_std
-        return self.infer(normalize(images, mean, std, sizes), sizes)
+        """One batch of uint8 (B, 3, H, W) pixels (decoded images, padding 0), normalised
+        (irpe.data.transforms.normalize) here on the host; the torch backend does it on its
+        device."""
+        mean, std = self.mean_std
+        return self.infer(normalize(torch.from_numpy(images), mean, std, sizes).numpy(), sizes)
 
     @functools.cached_property
-    def _host_mean_std(self) -> Tuple[np.ndarray, np.ndarray]:
-        """The artifact's mean and std as float32 (1, 3, 1, 1), built once, not per batch."""
+    def mean_std(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The artifact's mean and std as float32 CPU tensors, built once, not per batch."""
         pre = self.spec.transform()
-        return (np.asarray(pre.mean, np.float32).reshape(1, 3, 1, 1),
-                np.asarray(pre.std, np.float32).reshape(1, 3, 1, 1))
+        return (torch.tensor(pre.mean, dtype=torch.float32),
+                torch.tensor(pre.std, dtype=torch.float32))
 
     def warmup(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
         """First batch after loading (allocations, kernel selection); readiness waits for it."""
