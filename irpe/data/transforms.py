@@ -143,7 +143,7 @@ def center_crop_box(size: Tuple[int, int], crop: int) -> Tuple[int, int, int, in
 
 def to_tensor(image, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> torch.Tensor:
     """RGB PIL image -> normalised float32 (3, H, W) (:func:`normalize`)."""
-    pixels = torch.from_numpy(np.asarray(image, dtype=np.uint8)).permute(2, 0, 1)
+    pixels = torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1)
     return normalize(pixels, mean, std).contiguous()
 
 
