@@ -66,15 +66,19 @@ class Batcher:
         return await asyncio.get_running_loop().run_in_executor(self.executors[instance], fn,
                                                                  *args)
 
+    def refuse_if_full(self, count: int) -> None:
+        """503 (Retry-After) when ``count`` more images do not fit now (queued + held)."""
+        waiting = len(self._items) + self._held
+        if waiting + count > self.max_queue_size:
+            raise unavailable(f"queue of model {self.name} is full ({waiting} of "
+                              f"{self.max_queue_size} images waiting); retry later")
+
     async def submit(self, count: int, make: Callable[[], Awaitable[Sequence[Any]]],
                      timeout_s: float) -> Tuple[List[Any], List[Any]]:
         """Hold room for ``count`` items (the request's one room check: 503 when the queue is
         full), await ``make()`` (decoding) for the payloads, queue them and wait for every
         result (504 past ``timeout_s``): (payloads, results) in order."""
-        waiting = len(self._items) + self._held
-        if waiting + count > self.max_queue_size:
-            raise unavailable(f"queue of model {self.name} is full ({waiting} of "
-                              f"{self.max_queue_size} images waiting); retry later")
+        self.refuse_if_full(count)
         self._held += count
         try:
             payloads = list(await make())

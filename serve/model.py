@@ -113,6 +113,11 @@ class ServedModel:
         if not self.ready:
             raise unavailable(f"model {self.name} is {self.state}", 5)
 
+    def shed(self) -> None:
+        """/v2, before its body is parsed (the image count is inside it): 503 when the queue
+        has no room for one image, so an overloaded server parses no tensors it refuses."""
+        self.batcher.refuse_if_full(1)
+
     async def infer_images(self, blobs: Sequence[bytes]
                            ) -> Tuple[List[Input], List[Dict[str, np.ndarray]]]:
         """/v1: encoded images -> (decoded inputs, per-image outputs). The count is checked and

@@ -135,8 +135,9 @@ async def infer(request: Request, name: str, version: Optional[str] = None) -> R
         raise ServeError(415, f"unsupported media type {media_type(request)}: send "
                          "application/json or application/octet-stream")
     codings = content_codings(request)  # 415 before reading the body
-    body = decode_body(await request.body(), codings,
-                       app_state(request).settings.max_body_bytes)
+    raw = await request.body()
+    model.shed()  # a full queue answers 503 before any tensor is parsed
+    body = decode_body(raw, codings, app_state(request).settings.max_body_bytes)
     req, tensors = decode_request(body, request.headers.get("inference-header-content-length"))
     outputs = await run_infer(model, req, tensors)
     header = {"model_name": model.name, "model_version": "1"}

@@ -42,6 +42,8 @@ def test_room_is_held_while_a_request_decodes_then_released():
         await decoding.wait()  # the first request's two images are being decoded
         with pytest.raises(ServeError) as full:
             await batcher.submit(1, _never, 5.0)
+        with pytest.raises(ServeError, match="is full"):  # /v2's shed, before its body parses
+            batcher.refuse_if_full(1)
         release.set()
         done = await first
         later = await batcher.submit(2, lambda: _ready([3, 4]), 5.0)  # room given back
