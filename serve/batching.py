@@ -4,8 +4,10 @@ Requests add one item per image. The worker takes the oldest item, waits until
 ``max_batch_size`` items with the same key (same tensor shape; detection uses one key and pads)
 are queued or ``max_queue_delay`` after the oldest item's arrival has passed, then runs the batch
 in an inference thread, never on the event loop. A model with N instances has N workers, each
-with its own thread and replica, taking batches from the one queue. A full queue answers 503 with
-Retry-After; a request not answered within its timeout gets 504 and its items are skipped.
+with its own thread and replica, taking batches from the one queue. A request's room is checked
+once, when it arrives, and held for it while its inputs are made (images decoded): a full queue
+answers 503 with Retry-After before any decoding. A request not answered within its timeout gets
+504 and its items are skipped.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import logging
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Hashable, List, Optional, Sequence
+from typing import Any, Awaitable, Callable, Deque, Hashable, List, Optional, Sequence, Tuple
 
 from .errors import ServeError, unavailable
 from .metrics import Metrics
@@ -22,6 +24,7 @@ from .metrics import Metrics
 __all__ = ["Batcher"]
 
 RunBatch = Callable[[List[Any]], List[Any]]
+KeyOf = Callable[[Any], Hashable]  # payload -> batch key (items of one batch share it)
 
 log = logging.getLogger("irpe.serve")
 
@@ -36,16 +39,18 @@ class _Item:
 
 class Batcher:
     """Queue + worker tasks of one model; each ``runs[i](payloads) -> results`` runs in its own
-    thread (one worker, thread and callable per model instance)."""
+    thread (one worker, thread and callable per model instance); ``key_of(payload)`` says which
+    payloads may share a batch."""
 
-    def __init__(self, name: str, runs: Sequence[RunBatch], max_batch_size: int,
+    def __init__(self, name: str, runs: Sequence[RunBatch], key_of: KeyOf, max_batch_size: int,
                  max_delay_s: float, max_queue_size: int, metrics: Metrics) -> None:
-        self.name, self.runs = name, list(runs)
+        self.name, self.runs, self.key_of = name, list(runs), key_of
         self.max_batch_size, self.max_delay_s = max_batch_size, max_delay_s
         self.max_queue_size, self.metrics = max_queue_size, metrics
         self.executors = [ThreadPoolExecutor(1, thread_name_prefix=f"infer-{name}-{i}")
                           for i in range(len(runs))]
         self._items: Deque[_Item] = deque()
+        self._held = 0  # room held for admitted requests whose inputs are being made
         self._wake = asyncio.Event()
         self._closing = False
         self._tasks: List[asyncio.Task] = []
@@ -61,27 +66,33 @@ class Batcher:
         return await asyncio.get_running_loop().run_in_executor(self.executors[instance], fn,
                                                                  *args)
 
-    def check_room(self, count: int) -> None:
-        """400 if ``count`` items can never fit, 503 (Retry-After) if the queue is full now."""
-        if count > self.max_queue_size:
-            raise ServeError(400, f"{count} images in one request; model {self.name} "
-                             f"queues at most {self.max_queue_size}")
-        if len(self._items) + count > self.max_queue_size:
-            raise unavailable(f"queue of model {self.name} is full ({len(self._items)} of "
+    def refuse_if_full(self, count: int) -> None:
+        """503 (Retry-After) when ``count`` more images do not fit now (queued + held)."""
+        waiting = len(self._items) + self._held
+        if waiting + count > self.max_queue_size:
+            raise unavailable(f"queue of model {self.name} is full ({waiting} of "
                               f"{self.max_queue_size} images waiting); retry later")
 
-    async def submit(self, payloads: Sequence[Any], keys: Sequence[Hashable],
-                     timeout_s: float) -> List[Any]:
-        """Queue one item per payload and wait for all results (503 full, 504 timeout)."""
-        if self._closing:
+    async def submit(self, count: int, make: Callable[[], Awaitable[Sequence[Any]]],
+                     timeout_s: float) -> Tuple[List[Any], List[Any]]:
+        """Hold room for ``count`` items (the request's one room check: 503 when the queue is
+        full), await ``make()`` (decoding) for the payloads, queue them and wait for every
+        result (504 past ``timeout_s``): (payloads, results) in order."""
+        self.refuse_if_full(count)
+        self._held += count
+        try:
+            payloads = list(await make())
+        finally:
+            self._held -= count
+        if self._closing:  # began shutting down while the inputs were made
             raise unavailable(f"model {self.name} is shutting down")
-        self.check_room(len(payloads))
         loop = asyncio.get_running_loop()
-        items = [_Item(p, k, loop.create_future(), loop.time()) for p, k in zip(payloads, keys)]
+        items = [_Item(p, self.key_of(p), loop.create_future(), loop.time()) for p in payloads]
         self._items.extend(items)
         self._changed()
         try:
-            return await asyncio.wait_for(asyncio.gather(*(i.future for i in items)), timeout_s)
+            results = await asyncio.wait_for(asyncio.gather(*(i.future for i in items)),
+                                             timeout_s)
         except asyncio.TimeoutError:
             raise ServeError(504, f"model {self.name} did not answer within {timeout_s:g} s") \
                 from None
@@ -89,6 +100,7 @@ class Batcher:
             for item in items:
                 if not item.future.done():
                     item.future.cancel()  # the worker skips cancelled items
+        return payloads, list(results)
 
     async def close(self) -> None:
         """Refuse new work, finish every queued item, stop the worker and its thread."""

@@ -17,6 +17,8 @@ from pydantic import (BaseModel, ConfigDict, Field, SecretStr, field_validator,
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from .registry import backend_names
+
 __all__ = ["ModelConfig", "ServeSettings", "read_repository"]
 
 _PATH_KEYS = ("path", "metadata")
@@ -63,7 +65,6 @@ class ModelConfig(BaseModel):
     @field_validator("backend")
     @classmethod
     def _check_backend(cls, value: str) -> str:
-        from .backends import backend_names  # the registry imports this module
         if value not in backend_names():
             raise PydanticCustomError("backend", "should be one of {names}, got '{value}'",
                                       {"names": ", ".join(backend_names()), "value": value})

@@ -1,12 +1,14 @@
-"""A served model: backend instances + batcher + the artifact's preprocessing; lifecycle and
-readiness. Images are decoded (serve.preprocess_pool) to uint8 model inputs; the backend
-normalises them (on its device for torch)."""
+"""A served model: backend instances + batcher + the artifact's preprocessing; lifecycle,
+readiness, and the one pass of a request once it is found ready (serve.state.get_model): its
+image count checked, its queue room held (serve.batching), its images decoded
+(serve.preprocess_pool, or nvJPEG) to uint8 model inputs, then batched. The backend normalises
+(irpe.data.transforms.normalize, on its device for torch). /v1 and /v2 share that pass."""
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -16,23 +18,31 @@ from irpe.models import pad_images
 
 from .backends import Backend, create_backend
 from .batching import Batcher
-from .config import ModelConfig
+from .config import ModelConfig, ServeSettings
 from .errors import ServeError, unavailable
 from .metrics import Metrics
+from .nvjpeg import available as nvjpeg_available, decode_on_device
 from .preprocess_pool import decode_numbered, map_images, map_images_fifo
 
-__all__ = ["ServedModel", "Prepared"]
+__all__ = ["ServedModel", "Input", "check_count"]
 
 log = logging.getLogger("irpe.serve")
 
-Prepared = Tuple[np.ndarray, Tuple[int, int]]  # (3, H, W) uint8 input, original (h, w)
+
+class Input(NamedTuple):
+    """One image of a request as the batcher carries it."""
+
+    image: Union[np.ndarray, torch.Tensor]  # (3, H, W): uint8 decoded, or float32 (v2)
+    original: Optional[Tuple[int, int]] = None  # decoded: (h, w) before resizing (REST boxes)
+    size: Optional[Tuple[int, int]] = None  # detection: valid (h, w); None: the whole image
 
 
 class ServedModel:
     """One configured model; ``ready`` only after every instance loaded and ran a warmup batch."""
 
-    def __init__(self, cfg: ModelConfig, metrics: Metrics, threads: int = 0) -> None:
-        self.cfg, self.name = cfg, cfg.name
+    def __init__(self, cfg: ModelConfig, metrics: Metrics, threads: int = 0,
+                 max_images: int = ServeSettings.model_fields["max_images"].default) -> None:
+        self.cfg, self.name, self.max_images = cfg, cfg.name, max_images
         self.backends: List[Backend] = [create_backend(cfg, threads)
                                         for _ in range(cfg.instances)]
         self.backend = self.backends[0]
@@ -43,12 +53,13 @@ class ServedModel:
                              f"a {self.task} model")
         self.labels = self._labels(cfg.class_names())
         self.preprocess: Preprocess = self.spec.transform()
-        self.gpu_decode = cfg.gpu_decode and cfg.backend == "torch" and _nvjpeg(cfg.device)
+        self.gpu_decode = cfg.gpu_decode and cfg.backend == "torch" and \
+            nvjpeg_available(cfg.device)
         self.state, self.error = "loading", ""
         self.output_shapes: Dict[str, Tuple[int, ...]] = {}
         self.instance_batches = [0] * cfg.instances  # batches run by each instance
         runs = [functools.partial(self._run_batch, i) for i in range(cfg.instances)]
-        self.batcher = Batcher(cfg.name, runs, cfg.max_batch_size,
+        self.batcher = Batcher(cfg.name, runs, self._batch_key, cfg.max_batch_size,
                                cfg.max_queue_delay_ms / 1000.0, cfg.max_queue_size, metrics)
 
     def _labels(self, configured: Optional[List[str]]) -> List[str]:
@@ -102,62 +113,72 @@ class ServedModel:
         if not self.ready:
             raise unavailable(f"model {self.name} is {self.state}", 5)
 
-    def admit(self, count: int = 1) -> None:
-        """Cheap load shedding before any decoding: 503 unless ready with queue room."""
-        self.check_ready()
-        self.batcher.check_room(count)
+    def shed(self) -> None:
+        """/v2, before its body is parsed (the image count is inside it): 503 when the queue
+        has no room for one image, so an overloaded server parses no tensors it refuses."""
+        self.batcher.refuse_if_full(1)
 
-    def prepare(self, blobs: Sequence[bytes]) -> List[Prepared]:
-        """Decode and resize images (the artifact's Preprocess, minus normalisation) to uint8;
-        several images of one request decode in the host-sized pool; on CUDA with torchvision,
-        JPEGs decode on the GPU (serve.nvjpeg) instead. Runs in a worker thread."""
-        if self.gpu_decode:
-            from .nvjpeg import decode_on_device
-            on_device = decode_on_device(blobs, self.preprocess, self.cfg.device)
-            if on_device is not None:
-                return on_device
-        return map_images(functools.partial(decode_numbered, self.preprocess, len(blobs)), blobs)
-
-    async def decode(self, blobs: Sequence[bytes]) -> List[Prepared]:
-        """:meth:`prepare` for a request, from the event loop: on the CPU each image is a task
-        of the shared FIFO decode pool (requests are not overtaken in a pool of their own)."""
-        if self.gpu_decode:
-            return await asyncio.to_thread(self.prepare, blobs)
-        return await map_images_fifo(functools.partial(decode_numbered, self.preprocess,
-                                                       len(blobs)), blobs)
+    async def infer_images(self, blobs: Sequence[bytes]
+                           ) -> Tuple[List[Input], List[Dict[str, np.ndarray]]]:
+        """/v1: encoded images -> (decoded inputs, per-image outputs). The count is checked and
+        the queue room held before any decoding (400 / 503); ImageError for a bad image."""
+        check_count(len(blobs), self.max_images, self.cfg.max_queue_size, self.name)
+        return await self.batcher.submit(len(blobs), functools.partial(self.decode, blobs),
+                                         self.cfg.timeout_s)
 
     async def infer(self, images: Sequence[np.ndarray],
                     sizes: Optional[Sequence[Tuple[int, int]]] = None,
                     timeout_s: Optional[float] = None) -> List[Dict[str, np.ndarray]]:
-        """Per-image model outputs through the batcher; ``sizes`` = valid (h, w) (detection)."""
-        self.check_ready()
-        if self.task == "classification":  # uint8 (decoded) and float (v2) batch apart
-            payloads = [(im, None) for im in images]
-            keys = [(tuple(im.shape), str(im.dtype)) for im in images]
-        else:
-            sizes = sizes or [im.shape[-2:] for im in images]
-            payloads = list(zip(images, sizes))
-            keys = [("detection", str(im.dtype)) for im in images]
-        return await self.batcher.submit(payloads, keys, timeout_s or self.cfg.timeout_s)
+        """/v2: model inputs (float32 (3, H, W); ``sizes`` = valid (h, w), detection) ->
+        per-image outputs, through the same count check and queue."""
+        check_count(len(images), self.max_images, self.cfg.max_queue_size, self.name)
+        inputs = [Input(im, size=None if sizes is None else tuple(sizes[i]))
+                  for i, im in enumerate(images)]
+        return (await self.batcher.submit(len(inputs), functools.partial(_given, inputs),
+                                          timeout_s or self.cfg.timeout_s))[1]
 
-    def _run_batch(self, instance: int,
-                   payloads: List[Tuple[np.ndarray, Optional[Tuple[int, int]]]]
-                   ) -> List[Dict[str, np.ndarray]]:
-        backend, sizes = self.backends[instance], None
-        if isinstance(payloads[0][0], torch.Tensor):  # uint8 decoded on the GPU (nvjpeg)
-            batch = torch.stack([p[0] for p in payloads]) if self.task == "classification" \
-                else pad_images([p[0] for p in payloads])[0]
+    def prepare(self, blobs: Sequence[bytes]) -> List[Input]:
+        """Decode and resize images (the artifact's Preprocess, minus normalisation) to uint8
+        in this thread: JPEGs on the GPU (serve.nvjpeg) on CUDA with torchvision, else several
+        images of one request in the host-sized pool."""
+        if self.gpu_decode:
+            on_device = decode_on_device(blobs, self.preprocess, self.cfg.device)
+            if on_device is not None:
+                return [Input(*d) for d in on_device]
+        decode = functools.partial(decode_numbered, self.preprocess, len(blobs))
+        return [Input(*d) for d in map_images(decode, blobs)]
+
+    async def decode(self, blobs: Sequence[bytes]) -> List[Input]:
+        """:meth:`prepare` for a request, from the event loop: on the CPU each image is a task
+        of the shared FIFO decode pool (requests are not overtaken in a pool of their own)."""
+        if self.gpu_decode:
+            return await asyncio.to_thread(self.prepare, blobs)
+        decode = functools.partial(decode_numbered, self.preprocess, len(blobs))
+        return [Input(*d) for d in await map_images_fifo(decode, blobs)]
+
+    def _batch_key(self, item: Input) -> Tuple:
+        """Classification batches images of one shape and dtype (uint8 decoded and float v2
+        apart); detection pads, so only the dtype separates batches."""
+        if self.task == "classification":
+            return tuple(item.image.shape), str(item.image.dtype)
+        return "detection", str(item.image.dtype)
+
+    def _run_batch(self, instance: int, inputs: List[Input]) -> List[Dict[str, np.ndarray]]:
+        backend, sizes, images = self.backends[instance], None, [i.image for i in inputs]
+        if isinstance(images[0], torch.Tensor):  # uint8 decoded on the GPU (nvjpeg)
+            batch = torch.stack(images) if self.task == "classification" \
+                else pad_images(images)[0]
         elif self.task == "classification":
-            batch = np.stack([p[0] for p in payloads])
+            batch = np.stack(images)
         else:
-            batch = pad_images([torch.from_numpy(p[0]) for p in payloads])[0].numpy()
+            batch = pad_images([torch.from_numpy(im) for im in images])[0].numpy()
         if self.task != "classification":
-            sizes = np.asarray([tuple(p[1]) for p in payloads], dtype=np.int64)
+            sizes = np.asarray([i.size or tuple(i.image.shape[-2:]) for i in inputs], np.int64)
         uint8 = batch.dtype == (torch.uint8 if isinstance(batch, torch.Tensor) else np.uint8)
         infer = backend.infer_uint8 if uint8 else backend.infer
         out = infer(batch, sizes)
         self.instance_batches[instance] += 1
-        return [{k: v[i] for k, v in out.items()} for i in range(len(payloads))]
+        return [{k: v[i] for k, v in out.items()} for i in range(len(inputs))]
 
     def _warmup_batch(self) -> Tuple[np.ndarray, Optional[np.ndarray]]:
         """A fixed pseudo-random batch of one image (the fp16/bf16 check compares on it)."""
@@ -177,14 +198,18 @@ class ServedModel:
                 or self.cfg.run_precision()}
 
 
-def _nvjpeg(device: str) -> bool:
-    from .nvjpeg import available
-    return available(device)
+async def _given(inputs: List[Input]) -> List[Input]:
+    """Inputs that are ready already (v2 tensors), as the batcher's awaitable."""
+    return inputs
 
 
-def validate_count(count: int, limit: int) -> None:
-    """400 for an empty request or more images than ``max_images``."""
+def check_count(count: int, max_images: int, max_queue_size: int, model: str) -> None:
+    """The image-count rules of a request, in one place: 400 for none, for more than the
+    server's ``max_images``, or for more than the model's queue can ever hold."""
     if count == 0:
         raise ServeError(400, "no image in the request")
-    if count > limit:
-        raise ServeError(400, f"{count} images in one request; the limit is {limit}")
+    if count > max_images:
+        raise ServeError(400, f"{count} images in one request; the limit is {max_images}")
+    if count > max_queue_size:
+        raise ServeError(400, f"{count} images in one request; model {model} "
+                         f"queues at most {max_queue_size}")

@@ -2,8 +2,8 @@
 
 Threads, not processes: PIL releases the GIL while decoding and resampling, and a thread returns
 its array without pickling it (figures in docs/serve.md, "GPU serving"). Normalisation is not
-done here: the uint8 (3, H, W) arrays go to the backend, which normalises on its device (torch)
-or on the host just before the runtime (others), see :func:`normalize`.
+done here: the uint8 (3, H, W) arrays go to the backend, which normalises them with
+``irpe.data.transforms.normalize`` on its device (torch) or on the host (the others).
 """
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ import numpy as np
 
 from irpe.data.transforms import ImageError, Preprocess, load_image_for
 
-__all__ = ["decode_u8", "decode_numbered", "host_workers", "map_images", "map_images_fifo",
-           "normalize"]
+__all__ = ["decode_u8", "decode_numbered", "host_workers", "map_images", "map_images_fifo"]
 
 T = TypeVar("T")
 _lock = threading.Lock()
@@ -78,17 +77,3 @@ def decode_u8(blob: bytes, preprocess: Preprocess) -> Tuple[np.ndarray, Tuple[in
     if pixels.ndim != 3 or pixels.shape[2] != 3:
         raise ImageError(f"expected an RGB image, got array shape {pixels.shape}")
     return np.ascontiguousarray(pixels.transpose(2, 0, 1)), (height, width)
-
-
-def normalize(batch: np.ndarray, mean: Sequence[float], std: Sequence[float],
-              sizes: Optional[np.ndarray] = None) -> np.ndarray:
-    """uint8 (B, 3, H, W) -> float32 (x / 255 - mean) / std, as ``irpe.data.transforms.to_tensor``
-    computes it (bit for bit); padding outside ``sizes`` (detection) stays 0."""
-    out = batch.astype(np.float32) / np.float32(255.0)
-    out -= np.asarray(mean, np.float32).reshape(1, 3, 1, 1)
-    out /= np.asarray(std, np.float32).reshape(1, 3, 1, 1)
-    if sizes is not None:
-        for i, (h, w) in enumerate(np.asarray(sizes)):
-            out[i, :, h:, :] = 0.0
-            out[i, :, :, w:] = 0.0
-    return out

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Literal
+from typing import Any, Dict, List, Literal, Tuple
 
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
@@ -11,9 +11,9 @@ from irpe.data.transforms import ImageError
 
 from .errors import ServeError, error_responses
 from .inputs import image_request_body, read_images
-from .model import Prepared, ServedModel, validate_count
+from .model import Input, ServedModel
 from .results import classification_results, detection_results
-from .state import app_state, get_model, require_token
+from .state import app_state, default_model, get_model, require_token
 
 __all__ = ["router"]
 
@@ -106,7 +106,7 @@ async def classify(request: Request, name: str, top_k: int = TopK) -> Dict:
 @_image_route("/classify", "Classify images with the default classifier", ClassifyResponse)
 async def classify_default(request: Request, top_k: int = TopK) -> Dict:
     """/v1/models/{name}/classify for the default (or first) classification model."""
-    return await _classify(request, _default(request, "classification"), top_k)
+    return await _classify(request, default_model(request, "classification"), top_k)
 
 
 @_image_route("/models/{name}/detect", "Detect objects", DetectResponse)
@@ -123,27 +123,21 @@ async def detect_default(request: Request, threshold: float = Threshold,
                          max_detections: int = MaxDetections,
                          box_format: Literal["xyxy", "coco"] = BoxFormat) -> Dict:
     """/v1/models/{name}/detect for the default (or first) detection model."""
-    return await _detect(request, _default(request, "detection"), threshold, max_detections,
-                         box_format)
-
-
-def _default(request: Request, task: str) -> ServedModel:
-    return get_model(request, app_state(request).default(task).name)
+    return await _detect(request, default_model(request, "detection"), threshold,
+                         max_detections, box_format)
 
 
 async def _classify(request: Request, model: ServedModel, top_k: int) -> Dict:
     _check_task(model, "classification", "detect")
-    prepared = await _prepare(request, model)
-    rows = await model.infer([p[0] for p in prepared])
+    _, rows = await _infer(request, model)
     return {"model": model.name, "results": classification_results(rows, model.labels, top_k)}
 
 
 async def _detect(request: Request, model: ServedModel, threshold: float, max_detections: int,
                   box_format: str) -> Dict:
     _check_task(model, "detection", "classify")
-    prepared = await _prepare(request, model)
-    rows = await model.infer([p[0] for p in prepared])
-    results = detection_results(rows, [p[1] for p in prepared], model.labels, threshold,
+    inputs, rows = await _infer(request, model)
+    results = detection_results(rows, [i.original for i in inputs], model.labels, threshold,
                                 max_detections, box_format)
     return {"model": model.name, "results": results}
 
@@ -154,13 +148,11 @@ def _check_task(model: ServedModel, task: str, other: str) -> None:
                          f"/v1/models/{model.name}/{other}")
 
 
-async def _prepare(request: Request, model: ServedModel) -> List[Prepared]:
+async def _infer(request: Request, model: ServedModel) -> Tuple[List[Input], List[Dict]]:
+    """The request's images read, then the model's one pass: count, room, decode, batch."""
     settings = app_state(request).settings
-    limit = settings.max_images
-    blobs = await read_images(request, limit, settings.max_body_bytes)
-    validate_count(len(blobs), limit)
-    model.admit(len(blobs))  # a full queue answers 503 before spending CPU on decoding
+    blobs = await read_images(request, settings.max_images, settings.max_body_bytes)
     try:
-        return await model.decode(blobs)
+        return await model.infer_images(blobs)
     except ImageError as exc:  # PIL names the in-memory file object; drop that noise
         raise ServeError(400, _FILE_OBJECT.sub("", str(exc))) from None

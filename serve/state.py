@@ -13,7 +13,7 @@ from .errors import ServeError, unavailable
 from .metrics import Metrics
 from .model import ServedModel
 
-__all__ = ["AppState", "app_state", "require_token", "get_model"]
+__all__ = ["AppState", "app_state", "require_token", "get_model", "default_model"]
 
 _bearer = HTTPBearer(auto_error=False, description="required when the server has an auth "
                      "token (IRPE_SERVE_AUTH_TOKEN)")
@@ -35,11 +35,13 @@ class AppState:
         waiting = [f"{m.name} ({m.state})" for m in self.models.values() if not m.ready]
         return f"models not ready: {', '.join(waiting)}" if waiting else None
 
-    def model(self, name: str) -> ServedModel:
-        """The served model ``name``; 404 naming the available ones otherwise."""
+    def model(self, name: str, version: Optional[str] = None) -> ServedModel:
+        """The served model ``name``; 404 naming the available ones otherwise, or for a
+        ``version`` (v2 paths) other than the single version "1" every model has."""
         if name not in self.models:
             raise ServeError(404, f"unknown model {name!r}; available: "
                              f"{', '.join(self.models) or 'none'}")
+        _check_version(name, version)
         return self.models[name]
 
     def default(self, task: str) -> ServedModel:
@@ -73,11 +75,28 @@ async def require_token(request: Request, credentials: Optional[HTTPAuthorizatio
                          {"WWW-Authenticate": "Bearer"})
 
 
-def get_model(request: Request, name: str) -> ServedModel:
-    """Path-parameter dependency: the named model, ready for inference (404 / 503)."""
+def get_model(request: Request, name: str, version: Optional[str] = None) -> ServedModel:
+    """The named model (and version), ready for inference (404 / 503): a request's one
+    readiness check."""
+    return _ready(app_state(request), name, version)
+
+
+def default_model(request: Request, task: str) -> ServedModel:
+    """The /v1/classify or /v1/detect target, ready for inference (404 / 503)."""
     state = app_state(request)
+    return _ready(state, state.default(task).name)
+
+
+def _ready(state: AppState, name: str, version: Optional[str] = None) -> ServedModel:
     if state.stopping:
         raise unavailable("server is shutting down")
     model = state.model(name)
     model.check_ready()
+    _check_version(name, version)  # after readiness, the order /v2 answers in
     return model
+
+
+def _check_version(name: str, version: Optional[str]) -> None:
+    """Every model has the single version "1" (v2 paths)."""
+    if version is not None and version != "1":
+        raise ServeError(404, f"model {name} has no version {version!r} (only \"1\")")

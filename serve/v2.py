@@ -10,10 +10,9 @@ import irpe
 
 from .errors import ServeError, error_responses, unavailable
 from .inputs import content_codings, decode_body, media_type
-from .model import ServedModel
 from .state import app_state, get_model, require_token
-from .v2codec import InferRequest, InferResponse, decode_request, encode_response
-from .v2infer import check_version, model_metadata, run_infer, triton_config
+from .v2codec import InferResponse, decode_request, encode_response
+from .v2infer import model_metadata, run_infer, triton_config
 
 __all__ = ["router", "infer_request_body"]
 
@@ -82,8 +81,7 @@ async def ready(request: Request) -> Dict:
             responses=error_responses(404), include_in_schema=False)
 async def metadata(request: Request, name: str, version: Optional[str] = None) -> Dict:
     """Inputs, outputs (v2 datatypes and shapes, -1 = any) and the model's labels/preprocess."""
-    model = app_state(request).model(name)
-    check_version(model, version)
+    model = app_state(request).model(name, version)
     return model_metadata(model)
 
 
@@ -93,8 +91,7 @@ async def metadata(request: Request, name: str, version: Optional[str] = None) -
 async def config(request: Request, name: str, version: Optional[str] = None) -> Dict:
     """Triton's model configuration (config.pbtxt as JSON, what tritonclient's get_model_config
     reads): the same config `irpe triton-repo` writes, with this server's batching."""
-    model = app_state(request).model(name)
-    check_version(model, version)
+    model = app_state(request).model(name, version)
     return triton_config(model)
 
 
@@ -104,8 +101,7 @@ async def config(request: Request, name: str, version: Optional[str] = None) -> 
             include_in_schema=False)
 async def model_ready(request: Request, name: str, version: Optional[str] = None) -> Dict:
     """200 when the model can infer, 503 (with the reason) otherwise."""
-    model = app_state(request).model(name)
-    check_version(model, version)
+    model = app_state(request).model(name, version)
     model.check_ready()
     return {"name": name, "ready": True}
 
@@ -134,22 +130,16 @@ _INFER = dict(response_model=InferResponse, dependencies=[Depends(require_token)
 async def infer(request: Request, name: str, version: Optional[str] = None) -> Response:
     """Run the model on tensors: ``images`` FP32 [B,3,H,W] (+ ``sizes`` INT64 [B,2] for
     detection); outputs ``logits`` or ``pred_logits``/``pred_boxes``."""
-    model = get_model(request, name)
-    check_version(model, version)
+    model = get_model(request, name, version)
     if media_type(request) not in _V2_TYPES:
         raise ServeError(415, f"unsupported media type {media_type(request)}: send "
                          "application/json or application/octet-stream")
     codings = content_codings(request)  # 415 before reading the body
     raw = await request.body()
-    model.admit()  # a full queue answers 503 before spending CPU on decoding
+    model.shed()  # a full queue answers 503 before any tensor is parsed
     body = decode_body(raw, codings, app_state(request).settings.max_body_bytes)
     req, tensors = decode_request(body, request.headers.get("inference-header-content-length"))
-    return await _respond(model, req, tensors, app_state(request).settings.max_images)
-
-
-async def _respond(model: ServedModel, req: InferRequest, tensors: Dict, max_images: int
-                   ) -> Response:
-    outputs = await run_infer(model, req, tensors, max_images)
+    outputs = await run_infer(model, req, tensors)
     header = {"model_name": model.name, "model_version": "1"}
     if req.id is not None:
         header["id"] = req.id

@@ -10,16 +10,10 @@ from irpe.artifact.contract import input_names, output_names
 from irpe.artifact.triton_config import V2_TYPES, TensorInfo, model_config, onnx_io
 
 from .errors import ServeError
-from .model import ServedModel, validate_count
+from .model import ServedModel
 from .v2codec import InferRequest, OutTensor, classification_strings, datatype_of
 
-__all__ = ["check_version", "model_metadata", "run_infer", "triton_config"]
-
-
-def check_version(model: ServedModel, version: Optional[str]) -> None:
-    """Every model has the single version "1"."""
-    if version is not None and version != "1":
-        raise ServeError(404, f"model {model.name} has no version {version!r} (only \"1\")")
+__all__ = ["model_metadata", "run_infer", "triton_config"]
 
 
 def _tensor(name: str, datatype: str, shape: List[int]) -> Dict:
@@ -67,16 +61,15 @@ def triton_config(model: ServedModel) -> Dict:
     return config
 
 
-def _images(model: ServedModel, tensors: Dict[str, np.ndarray], max_images: int) -> np.ndarray:
-    unknown = set(tensors) - set(input_names(model.task))
-    if unknown or "images" not in tensors:
-        raise ServeError(400, f"model {model.name} takes inputs {list(input_names(model.task))}"
+def _images(model: ServedModel, tensors: Dict[str, np.ndarray], names: Tuple[str, ...]
+            ) -> np.ndarray:
+    if set(tensors) - set(names) or "images" not in tensors:
+        raise ServeError(400, f"model {model.name} takes inputs {list(names)}"
                          f", got {sorted(tensors)}")
     images = tensors["images"]
     if images.dtype != np.float32 or images.ndim != 4 or images.shape[1] != 3:
         raise ServeError(400, f"images must be FP32 [batch, 3, height, width], got "
                          f"{datatype_of(images)} {list(images.shape)}")
-    validate_count(images.shape[0], max_images)
     p = model.preprocess
     if model.task == "classification" and images.shape[2:] != (p.size, p.size):
         raise ServeError(400, f"images must be [batch, 3, {p.size}, {p.size}] for model "
@@ -101,13 +94,15 @@ def _sizes(images: np.ndarray, sizes: Optional[np.ndarray]) -> List[Tuple[int, i
     return [(int(h), int(w)) for h, w in sizes]
 
 
-async def run_infer(model: ServedModel, req: InferRequest, tensors: Dict[str, np.ndarray],
-                    max_images: int) -> List[OutTensor]:
-    """Validate inputs, run them through the batcher, build the requested outputs."""
-    images = _images(model, tensors, max_images)
+async def run_infer(model: ServedModel, req: InferRequest, tensors: Dict[str, np.ndarray]
+                    ) -> List[OutTensor]:
+    """Validate inputs, run them through the model's one pass (image count, queue room,
+    batching), build the requested outputs."""
+    in_names, out_names = input_names(model.task), output_names(model.task)  # export contract
+    images = _images(model, tensors, in_names)
     sizes = _sizes(images, tensors.get("sizes")) if model.task == "detection" else None
-    wanted = _requested(model, req)
-    rows = await model.infer(list(images), sizes, _timeout(model, req))
+    wanted, timeout_s = _requested(model, req, out_names), _timeout(model, req)
+    rows = await model.infer(list(images), sizes, timeout_s)
     outputs = []
     for name, params in wanted:
         array = np.stack([r[name] for r in rows])
@@ -121,8 +116,8 @@ async def run_infer(model: ServedModel, req: InferRequest, tensors: Dict[str, np
     return outputs
 
 
-def _requested(model: ServedModel, req: InferRequest) -> List[Tuple[str, Dict]]:
-    names = output_names(model.task)
+def _requested(model: ServedModel, req: InferRequest, names: Tuple[str, ...]
+               ) -> List[Tuple[str, Dict]]:
     if req.outputs is None:
         return [(n, {}) for n in names]
     for out in req.outputs:

@@ -10,9 +10,9 @@ import torch
 from PIL import Image
 
 from irpe.data.transforms import (ImageError, Preprocess, load_image, load_image_for,
-                                  resize_shorter)
+                                  normalize, resize_shorter, to_tensor)
 from serve import preprocess_pool
-from serve.preprocess_pool import decode_u8, map_images, normalize
+from serve.preprocess_pool import decode_u8, map_images
 
 CLS = Preprocess()
 DET = Preprocess(task="detection", min_size=200, max_size=333)
@@ -77,12 +77,23 @@ def test_uint8_then_normalize_equals_preprocess_bit_for_bit(pre):
     pixels, (h, w) = decode_u8(blob, pre)
     assert pixels.dtype == np.uint8 and (h, w) == (300, 451)
     expected = pre(load_image(blob)).numpy()
-    assert np.array_equal(normalize(pixels[None], pre.mean, pre.std)[0], expected)
+    assert np.array_equal(normalize(torch.from_numpy(pixels[None]), pre.mean, pre.std)[0].numpy(),
+                          expected)
+
+
+def test_normalize_is_the_formula_on_any_layout():
+    pixels = np.random.default_rng(3).integers(0, 256, (2, 3, 5, 7), dtype=np.uint8)
+    mean, std = np.array(CLS.mean), np.array(CLS.std)
+    want = (pixels / 255.0 - mean[:, None, None]) / std[:, None, None]  # float64
+    got = normalize(torch.from_numpy(pixels), CLS.mean, CLS.std)
+    assert got.dtype == torch.float32 and np.abs(got.numpy() - want).max() < 1e-6
+    image = Image.fromarray(pixels[0].transpose(1, 2, 0))  # training's to_tensor: the same
+    assert torch.equal(to_tensor(image, CLS.mean, CLS.std), got[0])
 
 
 def test_normalize_keeps_detection_padding_zero():
     batch = np.full((2, 3, 6, 8), 200, np.uint8)
-    out = normalize(batch, DET.mean, DET.std, np.array([[6, 8], [4, 5]]))
+    out = normalize(torch.from_numpy(batch), DET.mean, DET.std, np.array([[6, 8], [4, 5]]))
     assert (out[1, :, 4:, :] == 0).all() and (out[1, :, :, 5:] == 0).all()
     assert (out[1, :, :4, :5] != 0).all() and (out[0] != 0).all()
 

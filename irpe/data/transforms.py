@@ -142,10 +142,30 @@ def center_crop_box(size: Tuple[int, int], crop: int) -> Tuple[int, int, int, in
 
 
 def to_tensor(image, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> torch.Tensor:
-    """RGB PIL image -> normalised float32 (3, H, W)."""
-    array = np.asarray(image, dtype=np.float32) / 255.0
-    array = (array - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
-    return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
+    """RGB PIL image -> normalised float32 (3, H, W) (:func:`normalize`)."""
+    pixels = torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1)
+    return normalize(pixels, mean, std).contiguous()
+
+
+def normalize(pixels: torch.Tensor, mean=IMAGENET_MEAN, std=IMAGENET_STD,
+              sizes: Optional[Union[np.ndarray, torch.Tensor]] = None) -> torch.Tensor:
+    """uint8 (..., 3, H, W) pixels on any device -> float32 (x / 255 - mean) / std: the one
+    normalisation of training, evaluation and every serving backend. With ``sizes`` (B, 2) =
+    valid (h, w) of each image of a padded batch (detection), the padding stays 0."""
+    x = pixels.to(torch.float32) / 255.0
+    x = (x - _per_channel(mean, x)) / _per_channel(std, x)
+    if sizes is None:
+        return x
+    hw = torch.as_tensor(sizes, device=x.device)
+    rows = torch.arange(x.shape[-2], device=x.device).view(1, -1, 1)
+    cols = torch.arange(x.shape[-1], device=x.device).view(1, 1, -1)
+    inside = (rows < hw[:, 0].view(-1, 1, 1)) & (cols < hw[:, 1].view(-1, 1, 1))
+    return torch.where(inside.unsqueeze(1), x, torch.zeros((), device=x.device))
+
+
+def _per_channel(values, like: torch.Tensor) -> torch.Tensor:
+    """Channel values as float32 (3, 1, 1) on ``like``'s device (no copy when already there)."""
+    return torch.as_tensor(values, dtype=torch.float32, device=like.device).view(-1, 1, 1)
 
 
 @dataclass(frozen=True)

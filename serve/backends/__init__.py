@@ -9,27 +9,21 @@ answers the same request the same.
 from __future__ import annotations
 
 import functools
-import importlib
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Callable, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
+import torch
 
 from irpe.artifact.trained import ModelSpec
+from irpe.data.transforms import normalize
 from irpe.artifact.contract import input_names, output_names  # the export contract
 
-if TYPE_CHECKING:  # (the config needs pydantic; serve.backends.cuda_graphs is used without it)
-    from ..config import ModelConfig
+from ..config import ModelConfig
+from ..registry import backend_factory, backend_names, register_backend
 
 __all__ = ["Backend", "backend_names", "create_backend", "input_names", "output_names",
            "register_backend"]
-
-_CLASSES = {"torch": "serve.backends.torch_backend:TorchBackend",
-            "onnxruntime": "serve.backends.ort_backend:OrtBackend",
-            "tensorrt": "serve.backends.trt_backend:TensorRTBackend"}
-_BUILTIN = frozenset(_CLASSES)
-Factory = Callable[["ModelConfig", int], "Backend"]
-_FACTORIES: Dict[str, Factory] = {}
 
 
 class Backend(ABC):
@@ -56,18 +50,18 @@ class Backend(ABC):
 
     def infer_uint8(self, images: np.ndarray, sizes: Optional[np.ndarray]
                     ) -> Dict[str, np.ndarray]:
-        """One batch of uint8 (B, 3, H, W) pixels (decoded images, padding 0): normalised with
-        the artifact's mean/std here on the host; the torch backend does it on its device."""
-        from ..preprocess_pool import normalize
-        mean, std = self._host_mean_std
-        return self.infer(normalize(images, mean, std, sizes), sizes)
+        """One batch of uint8 (B, 3, H, W) pixels (decoded images, padding 0), normalised
+        (irpe.data.transforms.normalize) here on the host; the torch backend does it on its
+        device."""
+        mean, std = self.mean_std
+        return self.infer(normalize(torch.from_numpy(images), mean, std, sizes).numpy(), sizes)
 
     @functools.cached_property
-    def _host_mean_std(self) -> Tuple[np.ndarray, np.ndarray]:
-        """The artifact's mean and std as float32 (1, 3, 1, 1), built once, not per batch."""
+    def mean_std(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The artifact's mean and std as float32 CPU tensors, built once, not per batch."""
         pre = self.spec.transform()
-        return (np.asarray(pre.mean, np.float32).reshape(1, 3, 1, 1),
-                np.asarray(pre.std, np.float32).reshape(1, 3, 1, 1))
+        return (torch.tensor(pre.mean, dtype=torch.float32),
+                torch.tensor(pre.std, dtype=torch.float32))
 
     def warmup(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
         """First batch after loading (allocations, kernel selection); readiness waits for it."""
@@ -77,22 +71,7 @@ class Backend(ABC):
         """Release the runtime's resources."""
 
 
-def register_backend(name: str, factory: Factory) -> None:
-    """Make ``backend: NAME`` usable in model configs (plug-ins, test doubles); the built-in
-    names cannot be replaced. ``factory(cfg, threads)`` returns a Backend."""
-    if name in _BUILTIN:
-        raise ValueError(f"backend {name!r} is built in and cannot be replaced")
-    _FACTORIES[name] = factory
-
-
-def backend_names() -> Tuple[str, ...]:
-    """Built-in and registered backend names."""
-    return tuple(_CLASSES) + tuple(sorted(_FACTORIES))
-
-
 def create_backend(cfg: ModelConfig, threads: int = 0) -> Backend:
-    """The backend ``cfg.backend`` names, constructed (spec read, nothing loaded)."""
-    if cfg.backend in _FACTORIES:
-        return _FACTORIES[cfg.backend](cfg, threads)
-    module, _, name = _CLASSES[cfg.backend].partition(":")
-    return getattr(importlib.import_module(module), name)(cfg, threads)
+    """The backend ``cfg.backend`` names (serve.registry), constructed (spec read, nothing
+    loaded)."""
+    return backend_factory(cfg.backend)(cfg, threads)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from irpe.artifact.trained import ModelSpec, load_trained, read_spec
+from irpe.data.transforms import normalize
 from irpe.precision import torch_dtype
 
 from . import Backend, output_names
@@ -61,7 +62,7 @@ class TorchBackend(Backend):
         self.reference = copy.deepcopy(model).to(device) if self.precision != "fp32" else None
         self.model, self.device = model.to(device=device, dtype=self.dtype), device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self.mean, self.std = (torch.from_numpy(a).to(device) for a in self._host_mean_std)
+        self.mean, self.std = (t.to(device) for t in self.mean_std)
         if self.cfg.cuda_graphs:
             self._capture(self.spec.transform().size)
 
@@ -106,7 +107,7 @@ class TorchBackend(Backend):
         with self._on_stream():
             if self.device.type == "cuda" and x.device.type == "cpu":
                 x = x.pin_memory().to(self.device, non_blocking=True)
-            x = self._normalize(x, sizes).to(self.dtype)
+            x = normalize(x, self.mean, self.std, sizes).to(self.dtype)
             return self._outputs(self._forward(self.model, x, sizes, self.graphs))
 
     def _consume(self, x: torch.Tensor) -> None:
@@ -117,17 +118,6 @@ class TorchBackend(Backend):
             return
         self.stream.wait_stream(torch.cuda.current_stream(x.device))
         x.record_stream(self.stream)
-
-    def _normalize(self, x: torch.Tensor, sizes: Optional[np.ndarray]) -> torch.Tensor:
-        """(x / 255 - mean) / std in fp32 on the device; detection padding back to 0."""
-        x = (x.to(torch.float32) / 255.0 - self.mean) / self.std
-        if sizes is None:
-            return x
-        rows = torch.arange(x.shape[2], device=self.device).view(1, -1, 1)
-        cols = torch.arange(x.shape[3], device=self.device).view(1, 1, -1)
-        hw = torch.from_numpy(sizes).to(self.device)
-        inside = (rows < hw[:, 0].view(-1, 1, 1)) & (cols < hw[:, 1].view(-1, 1, 1))
-        return x * inside.unsqueeze(1)
 
     def warmup(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
         """First batch; in fp16/bf16 also compared with the fp32 model (RuntimeError past the

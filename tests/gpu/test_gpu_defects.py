@@ -148,13 +148,13 @@ def test_nvjpeg_batch_under_a_busy_stream_equals_pil_path(cls_file):
     model.backends[0].load()
     blobs = [jpeg_photo(451, 300), jpeg_photo(300, 451), jpeg_photo(640, 480)]
     on_gpu = model.prepare(blobs)
-    assert all(isinstance(p, torch.Tensor) and p.is_cuda for p, _ in on_gpu)
-    quiet = model._run_batch(0, [(p, None) for p, _ in on_gpu])
-    flipped = [(p, None) for p, _ in reversed(on_gpu)]  # stale memory would hold the old order
+    assert all(isinstance(p.image, torch.Tensor) and p.image.is_cuda for p in on_gpu)
+    quiet = model._run_batch(0, on_gpu)
+    flipped = on_gpu[::-1]  # stale memory would hold the old order
     torch.cuda._sleep(int(1e9))  # ~0.5 s of GPU time queued ahead of the stack
     busy = model._run_batch(0, flipped)[::-1]
     cpu = _cpu_only(model).prepare(blobs)
-    pil = model._run_batch(0, [(p, None) for p, _ in cpu])
+    pil = model._run_batch(0, cpu)
     model.backends[0].close()
     for q, b, p in zip(quiet, busy, pil):  # (not bitwise: a V-term scatter may use atomics)
         np.testing.assert_allclose(b["logits"], q["logits"], rtol=1e-5, atol=1e-5)

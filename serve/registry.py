@@ -1,0 +1,40 @@
+"""Backend names -> factories: the built-in runtimes and the names registered by plug-ins.
+
+Its own module, below both ``serve.config`` (which checks a model's ``backend`` against these
+names) and ``serve.backends`` (which builds the backend a name stands for), so neither of those
+imports the other's side of the registry.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Dict, Tuple
+
+__all__ = ["BUILTIN", "Factory", "backend_factory", "backend_names", "register_backend"]
+
+# built-in names -> "module:Class", imported on first use (onnxruntime / tensorrt are optional)
+BUILTIN: Dict[str, str] = {"torch": "serve.backends.torch_backend:TorchBackend",
+                           "onnxruntime": "serve.backends.ort_backend:OrtBackend",
+                           "tensorrt": "serve.backends.trt_backend:TensorRTBackend"}
+Factory = Callable[[Any, int], Any]  # (ModelConfig, threads) -> serve.backends.Backend
+_registered: Dict[str, Factory] = {}
+
+
+def register_backend(name: str, factory: Factory) -> None:
+    """Make ``backend: NAME`` usable in model configs (plug-ins, test doubles); the built-in
+    names cannot be replaced. ``factory(cfg, threads)`` returns a Backend."""
+    if name in BUILTIN:
+        raise ValueError(f"backend {name!r} is built in and cannot be replaced")
+    _registered[name] = factory
+
+
+def backend_names() -> Tuple[str, ...]:
+    """Built-in and registered backend names."""
+    return tuple(BUILTIN) + tuple(sorted(_registered))
+
+
+def backend_factory(name: str) -> Factory:
+    """The factory of backend ``name`` (a registered one, or the built-in class, imported now)."""
+    if name in _registered:
+        return _registered[name]
+    module, _, cls = BUILTIN[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
