@@ -31,7 +31,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -39,7 +39,8 @@ import torch
 from benchmarks import deit_forward
 from benchmarks.deit_forward import MODELS, device_name
 from benchmarks.report import write_json_md
-from irpe.runtime.onnxruntime.session import create_session, find_library, share_thread_pool
+from irpe.runtime.onnxruntime.session import (OrtOptions, create_session, find_library,
+                                               share_thread_pool)
 
 GOALS = {"irpe_k": 0.95, "irpe_qkv": 0.90, "irpe_k_ops": 0.98, "irpe_qkv_ops": 0.95}
 OPS_SUFFIX = "_ops"  # rows of the sessions with the custom-op library
@@ -133,27 +134,27 @@ def attention_blocks(paths: Dict[str, Path]) -> Dict[str, bytes]:
             for key in names if key in paths}
 
 
-def _session(graph: bytes, threads: int, ops: bool, stages: str = "1"):
-    """A session of ``graph`` with or without the library, fusion stages ``stages``."""
-    return create_session(graph, threads=threads, custom_ops="on" if ops else "off",
-                          quiet=True, fuse=stages)[0]
+def _session(graph: bytes, threads: int, library: Optional[Path], stages: str = "1"):
+    """A session of ``graph`` with the ``library`` (None: without), rewrite stages ``stages``."""
+    return create_session(graph, threads=threads, custom_ops="on" if library else "off",
+                          library=library, quiet=True, rewrites=stages)[0]
 
 
-def measure_ops(threads: int, repeats: int, warmup: int, custom_ops: bool,
+def measure_ops(threads: int, repeats: int, warmup: int, library: Optional[Path],
                 blocks: Dict[str, bytes] = None) -> Dict[str, List[float]]:
-    """Seconds per run of each formulation (checked equal to the first of its kind); with
-    ``custom_ops`` each of ours also as the custom op (key ``... [custom op]``), and the iRPE
+    """Seconds per run of each formulation (checked equal to the first of its kind); with the
+    custom-op ``library`` each of ours also as the custom op (key ``... [custom op]``), and the iRPE
     attention block also with the fused ops of session 4 (no RPEAttention)."""
     feeds = _layer_feeds()
     runs: Dict[str, Callable[[], object]] = {}
     for key, graph in dict(formulations(), **(blocks or {})).items():
         variants = [(False, "1")]
-        if custom_ops and "(ours)" in key:
+        if library and "(ours)" in key:
             variants.append((True, "1"))
-        if custom_ops and key.startswith("attention block, iRPE"):
+        if library and key.startswith("attention block, iRPE"):
             variants.append((True, SESSION4_STAGES))
         for ops, stages in variants:
-            session = _session(graph, threads, ops, stages)
+            session = _session(graph, threads, library if ops else None, stages)
             names = [i.name for i in session.get_inputs()]
             label = key if not ops else key.replace(
                 "(ours)", "(custom op)" if stages == "1" else "(fused ops, no RPEAttention)")
@@ -182,12 +183,13 @@ def export_models(models: Dict[str, str], folder: Path, overrides: Dict) -> Dict
 
 
 def measure(paths: Dict[str, Path], batch: int, threads: int, repeats: int,
-            warmup: int, custom_ops: bool = False, sessions: int = 1) -> Dict[str, List[float]]:
-    """Seconds per session.run for each exported file, interleaved round-robin; with
-    ``custom_ops`` every file also runs with the library (key + OPS_SUFFIX). With
+            warmup: int, library: Optional[Path] = None, sessions: int = 1
+            ) -> Dict[str, List[float]]:
+    """Seconds per session.run for each exported file, interleaved round-robin; with the
+    custom-op ``library`` every file also runs with it (key + OPS_SUFFIX). With
     ``sessions`` > 1 each row gets that many sessions of its own, each run once per round, and
     the round's time is their mean: one session's memory placement does not decide the row."""
-    runs, outputs, _ = session_runs(paths, batch, threads, custom_ops, sessions)
+    runs, outputs, _ = session_runs(paths, batch, threads, library, sessions)
     for key in paths:  # the custom ops must give the functions' logits
         if key + OPS_SUFFIX in outputs:
             np.testing.assert_allclose(outputs[key + OPS_SUFFIX], outputs[key], rtol=1e-5,
@@ -195,20 +197,20 @@ def measure(paths: Dict[str, Path], batch: int, threads: int, repeats: int,
     return round_robin(runs, repeats, warmup, "models")
 
 
-def session_runs(paths: Dict[str, Path], batch: int, threads: int, custom_ops: bool,
+def session_runs(paths: Dict[str, Path], batch: int, threads: int, library: Optional[Path],
                  sessions: int) -> Tuple[Dict[str, List[Callable[[], object]]],
                                          Dict[str, np.ndarray], Dict[str, object]]:
     """(``sessions`` run callables, first output, fusion report) per row: every file stock and,
-    with ``custom_ops``, with the library (key + OPS_SUFFIX), all fed one random batch."""
+    with the custom-op ``library``, with it (key + OPS_SUFFIX), all fed one random batch."""
     x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224), dtype=np.float32)
     runs: Dict[str, List[Callable[[], object]]] = {}
     outputs: Dict[str, np.ndarray] = {}
     fusion: Dict[str, object] = {}
     for key, path in paths.items():
-        for ops in (False, True) if custom_ops else (False,):
+        for ops in (False, True) if library else (False,):
             label = key + OPS_SUFFIX if ops else key
             for _ in range(sessions):
-                session, how = create_session(path, threads=threads,
+                session, how = create_session(path, threads=threads, library=library,
                                               custom_ops="on" if ops else "off", quiet=True)
                 runs.setdefault(label, []).append(
                     functools.partial(session.run, None, {"images": x}))
@@ -336,17 +338,17 @@ def main(argv=None) -> int:
     shared = not args.own_pools and share_thread_pool(args.threads)
     print(f"ONNX Runtime export benchmark: batch {args.batch}, {args.threads} threads, "
           f"{args.repeats} rounds", flush=True)
-    library = None if args.no_custom_ops else find_library()
+    library = None if args.no_custom_ops else find_library(OrtOptions.from_env().library)
     why = "--no-custom-ops" if args.no_custom_ops else "not built: plugins/onnxruntime/build.sh"
     print(f"custom-op rows: {library or f'none ({why})'}", flush=True)
     load_before = _load()
     with tempfile.TemporaryDirectory() as tmp:
         paths = export_models(models, Path(tmp), overrides)
         times = measure(paths, args.batch, args.threads, args.repeats, args.warmup,
-                        library is not None, args.sessions)
+                        library, args.sessions)
         blocks = {} if args.quick else attention_blocks(paths)
     ops = {} if args.quick else measure_ops(args.threads, 3 * args.repeats, args.warmup,
-                                            library is not None, blocks)
+                                            library, blocks)
     result = {"device": device_name(), "onnxruntime": onnxruntime.__version__,
               "torch": torch.__version__, "batch": args.batch, "threads": args.threads,
               "repeats": args.repeats, "sessions": args.sessions, "quick": args.quick,

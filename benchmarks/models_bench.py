@@ -170,13 +170,14 @@ def _export(value: Entry, path: Path) -> None:
 
 def ort_runner(value: Entry, inputs, cache: Path, threads: int) -> Runner:
     """An onnxruntime CPU session of a model exported by export.onnx (cached per model); the
-    iRPE custom-op library when built (irpe.runtime.onnxruntime.session, $IRPE_ORT_CUSTOM_OPS=off: functions)."""
+    iRPE custom-op library when built (irpe.runtime.onnxruntime.session; the OrtOptions of
+    the environment: $IRPE_ORT_CUSTOM_OPS=off: functions)."""
     from irpe.artifact.contract import io_spec
-    from irpe.runtime.onnxruntime.session import create_session
+    from irpe.runtime.onnxruntime.session import OrtOptions, create_session
     path = cache / (label(value).replace(" ", "_").replace("=", "-").strip("()") + ".onnx")
     if not path.is_file():
         _export(value, path)
-    sess, _ = create_session(path, threads=threads)
+    sess, _ = create_session(path, threads=threads, options=OrtOptions.from_env())
     task = "detection" if len(inputs) == 2 else "classification"
     feeds = {n: t.cpu().numpy() for n, t in zip(io_spec(task)[0], inputs)}
     return lambda: sess.run(None, feeds)

@@ -19,7 +19,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -29,7 +29,7 @@ from benchmarks.deit_forward import MODELS, device_name
 from benchmarks.export_ort import (OPS_SUFFIX, QUICK_OVERRIDES, round_robin, export_models,
                                    session_runs)
 from benchmarks.report import write_json_md
-from irpe.runtime.onnxruntime.session import find_library, share_thread_pool
+from irpe.runtime.onnxruntime.session import OrtOptions, find_library, share_thread_pool
 
 INT8 = "_int8"
 # (row, reference row, goal): throughput(row) / throughput(reference) >= goal
@@ -57,10 +57,10 @@ def quantize_models(paths: Dict[str, Path], mode: str, samples: int) -> Dict[str
 
 
 def measure(paths: Dict[str, Path], batch: int, threads: int, repeats: int, warmup: int,
-            custom_ops: bool, sessions: int):
+            library: Optional[Path], sessions: int):
     """(seconds per run per row, fusion line per row, logits per row) for every file, stock
-    and (``custom_ops``) with the library, timed round-robin."""
-    runs, logits, how = session_runs(paths, batch, threads, custom_ops, sessions)
+    and with the custom-op ``library`` (when not None), timed round-robin."""
+    runs, logits, how = session_runs(paths, batch, threads, library, sessions)
     fusion = {label: report.describe() for label, report in how.items()}
     return round_robin(runs, repeats, warmup, "models"), fusion, logits
 
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
     import onnxruntime
     torch.set_num_threads(args.threads)
     share_thread_pool(args.threads)
-    library = find_library()
+    library = find_library(OrtOptions.from_env().library)
     print(f"int8 benchmark: batch {args.batch}, {args.threads} threads, custom-op rows: "
           f"{library or 'none (plugins/onnxruntime/build.sh)'}", flush=True)
     uptime, load_before = _uptime(), _load()
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
         paths = export_models(models, Path(tmp), overrides)
         paths.update(quantize_models(dict(paths), args.mode, args.samples))
         times, fusion, logits = measure(paths, args.batch, args.threads, args.repeats,
-                                        args.warmup, library is not None, args.sessions)
+                                        args.warmup, library, args.sessions)
     names = {k: models[k.replace(INT8, "").replace(OPS_SUFFIX, "")] for k in times}
     result = {"device": device_name(), "onnxruntime": onnxruntime.__version__,
               "torch": torch.__version__, "batch": args.batch, "threads": args.threads,

@@ -52,13 +52,13 @@ def _output(source: str, output) -> str:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Compare the file with PyTorch; exit status 1 when any output is out of tolerance."""
-    from irpe.runtime.onnxruntime.session import CustomOpsError
+    from irpe.runtime.onnxruntime.session import CustomOpsError, OrtOptions
     from .validate import validate, write_report
+    ort_options = OrtOptions.from_env().with_(args.custom_ops, args.ops_library, args.rewrites)
     try:
         report = validate(args.file, args.source, args.checkpoint, num_inputs=args.num_inputs,
                           image_dir=args.images, atol=args.atol, rtol=args.rtol,
-                          precision=args.precision, sizes=args.sizes,
-                          custom_ops=getattr(args, "custom_ops", None))
+                          precision=args.precision, sizes=args.sizes, ort_options=ort_options)
     except CustomOpsError as exc:
         raise CLIError(str(exc)) from None
     if args.json:
@@ -170,6 +170,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--custom-ops", choices=["auto", "on", "off"], default=None,
                    help="ONNX Runtime iRPE custom-op library (plugins/onnxruntime): auto (default, "
                         "$IRPE_ORT_CUSTOM_OPS), on (required) or off (the file's functions)")
+    p.add_argument("--ops-library", metavar="FILE", help="the custom-op library file (default "
+                   "$IRPE_ORT_OPS_LIBRARY, else build/plugins/libirpe_ort_ops.so)")
+    p.add_argument("--rewrites", metavar="STAGES", help="load-time graph rewrites with the "
+                   "library: 1 (all), 0 (none) or a comma list of qlayout, gather, scatter, "
+                   "softmax, attention (default $IRPE_ORT_FUSE, else 1)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("build-engine", help="ONNX -> TensorRT engine (tensorrt or TensorRT-RTX)")

@@ -19,6 +19,7 @@ import torch
 from irpe.artifact.trained import spec_from_metadata
 from irpe.artifact.contract import (ENGINE_SUFFIXES, onnx_precision, read_onnx_props, read_sidecar,
                                     sidecar_path)
+from irpe.runtime.onnxruntime.session import OrtOptions
 
 from .inputs import Batch, make_batches
 from .pair import check_pair
@@ -36,15 +37,17 @@ INT8_LIMITS = {"top1_agreement": (">=", 0.9), "label_agreement": (">=", 0.9),
 Runner = Callable[[Dict[str, torch.Tensor]], Dict[str, np.ndarray]]
 
 
-def _onnx_runner(path: str, custom_ops: Optional[str] = None
+def _onnx_runner(path: str, ort_options: Optional[OrtOptions] = None
                  ) -> Tuple[Runner, Dict[str, str], str]:
-    """ORT session (custom-op library when found, see irpe.runtime.onnxruntime.session); with the library, a
-    function-path session runs beside it and ``run.versus`` collects max |custom - functions|."""
+    """ORT session run as ``ort_options`` say (custom-op library when found, see
+    irpe.runtime.onnxruntime.session); with the library, a function-path session runs beside it
+    and ``run.versus`` collects max |custom - functions|."""
     import onnxruntime as ort
     from irpe.runtime.onnxruntime.session import create_session
     props = read_onnx_props(path)
-    session, ops = create_session(path, custom_ops=custom_ops)
-    functions = create_session(path, custom_ops="off", quiet=True)[0] if ops.custom_ops else None
+    session, ops = create_session(path, options=ort_options)
+    functions = (create_session(path, options=ort_options, custom_ops="off", quiet=True)[0]
+                 if ops.custom_ops else None)
     names = [i.name for i in session.get_inputs()]
     outputs = [o.name for o in session.get_outputs()]
 
@@ -138,11 +141,12 @@ def _detection_metrics(got: Dict[str, np.ndarray], exp: Dict[str, np.ndarray]) -
             "box_l1_mean": float(box_l1.mean()), "box_l1_max": float(box_l1.max())}
 
 
-def _resolve(path: str, source, checkpoint, custom_ops: Optional[str] = None
+def _resolve(path: str, source, checkpoint, ort_options: Optional[OrtOptions] = None
              ) -> Tuple[Runner, Source, str]:
     """The file's runner, the PyTorch reference (from metadata unless given) and a label."""
     is_engine = path.endswith(ENGINE_SUFFIXES)
-    run, props, runtime = _engine_runner(path) if is_engine else _onnx_runner(path, custom_ops)
+    run, props, runtime = (_engine_runner(path) if is_engine
+                           else _onnx_runner(path, ort_options))
     if source is not None:
         src = load_source(source, checkpoint)
         check_pair(path, props, src, os.fspath(source) if isinstance(source, (str, os.PathLike))
@@ -174,10 +178,14 @@ def validate(onnx_or_engine_path: os.PathLike, source=None, checkpoint: Optional
              atol: Optional[float] = None, rtol: Optional[float] = None,
              precision: Optional[str] = None,
              sizes: Optional[Sequence[Tuple[int, int]]] = None,
-             custom_ops: Optional[str] = None) -> Dict:
+             custom_ops: Optional[str] = None,
+             ort_options: Optional[OrtOptions] = None) -> Dict:
     """Run the file and PyTorch on the same inputs; the report's ``passed`` is the verdict.
-    ``custom_ops`` (auto/on/off): ONNX Runtime's iRPE path (irpe.runtime.onnxruntime.session); ``precision``
-    picks the tolerances (default: the file's, from its metadata: int8 when quantised)."""
+    ``ort_options``: how ONNX Runtime runs the iRPE nodes (default ``OrtOptions()``;
+    irpe.runtime.onnxruntime.session), ``custom_ops`` (auto/on/off) replacing its mode;
+    ``precision`` picks the tolerances (default: the file's, from its metadata: int8 when
+    quantised)."""
+    ort_options = (ort_options or OrtOptions()).with_(custom_ops=custom_ops)
     path = os.fspath(onnx_or_engine_path)
     if precision is None:
         precision = _file_precision(path)
@@ -188,7 +196,7 @@ def validate(onnx_or_engine_path: os.PathLike, source=None, checkpoint: Optional
     atol = TOLERANCES[precision][0] if atol is None else atol
     rtol = TOLERANCES[precision][1] if rtol is None else rtol
     start = time.perf_counter()
-    run, src, runtime = _resolve(path, source, checkpoint, custom_ops)
+    run, src, runtime = _resolve(path, source, checkpoint, ort_options)
     if sizes and src.spec.task != "detection":
         raise ValueError("sizes apply to detection models only")
     img = getattr(getattr(src.model, "patch_embed", None), "img_size", None)

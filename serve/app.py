@@ -12,6 +12,7 @@ from fastapi.openapi.utils import get_openapi
 
 import irpe
 from irpe.errors import GPURequired
+from irpe.fused.dispatch import set_fused_attention
 from irpe.idcache import BUCKET_IDS
 
 from .config import ServeSettings
@@ -21,6 +22,7 @@ from .inputs import ImagesJSON
 from .metrics import CONTENT_TYPE, Metrics
 from .middleware import BodyLimitMiddleware, ObserveMiddleware
 from .model import ServedModel
+from .preprocess_pool import set_decode_threads
 from .rest import router as rest_router
 from .state import AppState, app_state
 from .v2 import router as v2_router
@@ -87,6 +89,9 @@ def create_app(settings: ServeSettings) -> FastAPI:
     state = AppState(settings, build_models(settings, metrics), metrics)
     if settings.bucket_cache_mib is not None:  # one cache per process (irpe.idcache)
         BUCKET_IDS.set_limit(int(settings.bucket_cache_mib * (1 << 20)))
+    set_decode_threads(settings.decode_threads)  # process-wide too
+    if settings.fused_attention is not None:
+        set_fused_attention(settings.fused_attention)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -90,7 +90,7 @@ def _settings(args: argparse.Namespace):
 def _with_demo(settings, args: argparse.Namespace):
     from .demo import demo_models
     demo = demo_models(args.backend, settings.cache_dir, args.device)
-    return settings.model_copy(update={"models": settings.models + demo})
+    return settings.with_models(settings.models + demo)
 
 
 def _with_precision(settings, precision: str):

@@ -4,25 +4,61 @@ Priority, highest first: explicit arguments (the CLI), environment variables
 (``IRPE_SERVE_PORT=9000``, ``IRPE_SERVE_MODELS='[{"name": ...}]'``), the repository file named by
 ``repository`` / ``IRPE_SERVE_REPOSITORY``, defaults. The file uses the same keys as the
 settings (``host``, ``port``, ``models: [...]``); relative model paths are resolved against
-the file's folder.
+the file's folder. The ONNX Runtime switches (``ort_custom_ops``, ``ort_ops_library``,
+``ort_rewrites``) and ``fused_attention`` also take the older variables (``IRPE_ORT_*``,
+``IRPE_FUSED_ATTENTION``) when their ``IRPE_SERVE_*`` name is not set; a model's own
+``ort_custom_ops`` / ``ort_rewrites`` win over the server's (docs/settings.md).
 """
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Literal, Optional, Tuple, Union
+from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, SecretStr, field_validator,
-                      model_validator)
+from pydantic import (AfterValidator, AliasChoices, BaseModel, BeforeValidator, ConfigDict,
+                      Field, SecretStr, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from irpe.runtime.onnxruntime.rewrites import STAGES, parse_stages
 
 from .registry import backend_names
 
 __all__ = ["ModelConfig", "ServeSettings", "read_repository"]
 
-_PATH_KEYS = ("path", "metadata")
+_PATH_KEYS = ("path", "metadata", "ort_ops_library")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+_ON_OFF = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}
+_FUSED = {"1": "fused", "0": "unfused"}
+
+
+def _custom_ops(value: Any) -> Any:
+    """auto/on/off, with the 1/true/yes and 0/false/no spellings the variables always took."""
+    return _ON_OFF.get(value.strip().lower(), value.strip().lower()) if isinstance(value, str) \
+        else value
+
+
+def _rewrites(value: str) -> str:
+    """Load-time graph rewrite stages, checked (irpe.runtime.onnxruntime.rewrites.parse_stages)
+    and written as 0 or the stage list in the order applied."""
+    stages = parse_stages(value)
+    return ",".join(s for s in STAGES if s in stages) or "0"
+
+
+def _fused_spelling(value: Any) -> Any:
+    """auto/fused/unfused, with the 1/0 the variable always took."""
+    return _FUSED.get(value.strip(), value.strip().lower()) if isinstance(value, str) else value
+
+
+CustomOps = Annotated[Literal["auto", "on", "off"], BeforeValidator(_custom_ops)]
+Rewrites = Annotated[str, AfterValidator(_rewrites)]
+FusedAttention = Annotated[Literal["auto", "fused", "unfused"], BeforeValidator(_fused_spelling)]
+
+
+def _env(name: str, *older: str) -> AliasChoices:
+    """The field's ``IRPE_SERVE_*`` variable, then the older names it replaces (the field's
+    own name still works in code and in the repository file: populate_by_name)."""
+    return AliasChoices(f"IRPE_SERVE_{name.upper()}", *older)
 
 
 class ModelConfig(BaseModel):
@@ -46,9 +82,16 @@ class ModelConfig(BaseModel):
     providers: Optional[List[str]] = Field(
         None, description="onnxruntime execution providers in priority order; default by device")
     plugins: List[Path] = Field(default_factory=list, description="tensorrt plugin libraries")
-    ort_custom_ops: Optional[Literal["auto", "on", "off"]] = Field(
+    ort_custom_ops: Optional[CustomOps] = Field(
         None, description="onnxruntime: iRPE custom-op library (plugins/onnxruntime) auto/on/off; "
-        "default $IRPE_ORT_CUSTOM_OPS or auto")
+        "default: the server's ort_custom_ops")
+    ort_rewrites: Optional[Rewrites] = Field(
+        None, description="onnxruntime with the library: load-time graph rewrite stages, 1 (all), "
+        "0 (none) or a comma list of qlayout, gather, scatter, softmax, attention; default: the "
+        "server's ort_rewrites")
+    ort_ops_library: Optional[Path] = Field(
+        None, description="onnxruntime: the custom-op library file; default: the server's "
+        "ort_ops_library")
     metadata: Optional[Path] = Field(
         None, description="tensorrt: .onnx or .safetensors holding the irpe metadata "
         "(default: the engine path with suffix .onnx)")
@@ -111,7 +154,8 @@ class ModelConfig(BaseModel):
 class ServeSettings(BaseSettings):
     """Everything ``irpe serve`` needs; see the module docstring for sources."""
 
-    model_config = SettingsConfigDict(env_prefix="IRPE_SERVE_", extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="IRPE_SERVE_", extra="forbid",
+                                      populate_by_name=True, loc_by_alias=False)
     repository: Optional[Path] = Field(None, description="model-repository file (.yaml/.toml)")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
@@ -128,6 +172,25 @@ class ServeSettings(BaseSettings):
         "`threads` threads, so one model's idle workers never spin beside another's run; "
         "per_model: a pool each. Only `irpe serve` makes the shared pool (ONNX Runtime's "
         "global pool is process-wide); an app built in another process keeps pools per model")
+    ort_custom_ops: CustomOps = Field(
+        "auto", validation_alias=_env("ort_custom_ops", "IRPE_ORT_CUSTOM_OPS"),
+        description="onnxruntime models: the iRPE custom-op library auto (when found), on "
+        "(required) or off (the file's ONNX functions); a model's ort_custom_ops wins")
+    ort_ops_library: Optional[Path] = Field(
+        None, validation_alias=_env("ort_ops_library", "IRPE_ORT_OPS_LIBRARY"),
+        description="the custom-op library file (default: build/plugins/libirpe_ort_ops.so, "
+        "libirpe_ort_ops_cuda.so on a GPU provider)")
+    ort_rewrites: Rewrites = Field(
+        "1", validation_alias=_env("ort_rewrites", "IRPE_ORT_FUSE"),
+        description="onnxruntime with the library: load-time graph rewrite stages, 1 (all), 0 "
+        "(none) or a comma list of qlayout, gather, scatter, softmax, attention; a model's "
+        "ort_rewrites wins")
+    fused_attention: Optional[FusedAttention] = Field(
+        None, validation_alias=_env("fused_attention", "IRPE_FUSED_ATTENTION"),
+        description="torch models: iRPE attention on the fused paths (auto: Triton on CUDA, "
+        "SDPA on CPU), forced (fused) or off (unfused); process-wide (irpe.fused)")
+    decode_threads: int = Field(0, ge=0, description="image decode threads, process-wide; "
+                                "0 = the CPUs this process may run on")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "json"
     shutdown_timeout_s: float = Field(30.0, gt=0, description="drain time on SIGTERM")
@@ -140,11 +203,49 @@ class ServeSettings(BaseSettings):
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings,
                                    dotenv_settings, file_secret_settings
                                    ) -> Tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, env_settings, RepositorySource(settings_cls)
+        return init_settings, FieldNames(settings_cls, env_settings), RepositorySource(settings_cls)
+
+    @model_validator(mode="after")
+    def _complete_models(self) -> "ServeSettings":
+        """Each model's ONNX Runtime switches: its own, else the server's."""
+        self.models = [self.completed(m) for m in self.models]
+        return self
+
+    def completed(self, model: ModelConfig) -> ModelConfig:
+        """``model`` with the server's ONNX Runtime switches where it sets none."""
+        return model.model_copy(update={
+            "ort_custom_ops": model.ort_custom_ops or self.ort_custom_ops,
+            "ort_rewrites": model.ort_rewrites or self.ort_rewrites,
+            "ort_ops_library": model.ort_ops_library or self.ort_ops_library})
+
+    def with_models(self, models: List[ModelConfig]) -> "ServeSettings":
+        """These settings serving ``models`` (completed as at validation)."""
+        return self.model_copy(update={"models": [self.completed(m) for m in models]})
 
     def model_names(self) -> List[str]:
         """Names of the configured models, in order."""
         return [m.name for m in self.models]
+
+
+class FieldNames(PydanticBaseSettingsSource):
+    """The environment source with its values keyed by field name, as the repository file's
+    are: a field read from ``IRPE_SERVE_X`` or an older variable then replaces the file's
+    value instead of sitting beside it (an extra key to pydantic)."""
+
+    def __init__(self, settings_cls, source: PydanticBaseSettingsSource) -> None:
+        super().__init__(settings_cls)
+        self.source = source
+
+    def get_field_value(self, field, field_name: str) -> Tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> Dict[str, Any]:
+        data = self.source()
+        for name, field in self.settings_cls.model_fields.items():
+            choices = getattr(field.validation_alias, "choices", None)
+            if choices and choices[0] in data:  # the source names any match by the first
+                data[name] = data.pop(choices[0])
+        return data
 
 
 class RepositorySource(PydanticBaseSettingsSource):
@@ -168,6 +269,9 @@ def read_repository(path: Path) -> Dict[str, Any]:
         raise ValueError(f"{path}: 'models' must be a list")
     base = path.resolve().parent
     data["models"] = [_relative_to(m, base) if isinstance(m, dict) else m for m in models]
+    library = data.get("ort_ops_library")
+    if isinstance(library, str) and not Path(library).is_absolute():
+        data["ort_ops_library"] = str(base / library)
     return data
 
 

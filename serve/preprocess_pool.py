@@ -17,28 +17,41 @@ import numpy as np
 
 from irpe.data.transforms import ImageError, Preprocess, load_image_for
 
-__all__ = ["decode_u8", "decode_numbered", "host_workers", "map_images", "map_images_fifo"]
+__all__ = ["decode_u8", "decode_numbered", "host_workers", "set_decode_threads", "map_images",
+           "map_images_fifo"]
 
 T = TypeVar("T")
 _lock = threading.Lock()
 _pool: Optional[ThreadPoolExecutor] = None
+_threads = 0  # the decode_threads setting (serve.config.ServeSettings); 0: host_workers()
 
 
 def host_workers() -> int:
-    """Decode threads: the CPUs this process may run on (``IRPE_SERVE_DECODE_THREADS`` wins)."""
-    env = os.environ.get("IRPE_SERVE_DECODE_THREADS", "").strip()
-    if env:
-        if not env.isdigit() or int(env) < 1:
-            raise ValueError(f"IRPE_SERVE_DECODE_THREADS must be a positive integer, got {env!r}")
-        return int(env)
+    """The CPUs this process may run on (the decode threads unless a setting names a number)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def set_decode_threads(threads: int) -> int:
+    """Size the process-wide decode pool: ``threads`` (> 0) or :func:`host_workers` (0), from
+    ``ServeSettings.decode_threads`` at app start; a pool of another size is replaced (its
+    queued work still finishes). Returns the size."""
+    global _pool, _threads
+    if threads < 0:
+        raise ValueError(f"decode threads must be >= 0, got {threads}")
+    with _lock:
+        _threads = threads
+        old, size = _pool, threads or host_workers()
+        if old is not None and old._max_workers != size:
+            _pool = None
+            old.shutdown(wait=False)
+    return size
 
 
 def _shared_pool() -> ThreadPoolExecutor:
     global _pool
     with _lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(host_workers(), thread_name_prefix="decode")
+            _pool = ThreadPoolExecutor(_threads or host_workers(), thread_name_prefix="decode")
         return _pool
 
 

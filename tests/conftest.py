@@ -92,8 +92,9 @@ def ort_library(tmp_path_factory):
 
 @pytest.fixture
 def ort_library_env(request, monkeypatch):
-    """Point irpe.runtime.onnxruntime.session at the freshly built library (mode from the test); modules opt in
-    with ``pytestmark = pytest.mark.usefixtures("ort_library_env")``."""
+    """Point ``$IRPE_ORT_OPS_LIBRARY`` (read by ``OrtOptions.from_env``, as in
+    ``tests.helpers.env_session``) at the freshly built library (mode from the test); modules
+    opt in with ``pytestmark = pytest.mark.usefixtures("ort_library_env")``."""
     monkeypatch.delenv("IRPE_ORT_CUSTOM_OPS", raising=False)
     if "ort_library" in request.fixturenames:
         monkeypatch.setenv("IRPE_ORT_OPS_LIBRARY", str(request.getfixturevalue("ort_library")))

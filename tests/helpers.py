@@ -295,3 +295,11 @@ def build_ort_library(out: Path, *extra: str) -> Path:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "warning" not in done.stdout.lower() + done.stderr.lower(), done.stdout + done.stderr
     return out / "libirpe_ort_ops.so"
+
+
+def env_session(model, providers=None, **kw):
+    """``create_session`` as an entry point runs it: with ``OrtOptions.from_env()`` read at the
+    call (the ``ort_library_env`` fixture points ``$IRPE_ORT_OPS_LIBRARY`` at the freshly built
+    library); keyword arguments replace those options."""
+    from irpe.runtime.onnxruntime.session import OrtOptions, create_session
+    return create_session(model, providers, options=OrtOptions.from_env(), **kw)

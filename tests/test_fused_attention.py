@@ -5,6 +5,11 @@ on before triton is imported on machines without a GPU); tiny shapes keep the in
 Forward and backward for every method x K/Q/V, both id modes, padding, fp16/bf16, the models'
 dispatch and its fallbacks. Compile, export, benchmark: test_fused_attention_tools.py.
 """
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -16,6 +21,8 @@ from irpe.models.transformer import RPEMultiheadAttention
 from irpe.rpe import get_rpe_config, set_traceable
 from tests.fused_common import (check, count_launches, inputs, interpret,  # noqa: F401
                                 modules, needs_triton)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # (method, on, mode, skip, grid h, grid w, shared head): every method, every term, bias and
@@ -242,17 +249,27 @@ def test_unsupported_cases_fall_back_identically(interpret):
                        unfused_attention(q, k, v, 0.25, *mods, 3, 3))
 
 
-def test_env_switch(monkeypatch):
-    from irpe.fused import fused_mode
-    for value, mode in (("0", "unfused"), ("fused", "fused"), ("auto", "auto"), ("junk", "auto")):
+def test_env_switch_values(monkeypatch):
+    from irpe.fused.dispatch import mode_from_env
+    for value, mode in (("0", "unfused"), ("fused", "fused"), ("1", "fused"), (" Auto ", "auto"),
+                        ("", "auto")):
         monkeypatch.setenv("IRPE_FUSED_ATTENTION", value)
-        assert fused_mode() == mode
-    set_fused_attention("unfused")
-    try:
-        monkeypatch.setenv("IRPE_FUSED_ATTENTION", "1")
-        assert fused_mode() == "unfused"  # the function wins over the env var
-    finally:
-        set_fused_attention(None)
+        assert mode_from_env() == mode
+    monkeypatch.setenv("IRPE_FUSED_ATTENTION", "junk")
+    with pytest.warns(UserWarning, match="IRPE_FUSED_ATTENTION: fused attention mode must be"):
+        assert mode_from_env() == "auto"  # an import must not fail on a variable
+
+
+def test_env_switch_read_once_at_import_and_the_function_wins():
+    """A process started with IRPE_FUSED_ATTENTION=0 runs unfused; changing the variable later
+    changes nothing (read once); set_fused_attention wins over it; None gives it back."""
+    code = ("import os; from irpe.fused import fused_mode, set_fused_attention as s;"
+            "a = fused_mode(); os.environ['IRPE_FUSED_ATTENTION'] = 'fused'; b = fused_mode();"
+            "s('auto'); c = fused_mode(); s(None); print(a, b, c, fused_mode())")
+    env = dict(os.environ, IRPE_FUSED_ATTENTION="0", PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    assert out == ["unfused", "unfused", "auto", "unfused"]
 
 
 @needs_triton

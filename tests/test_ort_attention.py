@@ -11,7 +11,8 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from irpe import bucket_ids
-from irpe.runtime.onnxruntime.session import CustomOpsError, create_session
+from irpe.runtime.onnxruntime.session import CustomOpsError
+from tests.helpers import env_session
 
 pytestmark = pytest.mark.usefixtures("ort_library_env")  # fixtures: tests/conftest.py
 
@@ -88,7 +89,7 @@ def _model(x, constant=True, **attrs) -> bytes:
 
 def _run(x, threads=1, constant=True, session=None, **attrs):
     if session is None:
-        session, _ = create_session(_model(x, constant, **attrs), threads=threads,
+        session, _ = env_session(_model(x, constant, **attrs), threads=threads,
                                     custom_ops="on", quiet=True)
     names = {i.name for i in session.get_inputs()}
     return session.run(None, {n: np.asarray(v) for n, v in x.items() if n in names})[0]
@@ -135,7 +136,7 @@ def test_thread_count_and_constant_inputs_do_not_change_bits(ort_library):
 
 def test_bad_input_is_an_error_and_the_session_keeps_serving(ort_library):
     x = _case("kqv")
-    session, _ = create_session(_model(x, constant=False), threads=2, custom_ops="on", quiet=True)
+    session, _ = env_session(_model(x, constant=False), threads=2, custom_ops="on", quiet=True)
     good = _run(x, session=session)
     cases = [
         (dict(k=x["k"][:, :, :-1]), "q, k and v must be [B, H, L, d] of one shape"),
@@ -155,7 +156,7 @@ def test_bad_input_is_an_error_and_the_session_keeps_serving(ort_library):
 def test_a_weight_without_its_index_is_refused(ort_library):
     x = _case("k")
     del x["idk"]
-    session, _ = create_session(_model(x), threads=1, custom_ops="on", quiet=True)
+    session, _ = env_session(_model(x), threads=1, custom_ops="on", quiet=True)
     with pytest.raises(ort.capi.onnxruntime_pybind11_state.InvalidArgument,
                        match="each term needs both its weight and its index"):
         _run(x, session=session)

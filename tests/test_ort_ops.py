@@ -19,8 +19,9 @@ import torch
 from onnx import TensorProto, helper
 
 from irpe import bucket_ids, rpe_gather, rpe_scatter
-from irpe.runtime.onnxruntime.session import CustomOpsError, create_session
+from irpe.runtime.onnxruntime.session import CustomOpsError
 from tests.helpers import ORT_ATTRS as ATTRS
+from tests.helpers import env_session
 from tests.helpers import ORT_SOURCE as SOURCE
 from tests.helpers import build_ort_library as _build
 from tests.helpers import ort_headers as headers
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.usefixtures("ort_library_env")  # fixtures: tests/conft
 
 
 def run(model: bytes, mode: str, threads: int = 1, **feeds) -> np.ndarray:
-    session, path = create_session(model, threads=threads, custom_ops=mode)
+    session, path = env_session(model, threads=threads, custom_ops=mode)
     assert path.custom_ops == (mode == "on")
     return session.run(None, feeds)[0]
 
@@ -134,9 +135,9 @@ def test_bad_attribute_is_a_clear_error_or_a_logged_fallback(ort_library, op, at
                                                              caplog):
     model = op_model(op, **attrs)
     with pytest.raises(CustomOpsError, match=message):
-        create_session(model, custom_ops="on")
+        env_session(model, custom_ops="on")
     with caplog.at_level(logging.WARNING, logger="irpe.runtime.onnxruntime.session"):
-        session, path = create_session(model, custom_ops="auto")
+        session, path = env_session(model, custom_ops="auto")
     assert not path.custom_ops and message in path.reason
     assert "retrying with the ONNX functions" in caplog.text
     ids, table, attn = layer()
@@ -155,9 +156,9 @@ def test_bad_grid_attributes_name_the_node_and_field(ort_library, op, attrs, mes
     """No function can serve a *Grid node: auto mode reports ONNX Runtime's own error."""
     model = op_model(op, **attrs)
     with pytest.raises(CustomOpsError, match=f"{op} node '': .*{message}"):
-        create_session(model, custom_ops="on")
+        env_session(model, custom_ops="on")
     with pytest.raises(Exception, match="RPE"):
-        create_session(model, custom_ops="auto")
+        env_session(model, custom_ops="auto")
 
 
 def test_plain_ops_ignore_grid_fields(ort_library):
@@ -174,7 +175,7 @@ def test_scatter_without_a_valid_num_buckets_is_refused(ort_library, num_buckets
     extra = {} if num_buckets is None else {"num_buckets": num_buckets}
     model = op_model("RPEScatter", **ATTRS, **extra)
     with pytest.raises(CustomOpsError, match=r"num_buckets must be in \[1, 2\^31\)"):
-        create_session(model, custom_ops="on")
+        env_session(model, custom_ops="on")
 
 
 @pytest.mark.parametrize("op,x_shape,index,message", [
@@ -187,7 +188,7 @@ def test_scatter_without_a_valid_num_buckets_is_refused(ort_library, num_buckets
 def test_bad_input_shapes_fail_the_run_not_the_process(ort_library, op, x_shape, index, message):
     ids = bucket_ids("product", 1.9, 5, 5, skip=1).numpy() if index is None else index
     dtype = helper.np_dtype_to_tensor_dtype(ids.dtype)
-    session, path = create_session(op_model(op, index=dtype, num_buckets=50, **ATTRS),
+    session, path = env_session(op_model(op, index=dtype, num_buckets=50, **ATTRS),
                                    custom_ops="on")
     with pytest.raises(Exception, match=message):
         session.run(None, {"x": np.zeros(x_shape, np.float32), "index": ids})
@@ -200,9 +201,9 @@ def test_missing_library(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("IRPE_ORT_OPS_LIBRARY", str(tmp_path / "nope.so"))
     model = op_model("RPEScatter", num_buckets=50, **ATTRS)
     with pytest.raises(CustomOpsError, match="no custom-op library at .*nope.so"):
-        create_session(model, custom_ops="on")
+        env_session(model, custom_ops="on")
     with caplog.at_level(logging.INFO, logger="irpe.runtime.onnxruntime.session"):
-        _, path = create_session(model)  # auto: the functions, said in one log line
+        _, path = env_session(model)  # auto: the functions, said in one log line
     assert not path.custom_ops
     assert [r.getMessage() for r in caplog.records] == [
         f"onnxruntime iRPE ops: ONNX functions (no custom-op library at {tmp_path / 'nope.so'})"]
@@ -214,9 +215,9 @@ def _refused_library(library: Path, monkeypatch, caplog, error: str, warning: st
     monkeypatch.setenv("IRPE_ORT_OPS_LIBRARY", str(library))
     model = op_model("RPEScatter", num_buckets=50, **ATTRS)
     with pytest.raises(CustomOpsError, match=error):
-        create_session(model, custom_ops="on")
+        env_session(model, custom_ops="on")
     with caplog.at_level(logging.WARNING, logger="irpe.runtime.onnxruntime.session"):
-        session, path = create_session(model, custom_ops="auto")
+        session, path = env_session(model, custom_ops="auto")
     assert not path.custom_ops and warning in caplog.text
     return session
 
@@ -240,12 +241,13 @@ def test_library_for_another_api_version(tmp_path_factory, monkeypatch, caplog):
 def test_mode_switch_and_environment(ort_library, monkeypatch):
     model = op_model("RPEScatter", num_buckets=50, **ATTRS)
     monkeypatch.setenv("IRPE_ORT_CUSTOM_OPS", "off")
-    assert not create_session(model)[1].custom_ops
+    assert not env_session(model)[1].custom_ops
     monkeypatch.setenv("IRPE_ORT_CUSTOM_OPS", "1")
-    assert create_session(model)[1].custom_ops
+    assert env_session(model)[1].custom_ops
     monkeypatch.setenv("IRPE_ORT_CUSTOM_OPS", "sometimes")
-    with pytest.raises(ValueError, match="custom-ops mode must be one of auto, on, off"):
-        create_session(model)
+    with pytest.raises(ValueError, match="IRPE_ORT_CUSTOM_OPS='sometimes': custom-ops mode "
+                       "must be one of auto, on, off"):
+        env_session(model)
 
 
 def test_cuda_ep_glue_compiles(ort_library):
@@ -268,26 +270,26 @@ def test_gather_add_fused_at_load_equals_unfused(ort_library, base_shape):
     ids, table, _ = layer()
     base = np.random.default_rng(3).standard_normal(base_shape, dtype=np.float32)
     feeds = {"table": table, "index": ids, "base": base}
-    session, path = create_session(add_model(base_shape), threads=2, custom_ops="on")
+    session, path = env_session(add_model(base_shape), threads=2, custom_ops="on")
     assert path.fused == 1 and "(1 gather+Add fused)" in path.describe()
-    functions, _ = create_session(add_model(base_shape), custom_ops="off")
+    functions, _ = env_session(add_model(base_shape), custom_ops="off")
     assert np.array_equal(session.run(None, feeds)[0], functions.run(None, feeds)[0])
 
 
 def test_gather_add_not_fused_when_the_gather_has_other_uses(ort_library, monkeypatch):
     ids, table, _ = layer()
     feeds = {"table": table, "index": ids, "base": np.ones((2, 3, 26, 26), np.float32)}
-    session, path = create_session(add_model(None, second_use=True), custom_ops="on")
+    session, path = env_session(add_model(None, second_use=True), custom_ops="on")
     assert path.custom_ops and path.fused == 0
     out, g = session.run(None, feeds)
     assert np.array_equal(out, g + 1)
     monkeypatch.setenv("IRPE_ORT_FUSE", "0")
-    assert create_session(add_model(None), custom_ops="on")[1].fused == 0
+    assert env_session(add_model(None), custom_ops="on")[1].fused == 0
 
 
 def test_gather_add_bad_broadcast_is_a_run_error(ort_library):
     ids, table, _ = layer()
-    session, _ = create_session(add_model(None), custom_ops="on")
+    session, _ = env_session(add_model(None), custom_ops="on")
     with pytest.raises(Exception, match="RPEGatherAdd: input 2 dim 1 is 4, the gather's 3"):
         session.run(None, {"table": table, "index": ids,
                            "base": np.ones((2, 4, 26, 26), np.float32)})
@@ -295,7 +297,7 @@ def test_gather_add_bad_broadcast_is_a_run_error(ort_library):
 
 def _run_bfloat16(op: str, x: torch.Tensor, ids: np.ndarray, width: int) -> torch.Tensor:
     """Run one op on bfloat16 tensors (numpy has none: 16-bit words through io_binding)."""
-    session, path = create_session(op_model(op, TensorProto.BFLOAT16, num_buckets=50, **ATTRS),
+    session, path = env_session(op_model(op, TensorProto.BFLOAT16, num_buckets=50, **ATTRS),
                                    custom_ops="on")
     out = np.zeros(tuple(x.shape[:3]) + (width,), np.uint16)
     binding = session.io_binding()
@@ -340,5 +342,5 @@ def test_two_gather_adds_in_a_row_become_one_node(ort_library):
     rng = np.random.default_rng(4)
     feeds = {"t1": table, "t2": rng.standard_normal(table.shape, dtype=np.float32),
              "base": rng.standard_normal((2, 3, 26, 26), dtype=np.float32), "index": ids}
-    got = create_session(data, threads=2, custom_ops="on")[0].run(None, feeds)[0]
-    assert np.array_equal(got, create_session(data, custom_ops="off")[0].run(None, feeds)[0])
+    got = env_session(data, threads=2, custom_ops="on")[0].run(None, feeds)[0]
+    assert np.array_equal(got, env_session(data, custom_ops="off")[0].run(None, feeds)[0])

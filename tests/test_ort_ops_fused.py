@@ -12,8 +12,8 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from irpe import bucket_ids, rpe_scatter
-from irpe.runtime.onnxruntime.session import create_session
 from tests.helpers import ORT_ATTRS as ATTRS
+from tests.helpers import env_session
 from tests.ort_cases import add_model, layer
 
 pytestmark = pytest.mark.usefixtures("ort_library_env")  # fixtures: tests/conftest.py
@@ -75,14 +75,14 @@ def test_v_chain_fused_matches_unfused_functions_and_torch(ort_library, monkeypa
     ids, attn, weight, base = v_layer(d)
     feeds = {"attn": attn, "base": base}
     data = v_model(weight, index=ids.astype(index_dtype))  # a constant, as exported
-    session, path = create_session(data, threads=threads, custom_ops="on")
+    session, path = env_session(data, threads=threads, custom_ops="on")
     assert path.fused_v == 1 and "1 scatter+MatMul+Add fused" in path.describe()
     fused = session.run(None, feeds)[0]
     monkeypatch.setenv("IRPE_ORT_FUSE", "gather")
-    unfused_session, unfused_path = create_session(data, threads=threads, custom_ops="on")
+    unfused_session, unfused_path = env_session(data, threads=threads, custom_ops="on")
     assert unfused_path.custom_ops and unfused_path.fused_v == 0
     unfused = unfused_session.run(None, feeds)[0]
-    functions = create_session(data, custom_ops="off")[0].run(None, feeds)[0]
+    functions = env_session(data, custom_ops="off")[0].run(None, feeds)[0]
     assert np.abs(fused - unfused).max() <= 1e-6
     assert np.abs(fused - functions).max() <= 1e-6
     assert np.abs(fused - _torch_v(ids, attn, weight, base)).max() <= 1e-6
@@ -92,7 +92,7 @@ def test_v_chain_fused_matches_unfused_functions_and_torch(ort_library, monkeypa
 def test_v_chain_fused_with_a_broadcast_base(ort_library, base_shape):
     ids, attn, weight, base = v_layer(64, base_shape, seed=1)
     feeds = {"attn": attn, "base": base, "index": ids}
-    session, path = create_session(v_model(weight, len(base_shape)), custom_ops="on")
+    session, path = env_session(v_model(weight, len(base_shape)), custom_ops="on")
     assert path.fused_v == 1
     assert np.abs(session.run(None, feeds)[0] - _torch_v(ids, attn, weight, base)).max() <= 1e-6
 
@@ -101,7 +101,7 @@ def test_v_chain_ids_outside_the_buckets_are_dropped(ort_library):
     ids, attn, weight, base = v_layer(16, seed=2)
     ids = ids.copy()
     ids[0, :3] = [-1, K, 10**9]
-    session, path = create_session(v_model(weight, index=ids), custom_ops="on")
+    session, path = env_session(v_model(weight, index=ids), custom_ops="on")
     assert path.fused_v == 1
     keep = (ids >= 0) & (ids < K)
     s = np.zeros(attn.shape[:3] + (K,), np.float64)
@@ -119,7 +119,7 @@ def test_v_chain_left_unfused(ort_library, case):
         weight = np.repeat(weight, 3, axis=1)
     data = v_model(weight, weight_input=case == "weight input",
                    second_use=case == "scatter used twice")
-    session, path = create_session(data, custom_ops="on")
+    session, path = env_session(data, custom_ops="on")
     assert path.custom_ops and path.fused_v == 0
     feeds = {"attn": attn, "base": base, "index": ids}
     if case == "weight input":
@@ -129,7 +129,7 @@ def test_v_chain_left_unfused(ort_library, case):
 
 def test_v_chain_bad_base_is_a_run_error(ort_library):
     ids, attn, weight, _ = v_layer(16, seed=4)
-    session, _ = create_session(v_model(weight), custom_ops="on")
+    session, _ = env_session(v_model(weight), custom_ops="on")
     with pytest.raises(Exception, match=r"RPEScatterMatMulAdd: input 3 \(base\) dim 1 is 4"):
         session.run(None, {"attn": attn, "index": ids,
                            "base": np.ones((2, 4, 26, 16), np.float32)})
@@ -141,7 +141,7 @@ def test_v_chain_bad_base_is_a_run_error(ort_library):
 def test_fusion_switch_off(ort_library, monkeypatch):
     ids, _, weight, _ = v_layer(16)
     monkeypatch.setenv("IRPE_ORT_FUSE", "0")
-    path = create_session(v_model(weight), custom_ops="on")[1]
+    path = env_session(v_model(weight), custom_ops="on")[1]
     assert path.custom_ops and path.fused == 0 and path.fused_v == 0
 
 
@@ -152,8 +152,8 @@ def test_gather_add_ids_outside_the_buckets_bit_identical(ort_library, monkeypat
     ids[0, :9] = [-1, -7, K, K + 1, 10**12, -(10**12), 2**31, 3, 0]
     base = np.random.default_rng(6).standard_normal((2, 3, 26, 26), dtype=np.float32)
     feeds = {"table": table, "index": ids, "base": base}
-    session, path = create_session(add_model(None), threads=2, custom_ops="on")
+    session, path = env_session(add_model(None), threads=2, custom_ops="on")
     assert path.fused == 1
     monkeypatch.setenv("IRPE_ORT_FUSE", "0")
-    unfused = create_session(add_model(None), custom_ops="on")[0]
+    unfused = env_session(add_model(None), custom_ops="on")[0]
     assert np.array_equal(session.run(None, feeds)[0], unfused.run(None, feeds)[0])

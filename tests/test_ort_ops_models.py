@@ -16,9 +16,8 @@ from export.onnx import export_onnx
 from irpe import RPEConfig, create_model, save_checkpoint
 from irpe.artifact.trained import default_spec, save_trained
 from irpe.cli import main
-from irpe.runtime.onnxruntime.session import create_session
 from irpe.models import pad_images
-from tests.helpers import TINY, run_python, tiny_deit
+from tests.helpers import TINY, env_session, run_python, tiny_deit
 
 pytestmark = pytest.mark.usefixtures("ort_library_env")  # fixtures: tests/conftest.py
 
@@ -49,9 +48,9 @@ def test_every_variant_custom_ops_vs_functions_vs_torch(ort_library, tmp_path, m
     x = torch.randn(3, 3, 40, 40)
     with torch.no_grad():
         ref = model(x).numpy()
-    custom_session, ops = create_session(path, custom_ops="on")
+    custom_session, ops = env_session(path, custom_ops="on")
     custom = custom_session.run(None, {"images": x.numpy()})[0]
-    functions = create_session(path, custom_ops="off")[0].run(None, {"images": x.numpy()})[0]
+    functions = env_session(path, custom_ops="off")[0].run(None, {"images": x.numpy()})[0]
     np.testing.assert_allclose(custom, ref, atol=1e-4, rtol=1e-4)
     assert np.abs(custom - functions).max() <= 1e-5
     if on == "v":  # the scatter sums in another order than the one-hot MatMul
@@ -63,7 +62,7 @@ def test_every_variant_custom_ops_vs_functions_vs_torch(ort_library, tmp_path, m
         # and then each block as one RPEAttention (irpe.runtime.onnxruntime.rewrite_attention)
         assert ops.attention == ops.fused_softmax
         monkeypatch.setenv("IRPE_ORT_FUSE", "gather,scatter")
-        exact = create_session(path, custom_ops="on")[0].run(None, {"images": x.numpy()})[0]
+        exact = env_session(path, custom_ops="on")[0].run(None, {"images": x.numpy()})[0]
         assert np.array_equal(exact, functions)
     if mode == "ctx":  # the library's kernels ran, not the inlined functions
         profiled = _profiled_session(path)
@@ -78,9 +77,9 @@ def test_detr_one_file_three_resolutions(ort_library, tmp_path):
     save_checkpoint(model, str(tmp_path / "w.safetensors"))
     path = export_onnx("detr_tiny_irpe", tmp_path / "d.onnx",
                        checkpoint=str(tmp_path / "w.safetensors"))
-    custom, ops = create_session(path, custom_ops="on", threads=2)
+    custom, ops = env_session(path, custom_ops="on", threads=2)
     assert ops.attention == 0  # separate q/k/v projections: not the pattern RPEAttention takes
-    functions, _ = create_session(path, custom_ops="off")
+    functions, _ = env_session(path, custom_ops="off")
     for height, width in [(96, 160), (128, 128), (75, 201)]:
         images, sizes = pad_images([torch.randn(3, height, width),
                                     torch.randn(3, height // 2, width - 20)])
@@ -102,12 +101,12 @@ def test_plain_deit_attention_runs_as_one_op(ort_library, tmp_path, monkeypatch)
     x = torch.randn(2, 3, 40, 40)
     with torch.no_grad():
         ref = model(x).numpy()
-    session, ops = create_session(path, custom_ops="on", threads=2)
+    session, ops = env_session(path, custom_ops="on", threads=2)
     assert ops.attention == 2 and "2 attention blocks fused" in ops.describe()
     np.testing.assert_allclose(session.run(None, {"images": x.numpy()})[0], ref, atol=1e-4,
                                rtol=1e-4)
     monkeypatch.setenv("IRPE_ORT_FUSE", "qlayout,gather,scatter,softmax")
-    assert create_session(path, custom_ops="on")[1].attention == 0
+    assert env_session(path, custom_ops="on")[1].attention == 0
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +145,8 @@ def test_serve_backend_uses_the_library_and_logs_it(ort_library, qkv_file, caplo
     images = np.random.default_rng(0).standard_normal((2, 3, 40, 40), dtype=np.float32)
     outputs = {}
     for mode in ("on", "off"):
-        cfg = ModelConfig(name="m", path=path, backend="onnxruntime", ort_custom_ops=mode)
+        cfg = ModelConfig(name="m", path=path, backend="onnxruntime", ort_custom_ops=mode,
+                          ort_ops_library=ort_library)
         backend = create_backend(cfg, threads=1)
         with caplog.at_level(logging.INFO, logger="irpe.serve"):
             backend.load()
@@ -157,15 +157,15 @@ def test_serve_backend_uses_the_library_and_logs_it(ort_library, qkv_file, caplo
     assert logged[0].startswith("iRPE ops: custom-op library") and "functions" in logged[1]
 
 
-def test_serve_backend_required_library_missing(qkv_file, tmp_path, monkeypatch):
+def test_serve_backend_required_library_missing(qkv_file, tmp_path):
     """ort_custom_ops: on without the library: the load fails with one clear error (the server
     marks that model failed, 503); auto serves through the functions."""
     from serve.backends import create_backend
     from serve.config import ModelConfig
     from irpe.runtime.onnxruntime.session import CustomOpsError
-    monkeypatch.setenv("IRPE_ORT_OPS_LIBRARY", str(tmp_path / "gone.so"))
     path, _ = qkv_file
-    cfg = ModelConfig(name="m", path=path, backend="onnxruntime", ort_custom_ops="on")
+    cfg = ModelConfig(name="m", path=path, backend="onnxruntime", ort_custom_ops="on",
+                      ort_ops_library=tmp_path / "gone.so")
     with pytest.raises(CustomOpsError, match="no custom-op library at .*gone.so"):
         create_backend(cfg).load()
     backend = create_backend(cfg.model_copy(update={"ort_custom_ops": "auto"}))
@@ -201,9 +201,9 @@ def test_k_and_q_terms_fused_into_one_node_stay_bit_identical(ort_library, tmp_p
     model, spec = tiny_deit(cfg)
     path = export_onnx(model, tmp_path / "m.onnx", spec=spec)
     x = np.random.default_rng(5).standard_normal((3, 3, 40, 40), dtype=np.float32)
-    custom, ops = create_session(path, custom_ops="on", threads=2)
+    custom, ops = env_session(path, custom_ops="on", threads=2)
     assert ops.fused == 4  # 2 blocks x (K, Q)
-    functions, _ = create_session(path, custom_ops="off")
+    functions, _ = env_session(path, custom_ops="off")
     assert np.array_equal(custom.run(None, {"images": x})[0],
                           functions.run(None, {"images": x})[0])
 
@@ -218,15 +218,13 @@ def test_benchmark_attention_blocks_cut_from_exported_files(ort_library, qkv_fil
     assert key == "attention block, iRPE-QKV: exported nodes (ours)"
     x = np.random.default_rng(0).standard_normal((2, 26, 3, 2, 16), dtype=np.float32)
     feeds = {export_ort.BLOCK_IO[0]: x}
-    setting = os.environ.get("IRPE_ORT_FUSE")
-    stock = export_ort._session(graph, 1, False).run(None, feeds)[0]
+    stock = export_ort._session(graph, 1, None).run(None, feeds)[0]
     assert stock.shape == (2, 26, 2, 16)
     for stages, op in (("1", "RPEAttention"),
                        (export_ort.SESSION4_STAGES, "RPEGatherAdd2SoftmaxScatter")):
-        session = export_ort._session(graph, 2, True, stages)
+        session = export_ort._session(graph, 2, ort_library, stages)
         np.testing.assert_allclose(session.run(None, feeds)[0], stock, rtol=1e-5, atol=1e-5)
         assert op in _fused_ops(graph, stages)
-    assert os.environ.get("IRPE_ORT_FUSE") == setting  # the helper restores the setting
 
 
 def _fused_ops(graph: bytes, stages: str) -> set:

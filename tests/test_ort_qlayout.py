@@ -13,9 +13,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from export.onnx import export_onnx
 from irpe import RPEConfig
-from irpe.runtime.onnxruntime.session import create_session
 from irpe.runtime.onnxruntime.rewrites import fuse_model
 from tests.helpers import ORT_ATTRS as ATTRS
+from tests.helpers import env_session
 from tests.helpers import tiny_deit
 
 pytestmark = pytest.mark.usefixtures("ort_library_env")  # fixtures: tests/conftest.py
@@ -37,9 +37,9 @@ def test_q_tables_bucket_major_match_functions_and_torch(ort_library, tmp_path, 
         if node.name.endswith("/irpe_qlayout/Transpose"):  # the scale went into W^T
             assert producer[node.input[0]].op_type != "Mul"
     x = np.random.default_rng(3).standard_normal((3, 3, 40, 40), dtype=np.float32)
-    custom, ops = create_session(path, custom_ops="on", threads=2)
+    custom, ops = env_session(path, custom_ops="on", threads=2)
     assert ops.q_layout == 2 and "(2 Q tables bucket-major)" in ops.describe()
-    functions, _ = create_session(path, custom_ops="off")
+    functions, _ = env_session(path, custom_ops="off")
     got = custom.run(None, {"images": x})[0]
     np.testing.assert_allclose(got, functions.run(None, {"images": x})[0], rtol=1e-5, atol=1e-5)
     with torch.no_grad():
@@ -52,7 +52,7 @@ def test_stage_off_leaves_the_q_table(ort_library, tmp_path, monkeypatch):
     model, spec = tiny_deit(cfg)
     path = export_onnx(model, tmp_path / "m.onnx", spec=spec)
     monkeypatch.setenv("IRPE_ORT_FUSE", "gather,scatter,softmax")
-    _, ops = create_session(path, custom_ops="on")
+    _, ops = env_session(path, custom_ops="on")
     assert ops.q_layout == 0 and ops.fused == 4
     assert fuse_model(str(path), stages=("qlayout",))[1].qlayout == 2
 
@@ -97,6 +97,6 @@ def test_only_the_exact_q_form_is_rewritten(ort_library, case):
         assert fused is data  # left as it was
         return
     x = np.random.default_rng(1).standard_normal((1, 2, n, 4), dtype=np.float32)
-    want = create_session(data, custom_ops="off")[0].run(None, {"x": x})[0]
-    got = create_session(fused, custom_ops="on")[0].run(None, {"x": x})[0]
+    want = env_session(data, custom_ops="off")[0].run(None, {"x": x})[0]
+    got = env_session(fused, custom_ops="on")[0].run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

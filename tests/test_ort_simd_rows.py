@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from irpe.runtime.onnxruntime.session import create_session
 from irpe.runtime.onnxruntime.rewrites import fuse_gather_add
 from tests.helpers import ORT_ATTRS as ATTRS
+from tests.helpers import env_session
 
 pytestmark = pytest.mark.usefixtures("ort_library_env")  # fixtures: tests/conftest.py
 
@@ -78,7 +78,7 @@ def test_rows_equal_numpy_bit_for_bit(ort_library, monkeypatch, simd, k, terms):
     n = 23
     for index_type in (np.int64, np.int32):
         feeds = _feeds(terms, k, n, index_type)
-        session, path = create_session(_model(terms, k, n, index_type), threads=2,
+        session, path = env_session(_model(terms, k, n, index_type), threads=2,
                                        custom_ops="on", quiet=True)
         (got,) = session.run(None, feeds)
         assert np.array_equal(got, _numpy(feeds, terms, k, n)), (simd, k, terms, index_type)

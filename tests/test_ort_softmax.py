@@ -10,9 +10,9 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from irpe import bucket_ids, rpe_scatter
-from irpe.runtime.onnxruntime.session import create_session
 from irpe.runtime.onnxruntime.rewrites import parse_stages
 from tests.helpers import ORT_ATTRS as ATTRS
+from tests.helpers import env_session
 
 pytestmark = pytest.mark.usefixtures("ort_library_env")  # fixtures: tests/conftest.py
 
@@ -73,7 +73,7 @@ def _run(x, terms, scatter, threads=2, index_type=np.int64, **attrs):
              numpy_helper.from_array(x["idt"].astype(index_type), "idt")]
     data = _model([helper.make_node(op, inputs, outputs, domain="irpe", **ATTRS, **attrs)],
                   [n for n in ("t1", "base", "t2") if n in inputs], outputs, inits)
-    session, _ = create_session(data, threads=threads, custom_ops="on", quiet=True)
+    session, _ = env_session(data, threads=threads, custom_ops="on", quiet=True)
     return session.run(None, {n: x[n] for n in ("t1", "base", "t2") if n in inputs})
 
 
@@ -100,7 +100,7 @@ def test_sums_are_rpe_scatter_of_the_probabilities_bit_for_bit(ort_library):
     data = _model([helper.make_node("RPEScatter", ["p", "ids"], ["s"], domain="irpe",
                                     num_buckets=K, **ATTRS)], ["p"], ["s"],
                   [numpy_helper.from_array(x["ids"], "ids")])
-    scatter, _ = create_session(data, custom_ops="on", quiet=True)
+    scatter, _ = env_session(data, custom_ops="on", quiet=True)
     assert np.array_equal(scatter.run(None, {"p": probs})[0], sums)
 
 
@@ -138,7 +138,7 @@ def test_bucket_matmul_add_matches_numpy(ort_library, monkeypatch, simd, d):
     data = _model([helper.make_node("RPEBucketMatMulAdd", ["s", "W", "base"], ["o"],
                                     domain="irpe", num_buckets=K, **ATTRS)],
                   ["s", "base"], ["o"], [numpy_helper.from_array(weight, "W")])
-    session, _ = create_session(data, custom_ops="on", quiet=True)
+    session, _ = env_session(data, custom_ops="on", quiet=True)
     got = session.run(None, {"s": sums, "base": base})[0]
     np.testing.assert_allclose(got, base + sums @ weight, rtol=1e-5, atol=1e-5)
 
@@ -152,7 +152,7 @@ def test_bad_attribute_and_shapes_are_clear_errors(ort_library):
     data = _model([helper.make_node(op, inputs[:3] + ["v"], outputs, domain="irpe", **ATTRS,
                                     **attrs)], ["t1", "base"], outputs,
                   [numpy_helper.from_array(x["ids"], "ids"), numpy_helper.from_array(short, "v")])
-    session, _ = create_session(data, custom_ops="on", quiet=True)
+    session, _ = env_session(data, custom_ops="on", quiet=True)
     with pytest.raises(Exception, match=r"RPEGatherAddSoftmaxScatter: the scatter index must "
                                         r"be \[Lq, Lk\] = \[26, 26\]"):
         session.run(None, {"t1": x["t1"], "base": x["base"]})
@@ -191,13 +191,13 @@ def test_load_time_rewrite(ort_library, monkeypatch, with_v):
     x = _layer()
     data = _attention_graph(with_v)
     feeds = {k: x[k] for k in ("t1", "base", "vbase")[:3 if with_v else 2]}
-    session, path = create_session(data, custom_ops="on", quiet=True)
+    session, path = env_session(data, custom_ops="on", quiet=True)
     assert (path.fused, path.fused_softmax) == (1, 1) and "1 Softmax fused" in path.describe()
     got = session.run(None, feeds)[0]
     want = _torch_attention(x) if with_v else _torch_probs(x, 1).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     monkeypatch.setenv("IRPE_ORT_FUSE", "gather,scatter")  # the stage switch
-    unfused, path = create_session(data, custom_ops="on", quiet=True)
+    unfused, path = env_session(data, custom_ops="on", quiet=True)
     assert path.fused_softmax == 0
     np.testing.assert_allclose(unfused.run(None, feeds)[0], got, rtol=1e-5, atol=1e-6)
 
@@ -206,9 +206,9 @@ def test_load_time_rewrite(ort_library, monkeypatch, with_v):
 def test_left_unfused(ort_library, case):
     x = _layer()
     data = _attention_graph(False, axis=1 if "axis" in case else -1, second_use="twice" in case)
-    session, path = create_session(data, custom_ops="on", quiet=True)
+    session, path = env_session(data, custom_ops="on", quiet=True)
     assert path.fused_softmax == 0
-    ref, _ = create_session(data, custom_ops="off", quiet=True)
+    ref, _ = env_session(data, custom_ops="off", quiet=True)
     feeds = {"t1": x["t1"], "base": x["base"]}
     for got, want in zip(session.run(None, feeds), ref.run(None, feeds)):
         assert np.array_equal(got, want)
@@ -219,5 +219,5 @@ def test_fuse_stage_setting():
                                                      "attention"}
     assert parse_stages("0") == frozenset() and parse_stages("gather") == {"gather"}
     assert parse_stages(" Gather , softmax ") == {"gather", "softmax"}
-    with pytest.raises(ValueError, match="IRPE_ORT_FUSE: unknown stage sofmax"):
+    with pytest.raises(ValueError, match="unknown rewrite stage sofmax"):
         parse_stages("gather,sofmax")

@@ -3,6 +3,7 @@ size kept), uint8 inputs normalised like Preprocess bit for bit, the decode pool
 from __future__ import annotations
 
 import io
+import threading
 
 import numpy as np
 import pytest
@@ -146,12 +147,30 @@ def test_request_decode_is_fifo_in_the_shared_pool(files):
     assert threads and all(t.startswith("decode") for t in threads)  # the shared pool's
 
 
-def test_decode_threads_from_env(monkeypatch):
+def _meet(parties: int, timeout_s: float) -> bool:
+    """Whether ``parties`` images decode at once in the shared pool (all meet at a barrier)."""
+    barrier = threading.Barrier(parties, timeout=timeout_s)
+
+    def wait(index: int, blob: bytes) -> None:
+        barrier.wait()
+
+    try:
+        map_images(wait, [b""] * parties)
+    except threading.BrokenBarrierError:
+        return False
+    return True
+
+
+def test_decode_threads_setting_sizes_the_pool(monkeypatch, files):
+    """IRPE_SERVE_DECODE_THREADS=3 (ServeSettings.decode_threads, applied by create_app): 3
+    images decode at once, a 4th waits for a free thread; 0 gives back one per CPU."""
+    from serve.app import create_app
+    from serve.config import ServeSettings
     monkeypatch.setenv("IRPE_SERVE_DECODE_THREADS", "3")
-    assert preprocess_pool.host_workers() == 3
-    for bad in ("0", "two", "-1"):
-        monkeypatch.setenv("IRPE_SERVE_DECODE_THREADS", bad)
-        with pytest.raises(ValueError, match="IRPE_SERVE_DECODE_THREADS must be a positive"):
-            preprocess_pool.host_workers()
-    monkeypatch.delenv("IRPE_SERVE_DECODE_THREADS")
-    assert preprocess_pool.host_workers() >= 1
+    try:
+        create_app(ServeSettings(models=[{"name": "m", "path": files["cls"]}]))
+        assert _meet(3, 10.0) and not _meet(4, 0.5)
+    finally:
+        assert preprocess_pool.set_decode_threads(0) == preprocess_pool.host_workers()
+    with pytest.raises(ValueError, match="decode threads must be >= 0"):
+        preprocess_pool.set_decode_threads(-1)

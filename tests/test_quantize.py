@@ -108,12 +108,11 @@ def read_onnx_spec_of(path: Path):
 
 
 @pytest.mark.parametrize("which", ["static", "dynamic"])
-def test_library_fuses_every_attention_block_of_a_quantised_file(ort_library, monkeypatch, fp32,
-                                                                 which, request):
-    monkeypatch.setenv("IRPE_ORT_OPS_LIBRARY", str(ort_library))
+def test_library_fuses_every_attention_block_of_a_quantised_file(ort_library, fp32, which,
+                                                                 request):
     path = request.getfixturevalue(which)
-    session, how = create_session(path, custom_ops="on", quiet=True)
-    _, how32 = create_session(fp32, custom_ops="on", quiet=True)
+    session, how = create_session(path, custom_ops="on", library=ort_library, quiet=True)
+    _, how32 = create_session(fp32, custom_ops="on", library=ort_library, quiet=True)
     assert how.attention == how32.attention == BLOCKS
     assert how.q_layout == how32.q_layout
     x = _images(read_onnx_spec_of(fp32), 8)

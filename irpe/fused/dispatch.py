@@ -1,14 +1,16 @@
 """Dispatch of rpe_attention to the fused paths: mode switch, support checks, op inputs.
 
-Mode (:data:`FusedMode`): ``set_fused_attention("auto"|"fused"|"unfused")`` or the env var
-IRPE_FUSED_ATTENTION (auto, 1/fused, 0/unfused; the function wins). auto and fused = the Triton
-kernel on CUDA when supported and the SDPA-based CPU path (irpe.fused.cpu) on CPU; fused runs the
-Triton kernel on CPU tensors instead when TRITON_INTERPRET=1 (tests); unfused = the manual path
-everywhere. Unsupported cases take the unfused path, never an error.
+Mode (:data:`FusedMode`): ``set_fused_attention("auto"|"fused"|"unfused")`` (``irpe serve``:
+the ``fused_attention`` setting) or the env var IRPE_FUSED_ATTENTION (auto, 1/fused, 0/unfused),
+read ONCE when this module is imported (:func:`mode_from_env`; the function wins). auto and
+fused = the Triton kernel on CUDA when supported and the SDPA-based CPU path (irpe.fused.cpu) on
+CPU; fused runs the Triton kernel on CPU tensors instead when TRITON_INTERPRET=1 (tests);
+unfused = the manual path everywhere. Unsupported cases take the unfused path, never an error.
 """
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Dict, List, Literal, Optional, Tuple, get_args
 
 import torch
@@ -21,18 +23,43 @@ from ..rpe import iRPE, iRPECross
 from .launch import MAX_BUCKETS_V, MAX_HEAD_DIM, kernel_available
 from .op import fused_rpe_attention
 
-__all__ = ["FusedMode", "set_fused_attention", "set_fused_ids", "fused_mode", "fused_supported",
-           "cpu_supported", "fused_attention"]
+__all__ = ["FusedMode", "ENV", "set_fused_attention", "set_fused_ids", "fused_mode",
+           "mode_from_env", "parse_mode", "fused_supported", "cpu_supported", "fused_attention"]
 
 FusedMode = Literal["auto", "fused", "unfused"]
 _MODES: Dict[str, FusedMode] = {"auto": "auto", "1": "fused", "fused": "fused", "0": "unfused",
                                 "unfused": "unfused"}
+ENV = "IRPE_FUSED_ATTENTION"
 _override: Optional[FusedMode] = None
 Tensor = torch.Tensor
 
 
+def parse_mode(text: str) -> FusedMode:
+    """A mode from its setting text (auto, 1/fused, 0/unfused; any case); ValueError else."""
+    mode = _MODES.get(text.strip().lower())
+    if mode is None:
+        raise ValueError(f"fused attention mode must be auto, fused (1) or unfused (0), "
+                         f"got {text!r}")
+    return mode
+
+
+def mode_from_env() -> FusedMode:
+    """``$IRPE_FUSED_ATTENTION`` (unset: auto); a bad value warns and gives auto, since an
+    import must not fail on a variable (``irpe serve`` refuses it at start-up instead)."""
+    text = os.environ.get(ENV, "")
+    try:
+        return parse_mode(text) if text.strip() else "auto"
+    except ValueError as exc:
+        warnings.warn(f"{ENV}: {exc}; using auto", stacklevel=2)
+        return "auto"
+
+
+_ENV_MODE: FusedMode = mode_from_env()  # the process's default, read once
+
+
 def set_fused_attention(mode: Optional[FusedMode]) -> None:
-    """Force the fused ("fused") or unfused ("unfused") path, or "auto"; None = env var again."""
+    """Force the fused ("fused") or unfused ("unfused") path, or "auto"; None = the env var's
+    mode again (as read at import)."""
     global _override
     if mode is not None and mode not in get_args(FusedMode):
         raise ValueError(f"unknown fused attention mode {mode!r}; expected auto, fused, unfused")
@@ -40,10 +67,9 @@ def set_fused_attention(mode: Optional[FusedMode]) -> None:
 
 
 def fused_mode() -> FusedMode:
-    """The effective mode: the function's override, else IRPE_FUSED_ATTENTION, else auto."""
-    if _override is not None:
-        return _override
-    return _MODES.get(os.environ.get("IRPE_FUSED_ATTENTION", "auto").lower(), "auto")
+    """The effective mode: the function's override, else IRPE_FUSED_ATTENTION as read at
+    import, else auto."""
+    return _override if _override is not None else _ENV_MODE
 
 
 def _parts(module) -> List[iRPE]:

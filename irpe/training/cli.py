@@ -63,8 +63,10 @@ def load_for_eval(model: str, checkpoint: str = None):
     from ..models.registry import bundled_weights
     if os.path.isfile(model) and model.endswith(".onnx"):  # exported or quantised file: ORT
         import torch
+        from ..runtime.onnxruntime.session import OrtOptions
         from .evaluate import OnnxModel
-        net = OnnxModel(model, threads=torch.get_num_threads())
+        net = OnnxModel(model, threads=torch.get_num_threads(),
+                        ort_options=OrtOptions.from_env())
         return net, net.spec
     if os.path.isfile(model):
         return load_trained(model)

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..models.detr import PostProcess
+from ..runtime.onnxruntime.session import OrtOptions
 from .distributed import SINGLE, Dist, ShardSampler
 
 __all__ = ["topk_accuracy", "evaluate_classification", "coco_map", "detections_to_coco",
@@ -117,12 +118,13 @@ class OnnxModel:
     """An exported (or quantised) ONNX file run by ONNX Runtime where the evaluation loops call
     a PyTorch model: ``model(images)`` -> logits, ``model(images, sizes)`` -> DETR outputs."""
 
-    def __init__(self, path: str, threads: Optional[int] = None) -> None:
+    def __init__(self, path: str, threads: Optional[int] = None,
+                 ort_options: Optional[OrtOptions] = None) -> None:
         from ..artifact.contract import onnx_precision, read_onnx_props, read_onnx_spec
         from ..runtime.onnxruntime.session import create_session
         self.spec = read_onnx_spec(path)
         self.precision = onnx_precision(read_onnx_props(path))
-        self.session, self.ops = create_session(path, threads=threads)
+        self.session, self.ops = create_session(path, threads=threads, options=ort_options)
         self.outputs = [o.name for o in self.session.get_outputs()]
 
     def eval(self) -> "OnnxModel":

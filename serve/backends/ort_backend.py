@@ -50,12 +50,13 @@ class OrtBackend(Backend):
 
     def load(self) -> None:
         import onnxruntime as ort
-        from irpe.runtime.onnxruntime.session import create_session
+        from irpe.runtime.onnxruntime.session import OrtOptions, create_session
         providers = providers_for(self.cfg.providers, self.cfg.device,
                                   ort.get_available_providers())
+        options = OrtOptions().with_(self.cfg.ort_custom_ops, self.cfg.ort_ops_library,
+                                     self.cfg.ort_rewrites)  # serve.config: model's, server's
         self.session, self.ops_path = create_session(
-            self.cfg.path, providers, threads=self.threads or None, quiet=True,
-            custom_ops=getattr(self.cfg, "ort_custom_ops", None))
+            self.cfg.path, providers, threads=self.threads or None, quiet=True, options=options)
         log.info("onnxruntime session", extra={"model": self.cfg.name,
                                                "irpe_ops": self.ops_path.describe()})
         self._check_names()

@@ -44,7 +44,8 @@ class FuseCounts(NamedTuple):
 
 
 def parse_stages(setting: str) -> FrozenSet[str]:
-    """``$IRPE_ORT_FUSE``: "1"/"" all, "0" none, else a comma list of :data:`STAGES`."""
+    """The rewrite-stage setting (``OrtOptions.fuse``, ``$IRPE_ORT_FUSE``): "1"/""/"all" all,
+    "0"/"none" none, else a comma list of :data:`STAGES`."""
     text = setting.strip().lower()
     if text in ("", "1", "all"):
         return frozenset(STAGES)
@@ -53,7 +54,7 @@ def parse_stages(setting: str) -> FrozenSet[str]:
     stages = frozenset(part.strip() for part in text.split(",") if part.strip())
     unknown = sorted(stages - set(STAGES))
     if unknown:
-        raise ValueError(f"IRPE_ORT_FUSE: unknown stage {', '.join(unknown)} "
+        raise ValueError(f"unknown rewrite stage {', '.join(unknown)} "
                          f"(0, 1 or a comma list of {', '.join(STAGES)})")
     return stages
 

@@ -7,34 +7,39 @@ registered op over a local function of the same domain and name). ONE log line p
 which path serves the iRPE nodes. Used by serve's onnxruntime backend, ``irpe validate`` and the
 benchmarks.
 
+The switches are one typed, frozen :class:`OrtOptions` (custom-op mode, library file, graph
+rewrite stages) that the caller passes; nothing here reads the environment except
+:meth:`OrtOptions.from_env`, which the entry points (``irpe validate`` / ``evaluate``, the
+benchmarks) call once; ``irpe serve`` takes them from its settings (docs/settings.md).
 Mode ``auto`` (default) uses the library when found and falls back to the functions, with a
 warning, when it cannot be loaded or a session cannot be made with it; ``on`` makes either an
-error; ``off`` never loads it. The mode comes from the caller, else ``$IRPE_ORT_CUSTOM_OPS``;
-``$IRPE_ORT_OPS_LIBRARY`` names the library file (default: the checkout's build/plugins/).
-With the CPU library, each ``Add(x, RPEGather(...))`` is loaded as one ``RPEGatherAdd`` node
-and each V term ``Add(x, MatMul(RPEScatter(...), W))`` as one ``RPEScatterMatMulAdd``
-and a Softmax of such logits as one ``RPEGatherAdd*Softmax*`` (:mod:`irpe.runtime.onnxruntime.rewrites`; the
-file is not changed; ``$IRPE_ORT_FUSE=0`` turns them off, a comma list such as
-``gather,scatter`` keeps only those stages).
+error; ``off`` never loads it. ``library`` names the library file (default: the checkout's
+build/plugins/). With the CPU library, each ``Add(x, RPEGather(...))`` is loaded as one
+``RPEGatherAdd`` node and each V term ``Add(x, MatMul(RPEScatter(...), W))`` as one
+``RPEScatterMatMulAdd`` and a Softmax of such logits as one ``RPEGatherAdd*Softmax*``
+(:mod:`irpe.runtime.onnxruntime.rewrites`; the file is not changed; ``rewrites`` empty turns
+them off, a set such as ``{"gather", "scatter"}`` keeps only those stages).
 """
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
 
-__all__ = ["MODES", "MODE_ENV", "LIBRARY_ENV", "FUSE_ENV", "CustomOpsError", "OpsPath", "default_library",
-           "resolve_mode", "find_library", "share_thread_pool", "session_options",
-           "create_session"]
+from irpe.runtime.onnxruntime.rewrites import STAGES, parse_stages
+
+__all__ = ["MODES", "MODE_ENV", "LIBRARY_ENV", "FUSE_ENV", "CustomOpsError", "OpsPath",
+           "OrtOptions", "default_library", "resolve_mode", "find_library", "share_thread_pool",
+           "session_options", "create_session"]
 
 log = logging.getLogger("irpe.runtime.onnxruntime.session")
 
 MODES = ("auto", "on", "off")
 MODE_ENV = "IRPE_ORT_CUSTOM_OPS"
 LIBRARY_ENV = "IRPE_ORT_OPS_LIBRARY"
-FUSE_ENV = "IRPE_ORT_FUSE"  # "0": no load-time fusion; else stages (rewrites.parse_stages)
+FUSE_ENV = "IRPE_ORT_FUSE"  # "0": no load-time rewrite; else stages (rewrites.parse_stages)
 _BUILD_DIR = Path(__file__).resolve().parents[3] / "build" / "plugins"  # the checkout's, as make ort-ops
 _CPU_LIB, _CUDA_LIB = "libirpe_ort_ops.so", "libirpe_ort_ops_cuda.so"
 _GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
@@ -72,18 +77,65 @@ class OpsPath:
 
 
 def default_library(cuda: bool = False) -> Path:
-    """Where the build puts the library (``$IRPE_ORT_OPS_LIBRARY`` wins in find_library)."""
+    """Where the build puts the library (used when :class:`OrtOptions` names none)."""
     return _BUILD_DIR / (_CUDA_LIB if cuda else _CPU_LIB)
 
 
 def resolve_mode(mode: Optional[str] = None) -> str:
-    """The caller's mode, else ``$IRPE_ORT_CUSTOM_OPS``, else ``auto``; checked."""
-    value = (mode if mode is not None else os.environ.get(MODE_ENV, "auto")).strip().lower()
+    """The mode checked and normalised (1/true/yes: on, 0/false/no: off); None: ``auto``."""
+    value = (mode if mode is not None else "auto").strip().lower()
     aliases = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}
     value = aliases.get(value, value)
     if value not in MODES:
         raise ValueError(f"custom-ops mode must be one of {', '.join(MODES)}, got {value!r}")
     return value
+
+
+def _stages(stages: Union[str, Iterable[str]]) -> FrozenSet[str]:
+    """Rewrite stages from a setting string (rewrites.parse_stages) or a collection; checked."""
+    return (parse_stages(stages) if isinstance(stages, str)
+            else parse_stages(",".join(stages) or "0"))
+
+
+@dataclass(frozen=True)
+class OrtOptions:
+    """How :func:`create_session` runs the iRPE nodes: custom-op ``custom_ops`` mode
+    (auto/on/off), the ``library`` file (None: :func:`default_library`) and the load-time graph
+    ``rewrites`` stages (all of rewrites.STAGES by default). Checked when made."""
+
+    custom_ops: str = "auto"
+    library: Optional[Path] = None
+    rewrites: FrozenSet[str] = field(default_factory=lambda: frozenset(STAGES))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "custom_ops", resolve_mode(self.custom_ops))
+        if self.library is not None:
+            object.__setattr__(self, "library", Path(self.library).expanduser())
+        object.__setattr__(self, "rewrites", _stages(self.rewrites))
+
+    @classmethod
+    def from_env(cls) -> "OrtOptions":
+        """The options of ``$IRPE_ORT_CUSTOM_OPS``, ``$IRPE_ORT_OPS_LIBRARY`` and
+        ``$IRPE_ORT_FUSE`` (unset: the defaults): the ONE place they are read; a bad value
+        raises ValueError naming the variable. Entry points call it once."""
+        given = {"custom_ops": os.environ.get(MODE_ENV), "library": os.environ.get(LIBRARY_ENV),
+                 "rewrites": os.environ.get(FUSE_ENV)}
+        names = {"custom_ops": MODE_ENV, "library": LIBRARY_ENV, "rewrites": FUSE_ENV}
+        options = cls()
+        for key, value in given.items():
+            if value is None or (key == "library" and not value.strip()):
+                continue
+            try:
+                options = replace(options, **{key: value})
+            except ValueError as exc:
+                raise ValueError(f"{names[key]}={value!r}: {exc}") from None
+        return options
+
+    def with_(self, custom_ops: Optional[str] = None, library: Optional[os.PathLike] = None,
+              rewrites: Optional[Union[str, Iterable[str]]] = None) -> "OrtOptions":
+        """These options with the given (not None) ones replaced (CLI flags over settings)."""
+        given = {"custom_ops": custom_ops, "library": library, "rewrites": rewrites}
+        return replace(self, **{k: v for k, v in given.items() if v is not None})
 
 
 def _wants_cuda(providers: Sequence[Union[str, tuple]]) -> bool:
@@ -92,13 +144,13 @@ def _wants_cuda(providers: Sequence[Union[str, tuple]]) -> bool:
 
 
 def _wanted(library: Optional[os.PathLike], cuda: bool) -> Union[os.PathLike, str]:
-    """The library asked for: the argument, ``$IRPE_ORT_OPS_LIBRARY`` or the build folder's."""
-    return library or os.environ.get(LIBRARY_ENV) or default_library(cuda)
+    """The library asked for: the argument or the build folder's."""
+    return library or default_library(cuda)
 
 
 def find_library(library: Optional[os.PathLike] = None, cuda: bool = False) -> Optional[Path]:
-    """The library to load: the argument, ``$IRPE_ORT_OPS_LIBRARY`` or the build folder's;
-    ``None`` when that file does not exist."""
+    """The library to load: the argument or the build folder's; ``None`` when that file does
+    not exist."""
     path = Path(_wanted(library, cuda)).expanduser()
     return path if path.is_file() else None
 
@@ -151,11 +203,11 @@ def _plan(ort: Any, mode: str, library: Optional[os.PathLike], cuda: bool,
     """Options with the library registered, or without it and the reason."""
     options = session_options(ort, threads)
     if mode == "off":
-        return options, OpsPath(False, None, f"custom ops off ({MODE_ENV} / option)")
+        return options, OpsPath(False, None, "custom ops off (setting)")
     found = find_library(library, cuda)
     if found is None:
         why = f"no custom-op library at {_wanted(library, cuda)}"
-        if cuda and library is None and os.environ.get(LIBRARY_ENV) is None:
+        if cuda and library is None:
             why += " (a GPU provider needs the CUDA build, libirpe_ort_ops_cuda.so)"
         if mode == "on":
             raise CustomOpsError(why + "; build it with plugins/onnxruntime/build.sh")
@@ -170,14 +222,13 @@ def _plan(ort: Any, mode: str, library: Optional[os.PathLike], cuda: bool,
     return options, OpsPath(True, str(found), "registered")
 
 
-def _fused_source(source: Union[str, bytes], path: OpsPath, fuse: Optional[str]
+def _fused_source(source: Union[str, bytes], path: OpsPath, stages: FrozenSet[str]
                   ) -> Tuple[Union[str, bytes], OpsPath]:
-    """With the CPU library: the model with the RPE ops fused at load (irpe.runtime.onnxruntime.rewrites),
-    stages ``fuse`` or else ``$IRPE_ORT_FUSE``."""
+    """With the CPU library: the model with the RPE ops fused at load
+    (irpe.runtime.onnxruntime.rewrites), rewrite stages ``stages``."""
     if not path.custom_ops:
         return source, path
-    from irpe.runtime.onnxruntime.rewrites import fuse_model, parse_stages
-    stages = parse_stages(fuse if fuse is not None else os.environ.get(FUSE_ENV, "1"))
+    from irpe.runtime.onnxruntime.rewrites import fuse_model
     if not stages:
         return source, path
     fused, counts = fuse_model(source, stages)
@@ -188,20 +239,24 @@ def _fused_source(source: Union[str, bytes], path: OpsPath, fuse: Optional[str]
 
 
 def create_session(model: Union[os.PathLike, bytes], providers: Optional[List] = None, *,
-                   threads: Optional[int] = None, custom_ops: Optional[str] = None,
-                   library: Optional[os.PathLike] = None, quiet: bool = False,
-                   fuse: Optional[str] = None) -> Tuple[Any, OpsPath]:
-    """An ``InferenceSession`` for ``model`` (path or bytes) and the iRPE ops path it uses;
-    ``fuse``: the load-time fusion stages (default ``$IRPE_ORT_FUSE``, else all)."""
+                   threads: Optional[int] = None, options: Optional[OrtOptions] = None,
+                   custom_ops: Optional[str] = None, library: Optional[os.PathLike] = None,
+                   quiet: bool = False, rewrites: Optional[Union[str, Iterable[str]]] = None
+                   ) -> Tuple[Any, OpsPath]:
+    """An ``InferenceSession`` for ``model`` (path or bytes) and the iRPE ops path it uses, run
+    as ``options`` say (default ``OrtOptions()``); ``custom_ops`` / ``library`` /
+    ``rewrites`` given replace those of ``options``. Reads no environment variable."""
     import onnxruntime as ort
-    mode = resolve_mode(custom_ops)
+    chosen = (options or OrtOptions()).with_(custom_ops, library, rewrites)
+    mode = chosen.custom_ops
     providers = list(providers or ["CPUExecutionProvider"])
     source = model if isinstance(model, bytes) else str(model)
     cuda = _wants_cuda(providers)
-    options, path = _plan(ort, mode, library, cuda, threads)
+    session_opts, path = _plan(ort, mode, chosen.library, cuda, threads)
     try:
-        fused, path = _fused_source(source, path, fuse) if not cuda else (source, path)
-        session = ort.InferenceSession(fused, options, providers=providers)
+        fused, path = (_fused_source(source, path, chosen.rewrites) if not cuda
+                       else (source, path))
+        session = ort.InferenceSession(fused, session_opts, providers=providers)
     except Exception as exc:
         if not path.custom_ops or mode == "on":
             if path.custom_ops:
