@@ -13,6 +13,9 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from benchmarks.common import device_slug
+from benchmarks.fits import fits
+
 RESULTS = Path(__file__).parent / "results"
 KINDS = ("models", "ops", "serve")
 
@@ -53,11 +56,7 @@ def versions() -> Dict[str, str]:
 def device() -> str:
     """Results folder name of this machine: the GPU's slug when CUDA is up, else the CPU's."""
     import torch
-    from benchmarks.deit_forward import device_name
-    if torch.cuda.is_available():
-        from benchmarks.ops_gpu import device_slug
-        return device_slug("cuda")
-    return device_name()
+    return device_slug("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def envelope(kind: str, settings: Dict, results: List[Dict], notes: Sequence[str] = ()) -> Dict:
@@ -170,7 +169,6 @@ def _table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> 
 
 def ops_fits(doc: Dict) -> str:
     """Fitted growth exponent per op (stored fits, or fitted now for older reports)."""
-    from benchmarks.ops_bench import fits
     rows = [[f["op"], _f(f["slope"], ".2f"), ", ".join(map(str, f["lengths"]))]
             for f in doc.get("fits") or fits(doc["results"])]
     return _table("Fitted growth: t ~ L^p (least squares, log-log)", ["op", "fitted p", "L"], rows)
