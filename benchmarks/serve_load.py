@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence
 
-from benchmarks._serving import start_serve, stop, wait_ready
+from benchmarks.serve_process import start_serve, stop, wait_ready
 from benchmarks.common import int_list
 from benchmarks.rawhttp import LeanClient, Lost
 from benchmarks.report import latency_ms, percentile
