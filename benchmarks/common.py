@@ -9,7 +9,7 @@ import os
 import platform
 import re
 from pathlib import Path
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 __all__ = ["device_name", "device_slug", "int_list", "size_list", "choice_list"]
 
@@ -26,11 +26,14 @@ def device_name() -> str:
     return f"cpu-{os.cpu_count()}c-{slug}"[:60]
 
 
-def device_slug(device: str) -> str:
-    """Results-folder name of a torch device: the CPU's name, or gpu-<CUDA device name>."""
+def device_slug(device: Optional[str] = None) -> str:
+    """Results-folder name of a torch device: the CPU's name, or gpu-<CUDA device name>;
+    without ``device``, this machine's (its GPU when CUDA is up, else its CPU)."""
+    import torch
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         return device_name()
-    import torch
     name = torch.cuda.get_device_name(torch.device(device))
     return "gpu-" + re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 

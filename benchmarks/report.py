@@ -53,16 +53,10 @@ def versions() -> Dict[str, str]:
     return out
 
 
-def device() -> str:
-    """Results folder name of this machine: the GPU's slug when CUDA is up, else the CPU's."""
-    import torch
-    return device_slug("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def envelope(kind: str, settings: Dict, results: List[Dict], notes: Sequence[str] = ()) -> Dict:
     """The JSON document of one benchmark run."""
     import torch
-    return {"kind": kind, "device": device(), "date": time.strftime("%Y-%m-%d %H:%M"),
+    return {"kind": kind, "device": device_slug(), "date": time.strftime("%Y-%m-%d %H:%M"),
             "git_sha": git_sha(), "versions": versions(), "cpu_count": _cpus(),
             "torch_threads": torch.get_num_threads(), "settings": settings,
             "notes": list(notes), "results": results}
@@ -84,7 +78,7 @@ def write_json_md(folder: Path, stem: str, result: Dict, lines: Sequence[str]) -
 
 def out_dir(given: Optional[Path]) -> Path:
     """The folder reports go to (default benchmarks/results/<device>)."""
-    return Path(given) if given else RESULTS / device()
+    return Path(given) if given else RESULTS / device_slug()
 
 
 def save(doc: Dict, folder: Path, tag: Optional[str] = None) -> List[Path]:
