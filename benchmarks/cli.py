@@ -3,42 +3,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import List, Sequence, Tuple
+from typing import Sequence
+
+from benchmarks.common import choice_list, int_list, size_list
+from benchmarks.fits import fits
+from benchmarks.report import envelope, out_dir, render, save
 
 __all__ = ["add_parser"]
-
-
-def int_list(text: str) -> List[int]:
-    """'1,4,16' -> [1, 4, 16] (positive integers); ValueError otherwise."""
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"not a comma-separated list of integers: {text!r}") from None
-    if not values or min(values) < 1:
-        raise ValueError(f"need positive integers, got {text!r}")
-    return values
-
-
-def size_list(text: str) -> List[Tuple[int, int]]:
-    """'480x640,800x1216' -> [(480, 640), (800, 1216)] (positive H x W)."""
-    try:
-        sizes = [tuple(int(v) for v in part.lower().split("x")) for part in text.split(",")
-                 if part.strip()]
-    except ValueError:
-        raise ValueError(f"not a comma-separated list of HxW sizes: {text!r}") from None
-    if not sizes or any(len(s) != 2 or min(s) < 1 for s in sizes):
-        raise ValueError(f"not a comma-separated list of HxW sizes: {text!r}")
-    return sizes  # type: ignore[return-value]
-
-
-def choice_list(text: str, allowed: Sequence[str], what: str) -> List[str]:
-    """'a,b' -> ['a', 'b'], each one of ``allowed``."""
-    values = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [v for v in values if v not in allowed]
-    if bad or not values:
-        raise ValueError(f"unknown {what} {', '.join(bad) or repr(text)}; choose from "
-                         f"{', '.join(allowed)}")
-    return values
 
 
 def _cache(what: str) -> Path:
@@ -55,7 +26,6 @@ def _print_files(paths: Sequence[Path]) -> None:
 def cmd_models(args: argparse.Namespace) -> int:
     """Plain vs iRPE models across backends, batches and precisions."""
     from benchmarks import models_bench as mb
-    from benchmarks.report import envelope, out_dir, save
     families = choice_list(args.models or ("deit_tiny" if args.quick else "deit_tiny,deit_small"),
                            list(mb.FAMILIES), "model family")
     backends = choice_list(args.backends, mb.BACKENDS, "backend")
@@ -96,10 +66,9 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_ops(args: argparse.Namespace) -> int:
     """The iRPE op benchmark (ops_cpu, or ops_gpu on CUDA) in the bench report format."""
     from benchmarks import ops_bench
-    from benchmarks.report import envelope, out_dir, save
     settings, results = ops_bench.run(args.quick, args.threads, args.repeats)
     doc = envelope("ops", settings, results, [*ops_bench.notes(settings), *args.note])
-    doc["fits"] = ops_bench.fits(results)
+    doc["fits"] = fits(results)
     _print_files(save(doc, out_dir(args.out), args.tag))
     return 0
 
@@ -107,7 +76,6 @@ def cmd_ops(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     """HTTP load against `irpe serve` in a child process: closed- and open-loop; vs in-process."""
     from benchmarks import serve_bench
-    from benchmarks.report import envelope, out_dir, save
     conc = int_list(args.concurrency)
     models = choice_list(args.models, list(serve_bench.MODELS), "serve model")
     if args.quick:
@@ -140,7 +108,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_attention(args: argparse.Namespace) -> int:
     """Fused iRPE attention vs unfused vs SDPA: one layer and whole models (CUDA; --smoke: CPU)."""
     from benchmarks import attention_bench as ab
-    from benchmarks.report import envelope, out_dir
     parts = tuple(choice_list(args.parts, ["layers", "models"], "part"))
     terms = tuple(choice_list(args.terms, ["k", "q", "v", "qk", "kv", "qkv"], "iRPE terms"))
     if min(args.rounds, args.iters) < 1 or args.warmup < 0:
@@ -160,7 +127,6 @@ def cmd_attention(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Regenerate Markdown and plots from every bench_*.json in the folder."""
-    from benchmarks.report import out_dir, render
     folder = out_dir(args.out)
     paths = sorted(folder.glob("bench_*.json"))
     if not paths:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from irpe.attention import unfused_attention
-from irpe.fused.cpu import cpu_attention
+from irpe.fused.cpu import attention_logits, cpu_attention, term_mask
 from irpe.rpe import build_rpe, get_rpe_config
 
 Call = Callable[[], torch.Tensor]
@@ -51,8 +51,7 @@ def candidates(batch: int, compiled: bool) -> Dict[str, Call]:
 
     def qkv_onehot() -> torch.Tensor:  # V bucket sums as a batched matmul with a one-hot tensor
         qs = q * scale
-        from irpe.fused.cpu import _logits, term_mask
-        attn, shape = _logits(qs, k, term_mask(qs, k, scale, rq, rk, None, None, None))
+        attn, shape = attention_logits(qs, k, term_mask(qs, k, scale, rq, rk, None, None, None))
         attn = attn.softmax(-1)
         sums = torch.einsum("bij,ijt->bit", attn, onehot).view(*shape[:3], nb)
         return (torch.matmul(attn.view(shape), v)

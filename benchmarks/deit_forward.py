@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import re
 import statistics
 import time
 from pathlib import Path
@@ -23,6 +21,8 @@ from typing import Dict, List
 
 import torch
 
+from benchmarks.common import device_name
+from benchmarks.detr_memory import measure_peaks, report_lines
 from benchmarks.report import write_json_md
 from irpe import create_model, randomize_tables
 from irpe.fused import set_fused_attention
@@ -35,18 +35,6 @@ MODELS = {
 QUICK_MODELS = {k: v.replace("small", "tiny") for k, v in MODELS.items() if k != "irpe_qkv"}
 GOALS = {"irpe_k": 0.95, "irpe_qkv": 0.90}  # throughput / plain, eager CPU path (issue 31)
 UNFUSED = "_unfused"  # row suffix: the same model on the unfused path
-
-
-def device_name() -> str:
-    """A filesystem-safe CPU name, e.g. cpu-2c-amd-epyc-9b14."""
-    model = platform.processor() or "cpu"
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        model = re.search(r"model name\s*:\s*(.+)", text).group(1)
-    except (OSError, AttributeError):
-        pass
-    slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")
-    return f"cpu-{os.cpu_count()}c-{slug}"[:60]
 
 
 def _build(name: str) -> torch.nn.Module:
@@ -117,7 +105,6 @@ def write_report(result: Dict, out_dir: Path) -> Path:
         lines.append(f"| {key} | {row['model']} | {row['median_ms']:.1f} | {row['p90_ms']:.1f} | "
                      f"{row['images_per_s']:.1f} | {row['throughput_ratio']:.3f} | {goal} |")
     if result.get("detr_memory"):
-        from benchmarks.detr_memory import report_lines
         lines += [""] + report_lines(result["detr_memory"])
     return write_json_md(out_dir, "deit_forward", result, lines)
 
@@ -152,7 +139,6 @@ def main(argv=None) -> int:
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load": load,
               "results": summarize(times, models, args.batch)}
     if args.detr_memory:
-        from benchmarks.detr_memory import measure_peaks
         result["detr_memory"] = measure_peaks(quick=args.quick)
     out_dir = args.out or Path(__file__).parent / "results" / result["device"]
     path = write_report(result, out_dir)

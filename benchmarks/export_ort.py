@@ -37,7 +37,8 @@ import numpy as np
 import torch
 
 from benchmarks import deit_forward
-from benchmarks.deit_forward import MODELS, device_name
+from benchmarks.common import device_name
+from benchmarks.deit_forward import MODELS
 from benchmarks.report import write_json_md
 from irpe.runtime.onnxruntime.session import (OrtOptions, create_session, find_library,
                                                share_thread_pool)

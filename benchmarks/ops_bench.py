@@ -7,19 +7,17 @@ fitted growth exponent: the least-squares slope of log(time) vs log(L).
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from benchmarks.ops_common import fit_slope
+from benchmarks import ops_cpu, ops_gpu
 
 OPS = ("gather_irpe", "gather_official", "v_irpe", "v_official")
 
 
 def run(quick: bool, threads: int, repeats: int) -> Tuple[Dict, List[Dict]]:
     """(settings, rows): CPU rows per (op, L), then CUDA kernel rows when CUDA is up."""
-    from benchmarks import ops_cpu
     grids = ops_cpu.QUICK_GRIDS if quick else ops_cpu.GRIDS
     repeats, warmup = (1, 0) if quick else (repeats, 1)
     torch.set_num_threads(threads)
@@ -53,7 +51,6 @@ def gpu_rows(quick: bool, repeats: int) -> Tuple[List[Dict], Optional[str]]:
     if not torch.cuda.is_available():
         return [], ("skipped: no CUDA device here (torch.cuda.is_available() is False); the "
                     "custom CUDA kernels (plugins/pytorch) run only on a GPU machine")
-    from benchmarks import ops_gpu
     ours, why_not = ops_gpu.load_ours("cuda")
     peak = ops_gpu.peak_tbps("cuda", None)
     cases = ops_gpu.QUICK_CASES if quick else ops_gpu.CASES
@@ -74,30 +71,6 @@ def _gpu_row(r: Dict, case: Tuple) -> Dict:
             "median_ms": r["median_ms"], "gb_per_s": r["gb_per_s"],
             "fraction_of_peak": r["fraction_of_peak"], "speedup": r["speedup_vs_torch"],
             "max_abs_diff": r["max_abs_diff"]}
-
-
-def series_key(row: Dict) -> str:
-    """One fitted series per op (CPU) or per op and dtype (CUDA)."""
-    return f"cuda {row['op']} {row['dtype']}" if row.get("device") == "cuda" else row["op"]
-
-
-def fit_rows(results: List[Dict]) -> List[Dict]:
-    """Rows that belong on a cost-vs-L curve (CUDA: the DETR cases, same batch and heads)."""
-    return [r for r in results
-            if r.get("device") != "cuda" or r.get("case", "").startswith("detr")]
-
-
-def fits(results: List[Dict]) -> List[Dict]:
-    """Least-squares log-log slope of median ms vs L per series."""
-    groups: Dict[str, List[Dict]] = defaultdict(list)
-    for r in fit_rows(results):
-        groups[series_key(r)].append(r)
-    out = []
-    for key, rs in groups.items():
-        lengths = [r["L"] for r in rs]
-        out.append({"op": key, "slope": fit_slope(lengths, [r["median_ms"] for r in rs]),
-                    "lengths": sorted(lengths), "points": len(rs)})
-    return out
 
 
 def notes(settings: Dict) -> List[str]:

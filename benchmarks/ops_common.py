@@ -63,27 +63,6 @@ def median_ms(samples: Sequence[float]) -> float:
     return statistics.median(samples) * 1e3
 
 
-def growth(sizes: Sequence[int], values: Sequence[float]) -> List[float | None]:
-    """Local exponent p of value ~ size^p between consecutive sizes (None for the first)."""
-    import math
-    out: List[float | None] = [None]
-    for (s0, v0), (s1, v1) in zip(zip(sizes, values), zip(sizes[1:], values[1:])):
-        ok = v0 and v1 and v0 > 0 and v1 > 0
-        out.append(math.log(v1 / v0) / math.log(s1 / s0) if ok else None)
-    return out
-
-
-def fit_slope(sizes: Sequence[float], values: Sequence[float | None]) -> float | None:
-    """Least-squares slope p of log(value) = p log(size) + c (None with < 2 usable points)."""
-    import math
-    pts = [(math.log(s), math.log(v)) for s, v in zip(sizes, values) if v and v > 0 and s > 0]
-    if len({x for x, _ in pts}) < 2:
-        return None
-    mx = sum(x for x, _ in pts) / len(pts)
-    my = sum(y for _, y in pts) / len(pts)
-    return (sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts))
-
-
 def write_report(result: Dict, out_dir: Path, name: str, title: str, header: Sequence[str],
                  rows: Sequence[Sequence[str]], notes: Sequence[str] = ()) -> Path:
     """result -> NAME.json; a Markdown table (+ notes) -> NAME.md. Returns the .md path."""

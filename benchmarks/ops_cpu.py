@@ -19,8 +19,9 @@ from typing import Dict
 
 import torch
 
-from benchmarks.deit_forward import device_name
-from benchmarks.ops_common import (env_info, fmt, grid_ids, growth, median_ms, official_flat_index,
+from benchmarks.common import device_name
+from benchmarks.fits import growth
+from benchmarks.ops_common import (env_info, fmt, grid_ids, median_ms, official_flat_index,
                                    official_gather, time_round_robin, write_report)
 from irpe.bucket import num_buckets
 from irpe.ops import rpe_gather, rpe_scatter

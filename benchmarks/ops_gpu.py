@@ -14,12 +14,12 @@ test of the script; our kernels need CUDA).
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import torch
 
+from benchmarks.common import device_slug
 from benchmarks.ops_common import (env_info, fmt, grid_ids, median_ms, official_flat_index,
                                    official_gather, time_round_robin, write_report)
 from irpe.bucket import num_buckets
@@ -38,14 +38,6 @@ PEAK_TBPS = [("H200", 4.8), ("H100 NVL", 3.9), ("H100 PCIe", 2.0), ("H100", 3.35
              ("A100-SXM4-80GB", 2.039), ("A100 80GB PCIe", 1.935), ("A100", 1.555),
              ("L40S", 0.864), ("L4", 0.3), ("A10", 0.6), ("RTX 4090", 1.008)]
 GATHER_GOAL = 0.70  # of peak, for DETR-sized inputs (issue acceptance)
-
-
-def device_slug(device: str) -> str:
-    if device == "cpu":
-        from benchmarks.deit_forward import device_name
-        return device_name()
-    name = torch.cuda.get_device_name(torch.device(device))
-    return "gpu-" + re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
 def peak_tbps(device: str, override: Optional[float]) -> Optional[float]:

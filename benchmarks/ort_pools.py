@@ -23,6 +23,7 @@ from typing import Dict, List
 
 import numpy as np
 
+from benchmarks.common import device_name
 from benchmarks.ops_common import time_round_robin
 from benchmarks.report import write_json_md
 
@@ -86,7 +87,6 @@ def main(argv=None) -> int:
         print(json.dumps(child(args.child, args.files, args.threads, args.repeats)))
         return 0
     import onnxruntime
-    from benchmarks.deit_forward import device_name
     from serve.demo import demo_models
     repeats = 5 if args.quick else args.repeats
     files = [str(c.path) for c in demo_models("onnxruntime")]

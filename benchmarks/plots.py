@@ -10,6 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from benchmarks.fits import fit_rows, fits, series_key  # noqa: E402
+
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
@@ -78,7 +80,6 @@ def _bars(rows: List[Dict], keys, ylabel: str, path: Path) -> Path:
 
 def ops_series(doc: Dict) -> Dict[str, List[Tuple[float, float]]]:
     """(L, ms) per op, labelled with the op's fitted exponent."""
-    from benchmarks.ops_bench import fit_rows, fits, series_key
     slopes = {f["op"]: f["slope"] for f in doc.get("fits") or fits(doc["results"])}
 
     def key(r: Dict) -> str:

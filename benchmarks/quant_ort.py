@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from benchmarks import deit_forward
-from benchmarks.deit_forward import MODELS, device_name
+from benchmarks.common import device_name
+from benchmarks.deit_forward import MODELS
 from benchmarks.export_ort import (OPS_SUFFIX, QUICK_OVERRIDES, round_robin, export_models,
                                    session_runs)
 from benchmarks.report import write_json_md

@@ -13,6 +13,9 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from benchmarks.common import device_slug
+from benchmarks.fits import fits
+
 RESULTS = Path(__file__).parent / "results"
 KINDS = ("models", "ops", "serve")
 
@@ -50,20 +53,10 @@ def versions() -> Dict[str, str]:
     return out
 
 
-def device() -> str:
-    """Results folder name of this machine: the GPU's slug when CUDA is up, else the CPU's."""
-    import torch
-    from benchmarks.deit_forward import device_name
-    if torch.cuda.is_available():
-        from benchmarks.ops_gpu import device_slug
-        return device_slug("cuda")
-    return device_name()
-
-
 def envelope(kind: str, settings: Dict, results: List[Dict], notes: Sequence[str] = ()) -> Dict:
     """The JSON document of one benchmark run."""
     import torch
-    return {"kind": kind, "device": device(), "date": time.strftime("%Y-%m-%d %H:%M"),
+    return {"kind": kind, "device": device_slug(), "date": time.strftime("%Y-%m-%d %H:%M"),
             "git_sha": git_sha(), "versions": versions(), "cpu_count": _cpus(),
             "torch_threads": torch.get_num_threads(), "settings": settings,
             "notes": list(notes), "results": results}
@@ -85,7 +78,7 @@ def write_json_md(folder: Path, stem: str, result: Dict, lines: Sequence[str]) -
 
 def out_dir(given: Optional[Path]) -> Path:
     """The folder reports go to (default benchmarks/results/<device>)."""
-    return Path(given) if given else RESULTS / device()
+    return Path(given) if given else RESULTS / device_slug()
 
 
 def save(doc: Dict, folder: Path, tag: Optional[str] = None) -> List[Path]:
@@ -170,7 +163,6 @@ def _table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> 
 
 def ops_fits(doc: Dict) -> str:
     """Fitted growth exponent per op (stored fits, or fitted now for older reports)."""
-    from benchmarks.ops_bench import fits
     rows = [[f["op"], _f(f["slope"], ".2f"), ", ".join(map(str, f["lengths"]))]
             for f in doc.get("fits") or fits(doc["results"])]
     return _table("Fitted growth: t ~ L^p (least squares, log-log)", ["op", "fitted p", "L"], rows)

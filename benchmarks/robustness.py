@@ -28,7 +28,7 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 import numpy as np
 
-from benchmarks._serving import start_serve, stop, wait_ready
+from benchmarks.serve_process import start_serve, stop, wait_ready
 from benchmarks.rawhttp import LeanClient, Lost
 
 __all__ = ["serve_process", "pinned", "capacity", "overload", "soak", "run", "passed", "main"]

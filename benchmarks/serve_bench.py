@@ -22,7 +22,7 @@ import io
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Tuple
 
 from benchmarks import serve_load
 
@@ -74,14 +74,6 @@ def onnx_file(weights: Path, cache: Path) -> Path:
         onnx.parent.mkdir(parents=True, exist_ok=True)
         exporter.write(str(weights), onnx)
     return onnx
-
-
-def png(size: int, index: int = 3) -> bytes:
-    """One shapes image of ``size`` x ``size`` pixels, PNG encoded."""
-    from irpe.data.shapes import render_classification
-    buf = io.BytesIO()
-    render_classification(7, index, size)[0].save(buf, "PNG")
-    return buf.getvalue()
 
 
 def jpeg(width: int = 451, height: int = 300) -> bytes:
@@ -183,8 +175,8 @@ def run_model(key: str, settings: Dict, cache: Path) -> Tuple[List[Dict], Dict]:
     name, size = MODELS[key]
     runtime = {k: settings.get(k) for k in ("device", "precision", "instances", "cuda_graphs")}
     cfg = model_config(name, settings["backend"], cache, settings["max_batch_size"], **runtime)
-    image = (jpeg(), "image/jpeg") if settings.get("image") == "jpeg" else (png(size),
-                                                                           "image/png")
+    image = ((jpeg(), "image/jpeg") if settings.get("image") == "jpeg"
+             else (serve_load.png(size), "image/png"))
     inproc = in_process(cfg, settings["threads"], settings["duration_s"], image[0])
     rows = [{"mode": mode, "load": cfg.max_batch_size, "images_per_s": rate}
             for mode, rate in inproc.items()]

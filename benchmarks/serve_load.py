@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import io
 import json
 import os
 import statistics
@@ -25,11 +26,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence
 
-from benchmarks._serving import start_serve, stop, wait_ready
-from benchmarks.report import latency_ms
+from benchmarks.serve_process import start_serve, stop, wait_ready
+from benchmarks.common import int_list
+from benchmarks.rawhttp import LeanClient, Lost
+from benchmarks.report import latency_ms, percentile
 
 __all__ = ["write_repository", "server_process", "closed_loop", "open_loop", "batch_histogram",
-           "lean_closed_loop", "main"]
+           "lean_closed_loop", "png", "main"]
 
 
 def write_repository(folder: Path, models: List[Dict]) -> Path:
@@ -144,7 +147,6 @@ async def lean_closed_loop(base: str, path: str, body: bytes, headers: Dict[str,
                            clients: int, seconds: float, warmup_s: float) -> Dict:
     """``clients`` request-after-response loops on the lean client for ``warmup_s`` (not
     recorded) + ``seconds``: the steady state of a saturated server, not its ramp-up."""
-    from benchmarks.rawhttp import LeanClient, Lost
     client = LeanClient(base, path, body, headers, keepalive_s=60.0, max_connections=clients)
     lat: List[float] = []
     sent_at: List[float] = []
@@ -174,7 +176,6 @@ def local_tail(sent_at: Sequence[float], lat: Sequence[float], window_s: float =
     """p99 of each latency over the median latency of its ``window_s`` (by send time): the
     p99/p50 a machine whose speed drifts (other users' load) would show at a steady speed.
     Overtaking inside the server raises it; slow and fast seconds alone do not."""
-    from benchmarks.report import percentile
     windows: Dict[int, List[float]] = {}
     for t, x in zip(sent_at, lat):
         windows.setdefault(int(t // window_s), []).append(x)
@@ -191,8 +192,15 @@ def _demo_classifier(folder: Path, max_batch: int, delay_ms: float) -> Path:
                                       "max_queue_delay_ms": delay_ms, "max_queue_size": 1024}])
 
 
+def png(size: int, index: int = 3) -> bytes:
+    """One shapes image of ``size`` x ``size`` pixels, PNG encoded."""
+    from irpe.data.shapes import render_classification
+    buf = io.BytesIO()
+    render_classification(7, index, size)[0].save(buf, "PNG")
+    return buf.getvalue()
+
+
 def _json_body() -> bytes:
-    from benchmarks.serve_bench import png
     return json.dumps({"images": [base64.b64encode(png(64)).decode()]}).encode()
 
 
@@ -239,7 +247,6 @@ def _summary(rows: List[Dict], servers: Sequence[str]) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Closed-loop p50/p99 per concurrency of `irpe serve` (and of ``--baseline``), alternated."""
     import tempfile
-    from benchmarks.cli import int_list
     args = _parser().parse_args(argv)
     levels = int_list(args.concurrency)
     servers = {"this checkout": None, **({"baseline": args.baseline} if args.baseline else {})}

@@ -17,16 +17,16 @@ __all__ = ["add_parser", "cmd_export", "cmd_validate", "cmd_build_engine"]
 def cmd_export(args: argparse.Namespace) -> int:
     """Export a model to ONNX; prints the output path, size and RPE node counts."""
     import warnings
-    from irpe.artifact.contract import read_onnx_props
 
-    from .onnx import export_onnx
+    from .onnx import export_source, prepare_source
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = _warn_line
-        path = export_onnx(args.source, _output(args.source, args.output),
-                           args.checkpoint, inline=args.inline, opset=args.opset,
-                           progress=not args.quiet, optimize=not args.no_optimize)
-    props = read_onnx_props(path)
+        src = prepare_source(args.source, args.checkpoint, opset=args.opset,
+                             progress=not args.quiet)
+        path, props = export_source(src, _output(args.source, args.output), inline=args.inline,
+                                    opset=args.opset, progress=not args.quiet,
+                                    optimize=not args.no_optimize)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB): {props['irpe.model_name']}, "
           f"opset {props['irpe.opset']}, rpe nodes {props['irpe.rpe_nodes']}"
           f"{' (inlined)' if args.inline else ''}, weights {props['irpe.weights']}")

@@ -14,7 +14,7 @@ import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import onnx
 import torch
@@ -30,10 +30,16 @@ from .functions import (GATHER, attach_functions, count_rpe_nodes, inline_functi
                         rpe_nodes)
 from .source import Source, SourceLike, load_source
 
-__all__ = ["export_onnx", "export_source",
-           "output_module"]
+__all__ = ["export_onnx", "export_source", "prepare_source", "Exported", "output_module"]
 
 MAX_IR_VERSION = 10  # onnxruntime 1.31 reads <= 13, TensorRT parsers expect <= 10
+
+
+class Exported(NamedTuple):
+    """A written ONNX file and the metadata_props written into it (no need to read it back)."""
+
+    path: Path
+    props: Dict[str, str]
 
 
 class _Classifier(nn.Module):
@@ -200,8 +206,9 @@ def _check_opset(opset: int) -> None:
 
 
 def export_source(src: Source, output: os.PathLike, *, inline: bool = False, opset: int = 18,
-                  progress: bool = False, optimize: bool = True) -> Path:
-    """Export an already resolved :class:`Source` (model + spec) to ``output``."""
+                  progress: bool = False, optimize: bool = True) -> Exported:
+    """Export an already resolved :class:`Source` (model + spec) to ``output``; the file and
+    the metadata written into it."""
     _check_opset(opset)
     log = _Progress(progress)
     with log.step(f"trace + convert (opset {opset})"):
@@ -211,7 +218,7 @@ def export_source(src: Source, output: os.PathLike, *, inline: bool = False, ops
             model = _optimize(model)
     with log.step("functions, metadata, full check" + (", inline" if inline else "")):
         model = _finalize(model, src, opset, inline)
-    nodes = {p.key: p.value for p in model.metadata_props}["irpe.rpe_nodes"]
+    props = {p.key: p.value for p in model.metadata_props}
     output = Path(output)
     with log.step(f"write {output.name}"):
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -224,15 +231,15 @@ def export_source(src: Source, output: os.PathLike, *, inline: bool = False, ops
             raise
     if progress:
         print(f"[export] total {time.perf_counter() - log.start:.2f} s, "
-              f"{output.stat().st_size / 1e6:.1f} MB, rpe nodes {nodes}",
+              f"{output.stat().st_size / 1e6:.1f} MB, rpe nodes {props['irpe.rpe_nodes']}",
               file=sys.stderr)
-    return output
+    return Exported(output, props)
 
 
-def export_onnx(source: SourceLike, output: os.PathLike, checkpoint: Optional[str] = None, *,
-                inline: bool = False, opset: int = 18, progress: bool = False,
-                spec: Optional[ModelSpec] = None, optimize: bool = True) -> Path:
-    """Export a registry name (+ checkpoint), a trained-model file or a module (+ spec) to ONNX."""
+def prepare_source(source: SourceLike, checkpoint: Optional[str] = None,
+                   spec: Optional[ModelSpec] = None, *, opset: int = 18,
+                   progress: bool = False) -> Source:
+    """Check ``opset``, then resolve the model to export (timed on stderr with ``progress``)."""
     _check_opset(opset)
     log = _Progress(progress)
     with log.step("load model"):
@@ -240,6 +247,13 @@ def export_onnx(source: SourceLike, output: os.PathLike, checkpoint: Optional[st
     if progress:
         print(f"[export] {src.spec.model_name} ({src.spec.task}), weights {src.weights}",
               file=sys.stderr)
-    return export_source(src, output, inline=inline, opset=opset, progress=progress,
-                         optimize=optimize)
+    return src
 
+
+def export_onnx(source: SourceLike, output: os.PathLike, checkpoint: Optional[str] = None, *,
+                inline: bool = False, opset: int = 18, progress: bool = False,
+                spec: Optional[ModelSpec] = None, optimize: bool = True) -> Path:
+    """Export a registry name (+ checkpoint), a trained-model file or a module (+ spec) to ONNX."""
+    src = prepare_source(source, checkpoint, spec, opset=opset, progress=progress)
+    return export_source(src, output, inline=inline, opset=opset, progress=progress,
+                         optimize=optimize).path

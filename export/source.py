@@ -15,7 +15,7 @@ from torch import nn
 
 from irpe.artifact.trained import ModelSpec, default_spec, load_trained, read_spec
 from irpe.checkpoint import CheckpointError
-from irpe.models import model_info
+from irpe.models import ModelInfo, model_info
 from irpe.models.registry import bundled_weights
 
 __all__ = ["Source", "load_source", "RANDOM_SEED", "weights_from_metadata"]
@@ -49,33 +49,38 @@ def load_source(source: SourceLike, checkpoint: Optional[str] = None,
                              "do not pass a checkpoint as well")
         model, file_spec = load_trained(source)
         return Source(model, spec or file_spec, f"trained:{os.path.abspath(source)}")
-    info = model_info(source)  # KeyError naming close matches for unknown models
+    info = model_info(source)  # KeyError naming close matches; the one registry look-up
     if checkpoint is not None:
         if not os.path.isfile(checkpoint):
             raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
-        spec = spec or _checkpoint_spec(info.name, checkpoint)
-        model = spec.build(checkpoint)
+        spec = spec or _checkpoint_spec(info, checkpoint)
+        model = spec.build(checkpoint, info=_entry(info, spec))
         return Source(model.eval(), spec, f"checkpoint:{os.path.abspath(checkpoint)}")
     if info.weights is not None:  # a trained-model file: its labels and preprocessing too
-        model, file_spec = load_trained(bundled_weights(info))
+        model, file_spec = load_trained(bundled_weights(info), info=info)
         return Source(model, spec or file_spec, f"bundled:{info.weights}")
-    spec = spec or default_spec(info.name)
+    spec = spec or default_spec(info)
     warnings.warn(f"{info.name}: no checkpoint given and no bundled weights; using RANDOM "
                   f"weights (seed {RANDOM_SEED})", stacklevel=2)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(RANDOM_SEED)
-        model = spec.build()
+        model = spec.build(info=_entry(info, spec))
     return Source(model.eval(), spec, f"random:seed={RANDOM_SEED}")
 
 
-def _checkpoint_spec(name: str, checkpoint: str) -> ModelSpec:
+def _entry(info: ModelInfo, spec: ModelSpec) -> Optional[ModelInfo]:
+    """``info`` when it is the entry of ``spec``'s model (a caller's spec may name another)."""
+    return info if spec.model_name == info.name else None
+
+
+def _checkpoint_spec(info: ModelInfo, checkpoint: str) -> ModelSpec:
     """The spec a trained-model checkpoint carries (labels, preprocessing), else the defaults."""
     try:
         spec = read_spec(checkpoint)[0]
     except (CheckpointError, ValueError):  # a plain checkpoint (.pth, safetensors w/o metadata)
-        return default_spec(name)
-    if spec.model_name != name:
-        raise ValueError(f"{checkpoint} is a trained {spec.model_name} model, not {name}; "
+        return default_spec(info)
+    if spec.model_name != info.name:
+        raise ValueError(f"{checkpoint} is a trained {spec.model_name} model, not {info.name}; "
                          f"name the file alone to export it")
     return spec
 
@@ -97,7 +102,8 @@ def weights_from_metadata(weights: str, spec: ModelSpec) -> Source:
     if kind == "checkpoint":
         return load_source(spec.model_name, checkpoint=value, spec=spec)
     if kind == "bundled":
-        model = spec.build(bundled_weights(model_info(spec.model_name)))
+        info = model_info(spec.model_name)
+        model = spec.build(bundled_weights(info), info=info)
         return Source(model.eval(), spec, weights)
     if kind == "random":
         with torch.random.fork_rng(devices=[]):

@@ -25,6 +25,7 @@ SHIPPED_BESIDE = ("export", "serve")
 # top-level packages of a checkout that no install maps (benchmarks/, and plugins/ it imports):
 # an editable install's console script reaches them through _checkout_on_path
 CHECKOUT_ONLY = ("benchmarks",)
+CHECKOUT_COMMANDS = {"benchmarks": "bench"}  # the command each of them adds
 EXTENSIONS = ("irpe.data.cli", "irpe.weights", "irpe.training.cli", "export.cli", "serve.cli",
               "benchmarks.cli")
 
@@ -148,7 +149,8 @@ def _add_extension(sub: argparse._SubParsersAction, module: str) -> None:
     import importlib
     top = module.partition(".")[0]
     if top in CHECKOUT_ONLY and not _checkout_on_path(top):
-        return  # an install without the checkout (a wheel): no such commands
+        _needs_checkout(sub, top)  # an install without the checkout (a wheel)
+        return
     foreign = _foreign_package(top)
     if foreign:
         print(f"irpe: warning: {foreign} hides irpe-deploy's package of that name; its "
@@ -162,6 +164,21 @@ def _add_extension(sub: argparse._SubParsersAction, module: str) -> None:
             return  # the package that would define these commands is not part of this build
         raise
     mod.add_parser(sub)
+
+
+def _needs_checkout(sub: argparse._SubParsersAction, top: str) -> None:
+    """The command of a checkout-only package, where this install has no checkout: it says
+    where the command lives instead of argparse's "invalid choice"."""
+    why = (f"{top}/ is part of the repository checkout, not of this installed package: run "
+           f"`irpe {CHECKOUT_COMMANDS[top]}` from a checkout (`make install`, then "
+           f"`.venv/bin/irpe {CHECKOUT_COMMANDS[top]}`, or `python -m irpe "
+           f"{CHECKOUT_COMMANDS[top]}` in it)")
+    p = sub.add_parser(CHECKOUT_COMMANDS[top], help="(repository checkout only)", description=why)
+    p.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+    def refuse(args: argparse.Namespace) -> int:
+        raise CLIError(why)
+    p.set_defaults(func=refuse)
 
 
 def _checkout_on_path(top: str) -> bool:

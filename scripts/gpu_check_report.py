@@ -64,7 +64,7 @@ def env_facts() -> Dict:
                      memory_gib=round(torch.cuda.get_device_properties(0).total_memory / 2**30,
                                       1))
         facts["cudnn"] = torch.backends.cudnn.version()
-    from benchmarks.report import device as device_slug
+    from benchmarks.common import device_slug
     facts["device_slug"] = device_slug()
     if not facts["cuda_available"]:
         facts["device"] = f"no CUDA device ({facts['device_slug']})"

@@ -102,7 +102,7 @@ def test_models_quick_detr_plain_vs_irpe_tagged(tmp_path):
 
 
 def test_fit_slope_recovers_power_law():
-    from benchmarks.ops_common import fit_slope
+    from benchmarks.fits import fit_slope
     lengths = [50, 197, 401, 785, 1601]
     assert fit_slope(lengths, [3e-4 * n ** 2.37 for n in lengths]) == pytest.approx(2.37)
     assert fit_slope(lengths, [None, 2.0, 0.0, 8.0, None]) == pytest.approx(1.0, abs=0.03)
@@ -123,10 +123,11 @@ def _ops_doc():
 
 
 def test_ops_fits_legend_and_cuda_table(tmp_path):
-    from benchmarks import ops_bench, plots
+    from benchmarks import plots
+    from benchmarks.fits import fits
     from benchmarks.report import save
     doc = _ops_doc()
-    doc["fits"] = ops_bench.fits(doc["results"])
+    doc["fits"] = fits(doc["results"])
     slopes = {f["op"]: f["slope"] for f in doc["fits"]}
     assert slopes["gather_irpe"] == pytest.approx(2.0) and slopes["v_irpe"] == pytest.approx(2.0)
     assert slopes["cuda gather_ours float16"] == pytest.approx(1.5)  # deit_s_bs64 not fitted

@@ -1,10 +1,12 @@
 """`irpe bench` where `irpe` is (issue 27): the console script of an editable install (what
-`make install` makes) finds the checkout's benchmarks package; without matplotlib a benchmark
-still writes its JSON and Markdown and exits 0 (plots are optional)."""
+`make install` makes) finds the checkout's benchmarks package; an install without the checkout
+says where `irpe bench` lives; without matplotlib a benchmark still writes its JSON and Markdown
+and exits 0 (plots are optional)."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -36,6 +38,25 @@ def test_console_script_of_an_editable_install_runs_bench(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads((out / "bench_attention.json").read_text())
     assert doc["kind"] == "attention" and doc["results"]
+
+
+def test_bench_without_the_checkout_says_where_it_lives(tmp_path):
+    """A wheel's layout (irpe, export, serve side by side; no benchmarks/, no pyproject.toml):
+    `irpe bench ...` is one line naming the way to run it and exit status 2, not argparse's
+    "invalid choice"."""
+    site = tmp_path / "site"
+    for package in ("irpe", "export", "serve"):
+        shutil.copytree(ROOT / package, site / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    env = dict(os.environ, PYTHONPATH=str(site))
+    done = subprocess.run([sys.executable, "-m", "irpe", "bench", "ops", "--quick"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "irpe bench: error: benchmarks/ is part of the repository checkout, not of this "
+        "installed package: run `irpe bench` from a checkout (`make install`, then "
+        "`.venv/bin/irpe bench`, or `python -m irpe bench` in it)"]
+    assert not (tmp_path / "benchmarks").exists()
 
 
 def test_bench_without_matplotlib_writes_reports_and_exits_0(tmp_path):

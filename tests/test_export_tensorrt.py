@@ -46,11 +46,15 @@ def onnx_files(tmp_path_factory):
 @needs_trt
 @pytest.mark.parametrize("override", [False, True], ids=["functions", "plugin-override"])
 @pytest.mark.parametrize("kind", ["deit", "detr"])
-def test_engine_is_built(onnx_files, tmp_path, kind, override):
+def test_engine_is_built(onnx_files, tmp_path, kind, override, monkeypatch):
+    import onnx
     engine = tmp_path / f"{kind}.engine"
     hw = {} if kind == "deit" else {"height": (32, 96, 160), "width": (32, 128, 160)}
+    reads, real_load = [], onnx.load
+    monkeypatch.setattr(onnx, "load", lambda f, *a, **k: reads.append(f) or real_load(f, *a, **k))
     side = build_engine(onnx_files[kind], engine, batch=(1, 2, 4), plugin_override=override,
                         timing_cache=str(tmp_path / "cache.bin"), **hw, **AOT)
+    assert len(reads) == 1  # the metadata, read once for the checks, the ranges and the sidecar
     assert engine.stat().st_size > 100_000
     assert json.loads(sidecar_path(engine).read_text()) == side
     cache = tmp_path / "cache.bin"

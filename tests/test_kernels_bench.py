@@ -3,6 +3,7 @@
 import json
 
 from benchmarks import ops_common, ops_cpu, ops_gpu
+from benchmarks.fits import growth
 
 
 def test_ops_cpu_quick_report(tmp_path):
@@ -32,8 +33,8 @@ def test_ops_gpu_script_on_cpu(tmp_path):
 
 
 def test_growth_exponent_and_flat_index():
-    assert ops_common.growth([10, 20, 40], [1.0, 4.0, 16.0]) == [None, 2.0, 2.0]
-    assert ops_common.growth([10, 20], [1.0, None]) == [None, None]
+    assert growth([10, 20, 40], [1.0, 4.0, 16.0]) == [None, 2.0, 2.0]
+    assert growth([10, 20], [1.0, None]) == [None, None]
     import torch
     ids = torch.tensor([[0, 2], [1, 1]])
     assert ops_common.official_flat_index(ids, 3).tolist() == [0, 2, 4, 4]

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 from torch import nn
 
 from irpe.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from irpe.artifact.filecheck import check_file
-from irpe.models import create_model, model_info
+from irpe.models import ModelInfo, create_model, model_info
 from irpe.rpe import RPEConfig
 
 __all__ = ["ModelSpec", "default_spec", "save_trained", "read_spec", "load_trained",
@@ -34,9 +34,14 @@ class ModelSpec:
     preprocess: Dict = field(default_factory=dict)
     overrides: Dict = field(default_factory=dict)
 
-    def build(self, checkpoint: Optional[str] = None) -> nn.Module:
-        """The registered model with these overrides (and weights when ``checkpoint`` is set)."""
-        return create_model(self.model_name, checkpoint=checkpoint, **self.build_overrides())
+    def build(self, checkpoint: Optional[str] = None,
+              info: Optional[ModelInfo] = None) -> nn.Module:
+        """The registered model with these overrides (and weights when ``checkpoint`` is set);
+        ``info``: its registry entry when the caller has looked it up already."""
+        if info is not None and info.name != self.model_name:
+            raise ValueError(f"registry entry {info.name} given for a {self.model_name} spec")
+        return create_model(info or self.model_name, checkpoint=checkpoint,
+                            **self.build_overrides())
 
     def build_overrides(self) -> Dict:
         """Builder keyword arguments (JSON form decoded, e.g. iRPE config strings)."""
@@ -55,10 +60,11 @@ class ModelSpec:
                 "irpe.overrides": json.dumps(_encode(self.overrides))}
 
 
-def default_spec(model_name: str, class_names: Optional[List[str]] = None,
+def default_spec(model_name: Union[str, ModelInfo], class_names: Optional[List[str]] = None,
                  **overrides) -> ModelSpec:
-    """Spec of a registered model with its family's eval transform (DeiT / DETR defaults)."""
-    info = model_info(model_name)
+    """Spec of a registered model (its name, or its entry when already looked up) with its
+    family's eval transform (DeiT / DETR defaults)."""
+    info = model_name if isinstance(model_name, ModelInfo) else model_info(model_name)
     num = overrides.get("num_classes", info.config.get("num_classes", 1000))
     names = list(class_names) if class_names is not None else [f"class_{i}" for i in range(num)]
     if len(names) != num:
@@ -67,7 +73,7 @@ def default_spec(model_name: str, class_names: Optional[List[str]] = None,
     if info.task == "classification":
         preprocess["size"] = info.config.get("img_size", 224)
     preprocess.update(info.preprocess)
-    return ModelSpec(model_name, info.task, names, preprocess, dict(overrides))
+    return ModelSpec(info.name, info.task, names, preprocess, dict(overrides))
 
 
 def save_trained(model: nn.Module, path: str, spec: ModelSpec,
@@ -103,10 +109,11 @@ def read_spec(path: str) -> Tuple[ModelSpec, Dict[str, str]]:
     return spec_from_metadata(meta), meta
 
 
-def load_trained(path: str) -> Tuple[nn.Module, ModelSpec]:
-    """Build the model a trained-model file describes and load its weights (eval mode)."""
+def load_trained(path: str, info: Optional[ModelInfo] = None) -> Tuple[nn.Module, ModelSpec]:
+    """Build the model a trained-model file describes and load its weights (eval mode);
+    ``info``: a registry entry the caller has looked up (used when it is the file's model)."""
     spec, _ = read_spec(path)
-    model = spec.build()
+    model = spec.build(info=info if info is not None and info.name == spec.model_name else None)
     load_checkpoint(model, path, strict=True)
     return model.eval(), spec
 

@@ -18,7 +18,7 @@ from ..idcache import BUCKET_IDS
 from ..ops import rpe_scatter
 from ..rpe import iRPE, iRPECross
 
-__all__ = ["cpu_attention", "term_mask"]
+__all__ = ["cpu_attention", "attention_logits", "term_mask"]
 
 Tensor = torch.Tensor
 
@@ -133,7 +133,7 @@ def cpu_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q, rpe_k, r
     mask = term_mask(qs, kc, scale, rpe_q, rpe_k, height, width, key_padding_mask)
     if rpe_v is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    attn, shape = _logits(qs, kc, mask)
+    attn, shape = attention_logits(qs, kc, mask)
     if _grad(attn):
         attn = attn.softmax(-1)
     else:  # in place: the row kernel reads each row whole before writing it
@@ -142,7 +142,8 @@ def cpu_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q, rpe_k, r
     return _add_v_term(torch.matmul(attn, v), attn, rpe_v, height, width)
 
 
-def _logits(qs: Tensor, k: Tensor, mask: Optional[Tensor]) -> Tuple[Tensor, torch.Size]:
+def attention_logits(qs: Tensor, k: Tensor, mask: Optional[Tensor]
+                     ) -> Tuple[Tensor, torch.Size]:
     """(q*scale) k^T + mask as (B*H, L, L) in one baddbmm, and the (B, H, L, L) shape."""
     b, h, length, d = qs.shape
     shape = torch.Size((b, h, length, length))

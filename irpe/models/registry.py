@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Union
 
 from torch import nn
 
@@ -73,14 +73,16 @@ def model_info(name: str) -> ModelInfo:
     return _REGISTRY[name]
 
 
-def create_model(name: str, checkpoint: Optional[str] = None, strict: bool = True,
-                 pretrained: bool = False, **overrides) -> nn.Module:
-    """Build a registered model, then load ``checkpoint`` (safetensors or weights-only .pth).
+def create_model(name: Union[str, ModelInfo], checkpoint: Optional[str] = None,
+                 strict: bool = True, pretrained: bool = False, **overrides) -> nn.Module:
+    """Build a registered model (its name, or its entry when already looked up), then load
+    ``checkpoint`` (safetensors or weights-only .pth).
 
     ``pretrained=True`` loads the weights bundled with the package (demo models only); nothing
     is ever downloaded here (see ``irpe weights download``).
     """
-    info = model_info(name)
+    info = name if isinstance(name, ModelInfo) else model_info(name)
+    name = info.name
     if pretrained and checkpoint is None:
         if info.weights is None:
             raise ValueError(f"{name} has no bundled weights; pass checkpoint= (official "

@@ -148,12 +148,9 @@ def default_ranges(props: Dict[str, str]) -> Dict[str, Range3]:
     return {"batch": (1, 2, 8), "height": (32, short, long), "width": (32, opt, long)}
 
 
-def _check_fixed_size(onnx_path: os.PathLike, height, width) -> None:
+def _check_fixed_size(props: Dict[str, str], onnx_path: str, height, width) -> None:
     """Refuse height/width ranges for a classifier: its input size is fixed in the file."""
-    if height is None and width is None:
-        return
-    props = read_onnx_props(os.fspath(onnx_path))
-    if props.get("irpe.task") != "detection":
+    if (height is not None or width is not None) and props.get("irpe.task") != "detection":
         flags = " and ".join(f for f, v in (("--height", height), ("--width", width)) if v)
         raise ValueError(f"{flags}: {props.get('irpe.model_name', onnx_path)} takes a fixed "
                          "input size (height/width ranges are for detection models)")
@@ -169,9 +166,9 @@ def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision:
     """Build and write an engine; returns the sidecar dict (also written as JSON beside it).
 
     Unset ranges default from the file's metadata (:func:`default_ranges`). ``isolate`` (default:
-    when plugins are given) builds in a child process (:mod:`irpe.runtime.tensorrt.isolate`).
+    when plugins are given) builds in a child process (:mod:`irpe.runtime.tensorrt.isolate`),
+    which reads the file; this process then does not. The metadata is read once per build.
     """
-    _check_fixed_size(onnx_path, height, width)
     if isolate or (isolate is None and plugins):
         return build_in_subprocess(dict(
             onnx_path=onnx_path, engine_path=engine_path, precision=precision, batch=batch,
@@ -179,7 +176,9 @@ def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision:
             plugins=list(plugins), plugin_override=plugin_override,
             compute_capability=compute_capability, module=module, progress=progress))
     onnx_path, engine_path = os.fspath(onnx_path), Path(engine_path)
-    defaults = default_ranges(read_onnx_props(onnx_path))
+    props = read_onnx_props(onnx_path)
+    _check_fixed_size(props, onnx_path, height, width)
+    defaults = default_ranges(props)
     batch = _check_range("batch", batch or defaults["batch"])
     height = height or defaults.get("height")
     width = width or defaults.get("width")
@@ -205,8 +204,9 @@ def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision:
     _write(engine_path, bytes(plan))
     if cache is not None:
         Path(timing_cache).write_bytes(bytes(cache.serialize()))
-    sidecar = _sidecar(trt, onnx_path, engine_path, precision, shapes, target, plugins, creators,
-                       plugin_override, _plugin_layers(trt, network), time.perf_counter() - start)
+    sidecar = _sidecar(trt, props, onnx_path, engine_path, precision, shapes, target, plugins,
+                       creators, plugin_override, _plugin_layers(trt, network),
+                       time.perf_counter() - start)
     sidecar["timing_cache"] = os.path.abspath(timing_cache) if cache is not None else None
     sidecar["build_warnings"] = list(logger.messages)
     write_sidecar(engine_path, sidecar)
@@ -224,9 +224,9 @@ def _write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _sidecar(trt, onnx_path, engine_path, precision, shapes, target, plugins, creators,
+def _sidecar(trt, props, onnx_path, engine_path, precision, shapes, target, plugins, creators,
              override, plugin_layers, seconds) -> Dict:
-    props = read_onnx_props(onnx_path)
+    """The sidecar's fields; ``props``: the ONNX file's metadata, read once by build_engine."""
     return {
         "engine": engine_path.name, "onnx": os.path.abspath(onnx_path),
         "tensorrt_module": trt.__name__, "tensorrt_version": trt.__version__,
