@@ -119,7 +119,7 @@ fi
 
 step "check"
 "$PYTHON" -m irpe --version
-"$PYTHON" -c 'import serve.app, serve.backends.ort_backend, onnxruntime as ort; print("serve ok; onnxruntime providers:", ", ".join(ort.get_available_providers()))'
+"$PYTHON" -c 'import serve.app, serve.backends.onnxruntime_backend, onnxruntime as ort; print("serve ok; onnxruntime providers:", ", ".join(ort.get_available_providers()))'
 
 if [ "$BAKE_DEMO" = 1 ]; then
   if ls irpe/demo/*.safetensors >/dev/null 2>&1; then

@@ -13,8 +13,8 @@ __all__ = ["BUILTIN", "Factory", "backend_factory", "backend_names", "register_b
 
 # built-in names -> "module:Class", imported on first use (onnxruntime / tensorrt are optional)
 BUILTIN: Dict[str, str] = {"torch": "serve.backends.torch_backend:TorchBackend",
-                           "onnxruntime": "serve.backends.ort_backend:OrtBackend",
-                           "tensorrt": "serve.backends.trt_backend:TensorRTBackend"}
+                           "onnxruntime": "serve.backends.onnxruntime_backend:OnnxRuntimeBackend",
+                           "tensorrt": "serve.backends.tensorrt_backend:TensorRTBackend"}
 Factory = Callable[[Any, int], Any]  # (ModelConfig, threads) -> serve.backends.Backend
 _registered: Dict[str, Factory] = {}
 

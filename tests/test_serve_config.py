@@ -145,7 +145,7 @@ def test_cli_prepare_loads_and_warms_up(capsys, tmp_path, cls_file):
 
 
 def test_onnxruntime_providers_by_device():
-    from serve.backends.ort_backend import providers_for
+    from serve.backends.onnxruntime_backend import providers_for
     gpu = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
     assert providers_for(None, "cpu", gpu) == ["CPUExecutionProvider"]
     assert providers_for(None, "cuda:1", gpu) == [

@@ -11,7 +11,7 @@ from irpe.artifact.contract import read_onnx_spec
 
 from . import Backend, input_names, output_names
 
-__all__ = ["OrtBackend", "providers_for"]
+__all__ = ["OnnxRuntimeBackend", "providers_for"]
 
 log = logging.getLogger("irpe.serve")
 _GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
@@ -38,7 +38,7 @@ def providers_for(configured: Optional[List[str]], device: str, available: List[
     return [(n, {"device_id": device_id}) if n in _GPU_PROVIDERS else n for n in names]
 
 
-class OrtBackend(Backend):
+class OnnxRuntimeBackend(Backend):
     """An ``onnxruntime.InferenceSession``; tensor names as in the export contract."""
 
     platform = "onnxruntime_onnx"
