@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
-from typing import Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Optional, Tuple
 
 import numpy as np
 import torch
 
+from irpe.artifact.contract import input_names, output_names  # the export contract
 from irpe.artifact.trained import ModelSpec
 from irpe.data.transforms import normalize
-from irpe.artifact.contract import input_names, output_names  # the export contract
 
-from ..config import ModelConfig
 from ..registry import backend_factory, backend_names, register_backend
+
+if TYPE_CHECKING:  # annotations only: the backends import without pydantic (tests/gpu on a bare
+    from ..config import ModelConfig  # GPU image, where the serving stack is not installed)
 
 __all__ = ["Backend", "backend_names", "create_backend", "input_names", "output_names",
            "register_backend"]
