@@ -28,6 +28,7 @@ from tests.helpers import ROOT, metric, start_cli, wait_ready
 
 START_PERIOD_S = 180.0   # the Dockerfile's HEALTHCHECK --start-period
 STOP_TIMEOUT_S = 10      # docker stop's default; the image drains for IRPE_SERVE_SHUTDOWN_TIMEOUT_S=8
+HOLD_S = 1.0             # the held drain request sends the rest of its body this long after the stop
 THREADS = "2"            # same ONNX Runtime pool size in and out of the container
 REPOSITORY = """\
 models:
@@ -167,11 +168,13 @@ def drain(docker: Docker, cid: str, url: str, host: str, work_s: float = 2.5) ->
     # refused with 503 (queue full) instead of drained, depending on the machine's speed
     requests = max(3, min(7, round(work_s / one)))
     results: List[Optional[Tuple[float, object]]] = [None] * requests
+    held = threading.Event()  # request 0's body ends only after the stop began: an overlap by
+    # construction, however fast the others run (they may all be done before the stop)
 
     def send(i: int) -> None:
         with httpx.Client(timeout=120) as client:
             try:
-                answer = drain_request(client, url)
+                answer = drain_request(client, url, held if i == 0 else None)
             except httpx.HTTPError as exc:
                 answer = repr(exc)
         results[i] = (time.monotonic(), answer)   # when it finished
@@ -187,7 +190,10 @@ def drain(docker: Docker, cid: str, url: str, host: str, work_s: float = 2.5) ->
             raise ProbeError("the drain requests were never all accepted")
         time.sleep(0.02)
     stop_at = time.monotonic()
+    release = threading.Timer(HOLD_S, held.set)  # the body's rest, once SIGTERM has landed
+    release.start()
     docker("stop", cid, timeout=STOP_TIMEOUT_S + 30)
+    release.join()
     stopped = time.monotonic() - stop_at
     for t in threads:
         t.join(120)

@@ -3,8 +3,9 @@ each returns something comparable (status + JSON, or a set of names), never timi
 from __future__ import annotations
 
 import re
+import threading
 from functools import lru_cache
-from typing import Callable, List, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 import httpx
 import numpy as np
@@ -48,11 +49,25 @@ def detect(c: httpx.Client, url: str) -> Tuple[int, object]:
                         files=[("file", ("scene.png", images()["scene.png"], "image/png"))]))
 
 
-def drain_request(c: httpx.Client, url: str) -> Tuple[int, object]:
-    """A slow request (8 detector images) for the docker stop check."""
+def drain_request(c: httpx.Client, url: str,
+                  hold: Optional[threading.Event] = None) -> Tuple[int, object]:
+    """A slow request (8 detector images) for the docker stop check. With ``hold`` the second
+    half of its body is sent only once ``hold`` is set: the server has accepted it and runs it
+    only after that, so it is in flight across whatever the caller does meanwhile."""
     files = [("file", (f"s{i}.png", encode(render_detection(7, i, size=256, split="val")[0]),
                        "image/png")) for i in range(8)]
-    return _json(c.post(f"{url}/v1/models/detr_shapes_irpe/detect?threshold=0.3", files=files))
+    target = f"{url}/v1/models/detr_shapes_irpe/detect?threshold=0.3"
+    if hold is None:
+        return _json(c.post(target, files=files))
+    built = c.build_request("POST", target, files=files)
+    body = built.read()
+
+    def chunks() -> Iterator[bytes]:
+        yield body[:len(body) // 2]
+        hold.wait(60)
+        yield body[len(body) // 2:]
+    return _json(c.post(target, content=chunks(),
+                        headers={"content-type": built.headers["content-type"]}))
 
 
 def v2_metadata(c: httpx.Client, url: str) -> Tuple[int, object]:
