@@ -342,3 +342,18 @@ def test_published_preprocessing_output_is_accepted(w, h):
     x = p(Image.new("RGB", (w, h)))
     assert max(x.shape[1:]) <= 256 and p.fits(*x.shape[1:])  # main: (123, 257), (260, 26)
     assert not p.fits(257, 100) and not p.fits(0, 10)
+
+
+def test_normalize_keeps_the_array_kind_and_equals_across_kinds():
+    """Host backends pass numpy and get numpy (no torch thread pool beside their runtime: torch's
+    CPU ops here cost the server a third of its throughput); both kinds give the same bits."""
+    from irpe.data.transforms import normalize
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (3, 3, 12, 16), dtype=np.uint8)
+    sizes = np.array([[12, 16], [5, 9], [12, 1]])
+    host = normalize(pixels, (0.4, 0.5, 0.6), (0.2, 0.3, 0.25), sizes)
+    dev = normalize(torch.from_numpy(pixels), (0.4, 0.5, 0.6), (0.2, 0.3, 0.25), sizes)
+    assert isinstance(host, np.ndarray) and host.dtype == np.float32
+    assert np.array_equal(host, dev.numpy())
+    assert (host[1, :, 5:] == 0).all() and (host[1, :, :, 9:] == 0).all()
+    assert (host[1, :, :5, :9] != 0).any()

@@ -15,6 +15,8 @@ from typing import Callable, Dict, Optional, Tuple, Union
 import numpy as np
 import torch
 
+Array = Union[np.ndarray, torch.Tensor]  # numpy on the host, torch on any device
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 MAX_IMAGE_PIXELS = 40_000_000  # larger images are refused (decompression bombs)
@@ -147,24 +149,32 @@ def to_tensor(image, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> torch.Tensor:
     return normalize(pixels, mean, std).contiguous()
 
 
-def normalize(pixels: torch.Tensor, mean=IMAGENET_MEAN, std=IMAGENET_STD,
-              sizes: Optional[Union[np.ndarray, torch.Tensor]] = None) -> torch.Tensor:
-    """uint8 (..., 3, H, W) pixels on any device -> float32 (x / 255 - mean) / std: the one
-    normalisation of training, evaluation and every serving backend. With ``sizes`` (B, 2) =
-    valid (h, w) of each image of a padded batch (detection), the padding stays 0."""
-    x = pixels.to(torch.float32) / 255.0
-    x = (x - _per_channel(mean, x)) / _per_channel(std, x)
+def normalize(pixels: Array, mean=IMAGENET_MEAN, std=IMAGENET_STD,
+              sizes: Optional[Union[np.ndarray, torch.Tensor]] = None) -> Array:
+    """uint8 (..., 3, H, W) pixels -> float32 (x / 255 - mean) / std: the one normalisation of
+    training, evaluation and every serving backend. A torch tensor stays a tensor on its device
+    (the torch backend, on the GPU); a numpy array stays numpy, so host backends add no torch
+    thread pool beside their runtime's. With ``sizes`` (B, 2) = valid (h, w) of each image of a
+    padded batch (detection), the padding stays 0."""
+    xp = np if isinstance(pixels, np.ndarray) else torch
+    x = pixels.astype(np.float32) if xp is np else pixels.to(torch.float32)
+    x = (x / 255.0 - _per_channel(mean, x)) / _per_channel(std, x)
     if sizes is None:
         return x
-    hw = torch.as_tensor(sizes, device=x.device)
-    rows = torch.arange(x.shape[-2], device=x.device).view(1, -1, 1)
-    cols = torch.arange(x.shape[-1], device=x.device).view(1, 1, -1)
-    inside = (rows < hw[:, 0].view(-1, 1, 1)) & (cols < hw[:, 1].view(-1, 1, 1))
-    return torch.where(inside.unsqueeze(1), x, torch.zeros((), device=x.device))
+    hw = np.asarray(sizes) if xp is np else torch.as_tensor(sizes, device=x.device)
+    rows = xp.arange(x.shape[-2]).reshape(1, -1, 1)
+    cols = xp.arange(x.shape[-1]).reshape(1, 1, -1)
+    if xp is torch:
+        rows, cols = rows.to(x.device), cols.to(x.device)
+    inside = (rows < hw[:, 0].reshape(-1, 1, 1)) & (cols < hw[:, 1].reshape(-1, 1, 1))
+    return xp.where(inside[:, None], x, xp.zeros((), dtype=x.dtype) if xp is np else
+                    torch.zeros((), device=x.device))
 
 
-def _per_channel(values, like: torch.Tensor) -> torch.Tensor:
-    """Channel values as float32 (3, 1, 1) on ``like``'s device (no copy when already there)."""
+def _per_channel(values, like: Array) -> Array:
+    """Channel values as float32 (3, 1, 1) of ``like``'s kind and device (no copy when there)."""
+    if isinstance(like, np.ndarray):
+        return np.asarray(values, dtype=np.float32).reshape(-1, 1, 1)
     return torch.as_tensor(values, dtype=torch.float32, device=like.device).view(-1, 1, 1)
 
 

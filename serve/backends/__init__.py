@@ -56,7 +56,7 @@ class Backend(ABC):
         (irpe.data.transforms.normalize) here on the host; the torch backend does it on its
         device."""
         mean, std = self.mean_std
-        return self.infer(normalize(torch.from_numpy(images), mean, std, sizes).numpy(), sizes)
+        return self.infer(normalize(images, mean, std, sizes), sizes)
 
     @functools.cached_property
     def mean_std(self) -> Tuple[torch.Tensor, torch.Tensor]:
