@@ -9,7 +9,8 @@ outside the timed steady state.
 behind `irpe serve` (batch 8, 5 ms delay), closed-loop clients on the lean client
 (benchmarks.rawhttp) sending one JSON-base64 image per request; p50/p90/p99 and p99/p50 per
 concurrency. ``--baseline DIR`` serves the same model from another checkout (e.g. the unchanged
-code) in a second process and alternates the two at every level of every round.
+code) in a second process, ``--gc-freeze-off`` from this one with ``gc_freeze: false``; the
+servers alternate at every level of every round.
 """
 from __future__ import annotations
 
@@ -35,13 +36,14 @@ __all__ = ["write_repository", "server_process", "closed_loop", "open_loop", "ba
            "lean_closed_loop", "png", "main"]
 
 
-def write_repository(folder: Path, models: List[Dict]) -> Path:
-    """A model-repository YAML for ``models`` (ModelConfig dicts) in ``folder``."""
+def write_repository(folder: Path, models: List[Dict], **settings) -> Path:
+    """A model-repository YAML for ``models`` (ModelConfig dicts) and server ``settings`` in
+    ``folder``."""
     import yaml
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "bench_repository.yaml"
-    path.write_text(yaml.safe_dump({"models": [{k: str(v) if isinstance(v, Path) else v
-                                                for k, v in m.items()} for m in models]}))
+    path.write_text(yaml.safe_dump({**settings, "models": [
+        {k: str(v) if isinstance(v, Path) else v for k, v in m.items()} for m in models]}))
     return path
 
 
@@ -183,13 +185,14 @@ def local_tail(sent_at: Sequence[float], lat: Sequence[float], window_s: float =
     return percentile([x / medians[int(t // window_s)] for t, x in zip(sent_at, lat)], 99)
 
 
-def _demo_classifier(folder: Path, max_batch: int, delay_ms: float) -> Path:
+def _demo_classifier(folder: Path, max_batch: int, delay_ms: float, **settings) -> Path:
     """Repository of the demo classifier's ONNX file (exported into the cache when missing)."""
     from serve.demo import demo_models
     cfg = demo_models("onnxruntime")[0]
     return write_repository(folder, [{"name": cfg.name, "path": cfg.path,
                                       "backend": "onnxruntime", "max_batch_size": max_batch,
-                                      "max_queue_delay_ms": delay_ms, "max_queue_size": 1024}])
+                                      "max_queue_delay_ms": delay_ms, "max_queue_size": 1024}],
+                            **settings)
 
 
 def png(size: int, index: int = 3) -> bytes:
@@ -215,6 +218,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--delay-ms", type=float, default=5.0, help="server max_queue_delay_ms")
     p.add_argument("--threads", type=int, default=1, help="server --threads (onnxruntime)")
     p.add_argument("--baseline", type=Path, help="another checkout served side by side")
+    p.add_argument("--gc-freeze-off", action="store_true", help="also serve this checkout with "
+                   "gc_freeze: false, side by side (the setting's effect on the tail)")
     p.add_argument("--out", type=Path, help="write every row as JSON here")
     return p
 
@@ -249,14 +254,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import tempfile
     args = _parser().parse_args(argv)
     levels = int_list(args.concurrency)
-    servers = {"this checkout": None, **({"baseline": args.baseline} if args.baseline else {})}
+    servers = {"this checkout": (None, {}),
+               **({"baseline": (args.baseline, {})} if args.baseline else {}),
+               **({"gc_freeze off": (None, {"gc_freeze": False})} if args.gc_freeze_off else {})}
     folder = Path(tempfile.mkdtemp(prefix="irpe-serve-load-"))
     body, headers = _json_body(), {"content-type": "application/json"}
     rows: List[Dict] = []
     with contextlib.ExitStack() as stack:
         urls = {name: stack.enter_context(server_process(
-            _demo_classifier(folder / name.replace(" ", "_"), args.max_batch, args.delay_ms),
-            args.threads, root=root)) for name, root in servers.items()}
+            _demo_classifier(folder / name.replace(" ", "_"), args.max_batch, args.delay_ms,
+                             **settings), args.threads, root=root))
+            for name, (root, settings) in servers.items()}
         print(f"load average at start: {os.getloadavg()}\n\n| server | round | clients | "
               "req/s | p50 ms | p90 ms | p99 ms | p99/p50 | p99/p50 (1 s) | errors | load1 |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|", flush=True)

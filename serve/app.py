@@ -43,7 +43,8 @@ def build_models(settings: ServeSettings, metrics: Metrics) -> Dict[str, ServedM
         raise ValueError(f"model names used twice: {', '.join(duplicates)}")
     for m in settings.models:
         _check_device(m.name, m.device)
-    models = {m.name: ServedModel(m, metrics, settings.threads, settings.max_images)
+    models = {m.name: ServedModel(m, metrics, settings.threads, settings.max_images,
+                                  settings.gc_freeze)
               for m in settings.models}
     _check_defaults(settings, models)
     return models

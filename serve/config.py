@@ -191,6 +191,10 @@ class ServeSettings(BaseSettings):
         "SDPA on CPU), forced (fused) or off (unfused); process-wide (irpe.fused)")
     decode_threads: int = Field(0, ge=0, description="image decode threads, process-wide; "
                                 "0 = the CPUs this process may run on")
+    gc_freeze: bool = Field(True, description="once a model has loaded, freeze the process's "
+                            "objects out of Python's cyclic garbage collector (gc.freeze): full "
+                            "collections then scan only what requests allocate, not the "
+                            "libraries and models, and stop stalling every request in flight")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "json"
     shutdown_timeout_s: float = Field(30.0, gt=0, description="drain time on SIGTERM")

@@ -20,6 +20,7 @@ from .backends import Backend, create_backend
 from .batching import Batcher
 from .config import ModelConfig, ServeSettings
 from .errors import ServeError, unavailable
+from .gc_freeze import freeze_loaded, thaw
 from .metrics import Metrics
 from .nvjpeg import available as nvjpeg_available, decode_on_device
 from .preprocess_pool import decode_numbered, map_images, map_images_fifo
@@ -41,8 +42,10 @@ class ServedModel:
     """One configured model; ``ready`` only after every instance loaded and ran a warmup batch."""
 
     def __init__(self, cfg: ModelConfig, metrics: Metrics, threads: int = 0,
-                 max_images: int = ServeSettings.model_fields["max_images"].default) -> None:
+                 max_images: int = ServeSettings.model_fields["max_images"].default,
+                 gc_freeze: bool = False) -> None:
         self.cfg, self.name, self.max_images = cfg, cfg.name, max_images
+        self.gc_freeze = gc_freeze  # serve.gc_freeze once loaded (ServeSettings.gc_freeze)
         self.backends: List[Backend] = [create_backend(cfg, threads)
                                         for _ in range(cfg.instances)]
         self.backend = self.backends[0]
@@ -88,10 +91,12 @@ class ServedModel:
             log.error("model failed to load", extra={"model": self.name, "error": self.error})
             return
         self.output_shapes = {k: tuple(v.shape) for k, v in out.items()}
+        frozen = freeze_loaded() if self.gc_freeze else 0
         self.state = "ready"
         log.info("model ready", extra={"model": self.name, "backend": self.cfg.backend,
                                        "task": self.task, "instances": len(self.backends),
-                                       "precision": self.cfg.run_precision()})
+                                       "precision": self.cfg.run_precision(),
+                                       "frozen_objects": frozen})
 
     async def _start_instance(self, i: int) -> Dict[str, np.ndarray]:
         backend = self.backends[i]
@@ -105,6 +110,8 @@ class ServedModel:
         await self.batcher.close()
         for backend in self.backends:
             backend.close()
+        if self.gc_freeze:
+            thaw()
 
     def check_ready(self) -> None:
         """503 unless ready (with the load error when loading failed)."""
