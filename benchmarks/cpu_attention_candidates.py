@@ -2,6 +2,8 @@
 
     python -m benchmarks.cpu_attention_candidates [--repeats 30] [--threads 2] [--compile]
 
+The native kernel (irpe.fused.cpu_library) is a candidate when it is built (make ort-ops).
+
 Shapes of DeiT-S at batch 8 (B 8, H 6, L 197, d 64, product ratio 1.9, skip 1), q/k/v as strided
 views of one qkv tensor like in the model, inference_mode, round-robin (one call of every
 candidate per round), median and best per candidate, each relative to plain SDPA of the same
@@ -21,6 +23,7 @@ import torch.nn.functional as F
 
 from irpe.attention import unfused_attention
 from irpe.fused.cpu import attention_logits, cpu_attention, term_mask
+from irpe.fused.cpu_library import cpu_library, library_attention, set_cpu_library
 from irpe.rpe import build_rpe, get_rpe_config
 
 Call = Callable[[], torch.Tensor]
@@ -34,6 +37,15 @@ def _setup(batch: int):
     cfg = get_rpe_config(1.9, "product", "ctx", True, 1, "qkv")
     mods = build_rpe(cfg, dim, heads, initializer=lambda p: torch.nn.init.normal_(p, std=0.02))
     return q, k, v, dim ** -0.5, mods
+
+
+def _sdpa_path(q, k, v, scale, rq, rk, rv) -> torch.Tensor:
+    """irpe.fused.cpu with the native kernel set aside (the SDPA formulation)."""
+    set_cpu_library(None)
+    try:
+        return cpu_attention(q, k, v, scale, rq, rk, rv, None, None, None)
+    finally:
+        set_cpu_library(True)
 
 
 def candidates(batch: int, compiled: bool) -> Dict[str, Call]:
@@ -61,13 +73,16 @@ def candidates(batch: int, compiled: bool) -> Dict[str, Call]:
         "plain:sdpa": lambda: F.scaled_dot_product_attention(q, k, v, scale=scale),
         "k:unfused": lambda: unfused_attention(q, k, v, scale, None, rk, None),
         "k:sdpa_mask_gather": gather_mask,
-        "k:sdpa_mask_index_select": lambda: cpu_attention(q, k, v, scale, None, rk, None, None,
-                                                          None, None),
+        "k:sdpa_mask_index_select": lambda: _sdpa_path(q, k, v, scale, None, rk, None),
         "qkv:unfused": lambda: unfused_attention(q, k, v, scale, rq, rk, rv),
-        "qkv:one_pass_scatter_add": lambda: cpu_attention(q, k, v, scale, rq, rk, rv, None,
-                                                          None, None),
+        "qkv:one_pass_scatter_add": lambda: _sdpa_path(q, k, v, scale, rq, rk, rv),
         "qkv:one_pass_onehot_bmm": qkv_onehot,
     }
+    if cpu_library() is not None:  # the native kernel (make ort-ops)
+        calls["k:native_kernel"] = lambda: library_attention(q, k, v, scale, None, rk, None,
+                                                             None, None)
+        calls["qkv:native_kernel"] = lambda: library_attention(q, k, v, scale, rq, rk, rv,
+                                                               None, None)
     if compiled:  # inductor (C++/OpenMP) kernels of the unfused formulation
         for terms, mods in (("k", (None, rk, None)), ("qkv", (rq, rk, rv))):
             fn = torch.compile(unfused_attention, dynamic=False)

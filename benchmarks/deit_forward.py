@@ -1,14 +1,15 @@
 """Forward time of DeiT-S plain vs iRPE-K vs iRPE-QKV on CPU, measured side by side.
 
     python -m benchmarks.deit_forward [--batch 8] [--threads 2] [--repeats 7] [--quick]
-                                      [--unfused] [--detr-memory]
+                                      [--unfused] [--sdpa] [--detr-memory]
 
 Models are built with random weights (iRPE tables non-zero), run under inference_mode, warmed
 up, then timed round-robin (one forward of each model per round) so drift on a shared machine
 hits all models alike. Reports median / p90 per forward and the throughput ratios to the plain
 model (goals: iRPE-K >= 0.95, iRPE-QKV >= 0.90); ``--unfused`` adds the iRPE models on the
-unfused path (IRPE_FUSED_ATTENTION=0) as extra rows, ``--detr-memory`` the DETR-R50 peak
-memory (benchmarks.detr_memory). Writes JSON + Markdown under benchmarks/results/<device>/.
+unfused path (IRPE_FUSED_ATTENTION=0) as extra rows, ``--sdpa`` on the SDPA-based path (the
+native kernel, irpe.fused.cpu_library, set aside), ``--detr-memory`` the DETR-R50 peak
+memory (benchmarks.detr_memory). The header says whether the native kernel was loaded. Writes JSON + Markdown under benchmarks/results/<device>/.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from benchmarks.detr_memory import measure_peaks, report_lines
 from benchmarks.report import write_json_md
 from irpe import create_model, randomize_tables
 from irpe.fused import set_fused_attention
+from irpe.fused.cpu_library import cpu_library, set_cpu_library
 
 MODELS = {
     "plain": "deit_small_patch16_224",
@@ -34,33 +36,41 @@ MODELS = {
 }
 QUICK_MODELS = {k: v.replace("small", "tiny") for k, v in MODELS.items() if k != "irpe_qkv"}
 GOALS = {"irpe_k": 0.95, "irpe_qkv": 0.90}  # throughput / plain, eager CPU path (issue 31)
-UNFUSED = "_unfused"  # row suffix: the same model on the unfused path
+PATHS = ("_unfused", "_sdpa")  # row suffixes: the same model on the unfused / SDPA path
 
 
 def _build(name: str) -> torch.nn.Module:
     return randomize_tables(create_model(name).eval())
 
 
-def with_unfused(models: Dict[str, str]) -> Dict[str, str]:
-    """The models plus each iRPE model again as ``<key>_unfused`` (timed on the unfused path)."""
-    extra = {key + UNFUSED: name for key, name in models.items() if key != "plain"}
+def with_paths(models: Dict[str, str], suffixes) -> Dict[str, str]:
+    """The models plus each iRPE model again as ``<key><suffix>`` for each path suffix."""
+    extra = {key + suffix: name for suffix in suffixes for key, name in models.items()
+             if key != "plain"}
     return dict(models, **extra)
 
 
-def _forward(model: torch.nn.Module, x: torch.Tensor, unfused: bool) -> None:
-    set_fused_attention("unfused" if unfused else None)
+def _path(key: str) -> str:
+    return next((s for s in PATHS if key.endswith(s)), "")
+
+
+def _forward(model: torch.nn.Module, x: torch.Tensor, path: str) -> None:
+    """One forward on ``path``: "" (the default dispatch), "_unfused" or "_sdpa"."""
+    set_fused_attention("unfused" if path == "_unfused" else None)
+    set_cpu_library(None if path == "_sdpa" else True)
     try:
         model(x)
     finally:
         set_fused_attention(None)
+        set_cpu_library(True)
 
 
 def measure(models: Dict[str, str], batch: int, repeats: int, warmup: int) -> Dict[str, List[float]]:
-    """Seconds per forward for each model, interleaved round-robin (``*_unfused`` keys run with
-    the unfused path forced, sharing the weights of their model)."""
+    """Seconds per forward for each model, interleaved round-robin (``*_unfused`` / ``*_sdpa``
+    keys run on that path, sharing the weights of their model)."""
     built: Dict[str, torch.nn.Module] = {}
     for key, name in models.items():
-        base = key[:-len(UNFUSED)] if key.endswith(UNFUSED) else None
+        base = key[:-len(_path(key))] if _path(key) else None
         built[key] = built[base] if base in built else _build(name)
     x = torch.randn(batch, 3, 224, 224)
     times: Dict[str, List[float]] = {key: [] for key in built}
@@ -68,7 +78,7 @@ def measure(models: Dict[str, str], batch: int, repeats: int, warmup: int) -> Di
         for round_ in range(warmup + repeats):
             for key, model in built.items():
                 start = time.perf_counter()
-                _forward(model, x, key.endswith(UNFUSED))
+                _forward(model, x, _path(key))
                 if round_ >= warmup:
                     times[key].append(time.perf_counter() - start)
             print(f"  round {round_ + 1}/{warmup + repeats}"
@@ -97,6 +107,7 @@ def write_report(result: Dict, out_dir: Path) -> Path:
              f"{result['repeats']} timed rounds (median).", "",
              f"load before / after: {result['load'][0]:.2f} / {result['load'][1]:.2f} "
              "(1-min average).", "",
+             f"iRPE attention kernel: {result.get('cpu_kernel') or 'not built (SDPA path)'}.", "",
              "| variant | model | median ms | p90 ms | img/s | img/s / plain | goal |",
              "|---|---|---|---|---|---|---|"]
     for key, row in result["results"].items():
@@ -119,6 +130,8 @@ def main(argv=None) -> int:
                         help="DeiT-Ti, batch 1, 1 round: checks the report, not the numbers")
     parser.add_argument("--unfused", action="store_true",
                         help="also time the iRPE models on the unfused path (extra rows)")
+    parser.add_argument("--sdpa", action="store_true",
+                        help="also time the iRPE models on the SDPA path (no native kernel)")
     parser.add_argument("--detr-memory", action="store_true",
                         help="also measure DETR-R50 peak memory, plain vs iRPE-K (800x1216 bs 1)")
     parser.add_argument("--out", type=Path, default=None, help="results folder")
@@ -126,7 +139,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.batch, args.repeats, args.warmup = 1, 1, 1
     models = QUICK_MODELS if args.quick else MODELS
-    models = with_unfused(models) if args.unfused else models
+    models = with_paths(models, [s for s, on in zip(PATHS, (args.unfused, args.sdpa)) if on])
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"DeiT forward benchmark: batch {args.batch}, {args.threads} threads, "
@@ -137,6 +150,7 @@ def main(argv=None) -> int:
     result = {"device": device_name(), "torch": torch.__version__, "batch": args.batch,
               "threads": args.threads, "repeats": args.repeats, "quick": args.quick,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load": load,
+              "cpu_kernel": str(lib.path) if (lib := cpu_library()) else None,
               "results": summarize(times, models, args.batch)}
     if args.detr_memory:
         result["detr_memory"] = measure_peaks(quick=args.quick)

@@ -1,4 +1,6 @@
-"""iRPE attention on CPU: the K/Q terms as SDPA's additive float mask, V from one softmax.
+"""iRPE attention on CPU: the native kernel (irpe.fused.cpu_library) where it is built and the
+call is inference on shared contextual tables; else the K/Q terms as SDPA's additive float
+mask, V from one softmax.
 
 Without a V term the L x L logits never leave PyTorch's fused CPU attention (flash kernel):
 the terms are gathered once into a float mask (padding set to -inf in it, i.e. masked after
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 from ..idcache import BUCKET_IDS
 from ..ops import rpe_scatter
 from ..rpe import iRPE, iRPECross
+from .cpu_library import library_attention, library_supported
 
 __all__ = ["cpu_attention", "attention_logits", "term_mask"]
 
@@ -128,6 +131,8 @@ def cpu_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q, rpe_k, r
                   height, width, key_padding_mask: Optional[Tensor]) -> Tensor:
     """rpe_attention's result (q, k, v (B, H, L, D), self-attention, no active dropout)."""
     _grid_check(rpe_q, rpe_k, rpe_v, q.shape[2], height, width)
+    if library_supported(q, k, v, rpe_q, rpe_k, rpe_v, key_padding_mask):
+        return library_attention(q, k, v, scale, rpe_q, rpe_k, rpe_v, height, width)
     qs = _scaled(q, scale)
     kc = k.contiguous() if rpe_q is not None or rpe_v is not None else k
     mask = term_mask(qs, kc, scale, rpe_q, rpe_k, height, width, key_padding_mask)

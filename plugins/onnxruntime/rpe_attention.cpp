@@ -19,31 +19,18 @@
 
 namespace irpe_ort {
 
-namespace {
-
-// Padded int32 id tables of the terms (rpe_attention.h: [L, attn_pad(L)], -1 outside).
-enum IdKind { kIdK, kIdQ };
-
-std::vector<int32_t> pad_ids(const void* ids, bool wide, int64_t l, int64_t k, IdKind kind)
+// The plan's tasks on ONNX Runtime's pool (its size unknown here: the CPU's threads).
+void run_attention(Ort::KernelContext& ctx, const AttnProblem& problem, Simd simd)
 {
-    const int64_t lp = attn_pad(l);
-    std::vector<int32_t> out(static_cast<size_t>(l * lp), -1);
-    for (int64_t i = 0; i < l; ++i) {
-        for (int64_t j = 0; j < l; ++j) {
-            const int64_t id = wide ? static_cast<const int64_t*>(ids)[i * l + j]
-                                    : static_cast<const int32_t*>(ids)[i * l + j];
-            if (kind == kIdK) {
-                out[i * lp + j] = id >= 0 && id < k ? static_cast<int32_t>(id) : -1;
-            } else if (id >= 0 && id < k * l) {  // bucket-major c * L + j -> c * lp + j
-                if (id % l != j) {
-                    throw std::invalid_argument("the Q index must be bucket-major (c * L + j)");
-                }
-                out[i * lp + j] = static_cast<int32_t>(id / l * lp + j);
-            }
-        }
+    AttnPlan plan;
+    plan_attention(plan, problem, simd, 0);
+    parallel(ctx, &attention_task, plan.tasks(), &plan);
+    if (plan.failed) {
+        throw std::runtime_error("out of memory for the per-task scratch");
     }
-    return out;
 }
+
+namespace {
 
 struct Input {  // one optional input: data and dims (data == nullptr: absent)
     const void* data = nullptr;
@@ -115,7 +102,7 @@ class AttentionKernel {
  private:
     OrtStatusPtr compute(OrtKernelContext* context);
     std::shared_ptr<const std::vector<int32_t>> ids(int which, const Input& in, int64_t l,
-                                                    int64_t k, IdKind kind);
+                                                    int64_t k, AttnIds kind);
     std::mutex mutex_;
     struct Entry {
         int which;
@@ -136,7 +123,7 @@ void check_index(const Input& in, int64_t l)
 
 std::shared_ptr<const std::vector<int32_t>> AttentionKernel::ids(int which, const Input& in,
                                                                  int64_t l, int64_t k,
-                                                                 IdKind kind)
+                                                                 AttnIds kind)
 {
     check_index(in, l);
     std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
@@ -156,20 +143,6 @@ std::shared_ptr<const std::vector<int32_t>> AttentionKernel::ids(int which, cons
 }
 
 namespace {
-
-// Weights times `factor`, padded to kAttnPad columns (rpe_attention.h): wk [d, Kk] ->
-// [d, pad(Kk)], wv [Kv, d] -> [Kv, pad(d)].
-std::vector<float> pad_columns(const float* w, int64_t rows, int64_t cols, float factor)
-{
-    const int64_t cp = attn_pad(cols);
-    std::vector<float> out(static_cast<size_t>(rows * cp), 0.0f);
-    for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < cols; ++c) {
-            out[r * cp + c] = factor * w[r * cols + c];
-        }
-    }
-    return out;
-}
 
 // q, k, v of inputs 0-2 (three [B, H, L, d], or input 0 [B, L, 3, H, d] alone) into p; returns B.
 int64_t read_qkv(const Input* in, AttnProblem& p)
@@ -243,7 +216,7 @@ OrtStatusPtr AttentionKernel::compute(OrtKernelContext* context)
             throw std::invalid_argument("wk must be [d, K] with d = " + std::to_string(p.d));
         }
         wk = pad_columns(static_cast<const float*>(in[3].data), p.d, p.kk, scale);
-        idk = ids(0, in[4], p.l, p.kk, kIdK);
+        idk = ids(0, in[4], p.l, p.kk, AttnIds::kK);
         p.wk = wk.data();
         p.idk = idk->data();
     }
@@ -254,7 +227,7 @@ OrtStatusPtr AttentionKernel::compute(OrtKernelContext* context)
             throw std::invalid_argument("wq must be [K, d] with d = " + std::to_string(p.d) +
                                         " and K * L < 2^31");
         }
-        idq = ids(1, in[6], p.l, p.kq, kIdQ);
+        idq = ids(1, in[6], p.l, p.kq, AttnIds::kQ);
         p.wq = static_cast<const float*>(in[5].data);
         p.idq = idq->data();
     }

@@ -7,8 +7,11 @@
 #ifndef IRPE_ORT_RPE_ATTENTION_H
 #define IRPE_ORT_RPE_ATTENTION_H
 
+#include <atomic>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "rpe_cpu.h"
 #include "rpe_simd.h"
@@ -267,6 +270,27 @@ void attention_pair_avx2(const AttnProblem& p, int64_t bh, int64_t row0, int64_t
 void attention_pair_avx512(const AttnProblem& p, int64_t bh, int64_t row0, int64_t row1,
                            float* scratch);
 constexpr int kAttnRowsAvx2 = 6, kAttnRowsAvx512 = 12;
+
+// One call's tasks (rpe_attention_run.cpp): plan_attention splits the (b, h) pairs, and their
+// queries when pairs are fewer than twice `threads` (< 1: the CPU's threads); attention_task(
+// &plan, t) runs task t < tasks() with the calling thread's scratch, on any pool, never
+// throwing (a failure sets `failed`). The result does not depend on the thread count.
+struct AttnPlan {
+    AttnProblem p;
+    AttnPairFn pair = nullptr;
+    int64_t scratch = 0, parts = 1, rows = 0;
+    std::atomic<bool> failed{false};
+    int64_t tasks() const { return p.bh * parts; }
+};
+void plan_attention(AttnPlan& plan, const AttnProblem& problem, Simd simd, int64_t threads);
+void attention_task(void* plan, size_t task);
+
+// The kernel's id tables from [L, L] ids (int64 when `wide`, else int32): K ids stay ids
+// (-1 outside [0, K)); Q ids bucket-major c * L + j become c * attn_pad(L) + j. [L, attn_pad(L)].
+enum class AttnIds { kK, kQ };
+std::vector<int32_t> pad_ids(const void* ids, bool wide, int64_t l, int64_t k, AttnIds kind);
+// A weight [rows, cols] times `factor`, padded with zero columns to attn_pad(cols).
+std::vector<float> pad_columns(const float* w, int64_t rows, int64_t cols, float factor);
 
 }  // namespace irpe_ort
 

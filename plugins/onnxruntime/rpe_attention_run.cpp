@@ -1,14 +1,17 @@
-// RPEAttention's run (rpe_attention.cpp reads the inputs): the (b, h) pairs, or parts of their
-// queries, as tasks on ONNX Runtime's pool, each with the calling thread's scratch, at the SIMD
-// level of the kernel; the portable level runs rpe_attention.h on plain floats.
-#include <atomic>
+// RPEAttention's tasks, for any thread pool: the (b, h) pairs, or parts of their queries, each
+// with the running thread's scratch, at a SIMD level (the portable level runs rpe_attention.h on
+// plain floats), and the padded id tables and weights the kernel reads. No ONNX Runtime here:
+// rpe_attention.cpp runs the tasks on ONNX Runtime's pool, rpe_attention_capi.cpp on threads of
+// its own (libirpe_cpu_attention).
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "rpe_attention.h"
-#include "rpe_ort.h"
 
 namespace irpe_ort {
 
@@ -46,20 +49,11 @@ void attention_pair_portable(const AttnProblem& p, int64_t bh, int64_t row0, int
     attn_pair<Scalar, kAttnRowsPortable>(p, bh, row0, row1, scratch);
 }
 
-struct AttnJob {
-    AttnProblem p;
-    AttnPairFn pair = nullptr;
-    int64_t scratch = 0;
-    int64_t parts = 1, rows = 0;  // tasks per pair and query rows per task (a multiple of MR)
-    std::atomic<bool> failed{false};
-};
-
-// Tasks per pair: 1, unless there are fewer pairs than twice the CPU's threads (small batches):
-// then the queries of a pair are split too (each part repeats the pair's k^T / Q-table setup).
-int64_t parts_per_pair(int64_t pairs, int64_t l, int mr)
+// Tasks per pair: 1, unless there are fewer pairs than twice the threads (small batches): then
+// the queries of a pair are split too (each part repeats the pair's k^T / Q-table setup).
+int64_t parts_per_pair(int64_t pairs, int64_t l, int mr, int64_t threads)
 {
-    const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
-    const int64_t want = 2 * static_cast<int64_t>(threads);
+    const int64_t want = 2 * std::max<int64_t>(1, threads);
     const int64_t most = std::max<int64_t>(1, l / (2 * mr));  // at least 2 row blocks a part
     return pairs >= want ? 1 : std::min(most, (want + pairs - 1) / pairs);
 }
@@ -79,18 +73,6 @@ float* thread_scratch(int64_t floats)
     return buffer.get();
 }
 
-void attn_task(void* data, size_t task)
-{
-    AttnJob& job = *static_cast<AttnJob*>(data);
-    try {
-        const int64_t bh = static_cast<int64_t>(task) / job.parts;
-        const int64_t row0 = static_cast<int64_t>(task) % job.parts * job.rows;
-        job.pair(job.p, bh, row0, std::min(job.p.l, row0 + job.rows), thread_scratch(job.scratch));
-    } catch (...) {  // never let an exception into ONNX Runtime's pool
-        job.failed = true;
-    }
-}
-
 AttnPairFn pair_fn(Simd simd, int& rows)
 {
     rows = simd == Simd::kAvx512 ? kAttnRowsAvx512 : simd == Simd::kAvx2 ? kAttnRowsAvx2
@@ -102,21 +84,65 @@ AttnPairFn pair_fn(Simd simd, int& rows)
 
 }  // namespace
 
-void run_attention(Ort::KernelContext& ctx, const AttnProblem& problem, Simd simd)
+void plan_attention(AttnPlan& plan, const AttnProblem& problem, Simd simd, int64_t threads)
 {
-    AttnJob job;
-    job.p = problem;
+    plan.p = problem;
     int mr = 1;
-    job.pair = pair_fn(simd, mr);
-    job.scratch = attn_scratch(job.p, mr);
-    job.parts = parts_per_pair(job.p.bh, job.p.l, mr);
-    job.rows = (job.p.l + job.parts - 1) / job.parts;
-    job.rows = (job.rows + mr - 1) / mr * mr;
-    job.parts = (job.p.l + job.rows - 1) / job.rows;
-    parallel(ctx, &attn_task, job.p.bh * job.parts, &job);
-    if (job.failed) {
-        throw std::runtime_error("out of memory for the per-task scratch");
+    plan.pair = pair_fn(simd, mr);
+    plan.scratch = attn_scratch(plan.p, mr);
+    if (threads < 1) {
+        threads = std::max(1u, std::thread::hardware_concurrency());
     }
+    plan.parts = parts_per_pair(plan.p.bh, plan.p.l, mr, threads);
+    plan.rows = (plan.p.l + plan.parts - 1) / plan.parts;
+    plan.rows = (plan.rows + mr - 1) / mr * mr;
+    plan.parts = (plan.p.l + plan.rows - 1) / plan.rows;
+}
+
+void attention_task(void* data, size_t task)
+{
+    AttnPlan& plan = *static_cast<AttnPlan*>(data);
+    try {
+        const int64_t bh = static_cast<int64_t>(task) / plan.parts;
+        const int64_t row0 = static_cast<int64_t>(task) % plan.parts * plan.rows;
+        plan.pair(plan.p, bh, row0, std::min(plan.p.l, row0 + plan.rows),
+                  thread_scratch(plan.scratch));
+    } catch (...) {  // never let an exception into a thread pool
+        plan.failed = true;
+    }
+}
+
+std::vector<int32_t> pad_ids(const void* ids, bool wide, int64_t l, int64_t k, AttnIds kind)
+{
+    const int64_t lp = attn_pad(l);
+    std::vector<int32_t> out(static_cast<size_t>(l * lp), -1);
+    for (int64_t i = 0; i < l; ++i) {
+        for (int64_t j = 0; j < l; ++j) {
+            const int64_t id = wide ? static_cast<const int64_t*>(ids)[i * l + j]
+                                    : static_cast<const int32_t*>(ids)[i * l + j];
+            if (kind == AttnIds::kK) {
+                out[i * lp + j] = id >= 0 && id < k ? static_cast<int32_t>(id) : -1;
+            } else if (id >= 0 && id < k * l) {  // bucket-major c * L + j -> c * lp + j
+                if (id % l != j) {
+                    throw std::invalid_argument("the Q index must be bucket-major (c * L + j)");
+                }
+                out[i * lp + j] = static_cast<int32_t>(id / l * lp + j);
+            }
+        }
+    }
+    return out;
+}
+
+std::vector<float> pad_columns(const float* w, int64_t rows, int64_t cols, float factor)
+{
+    const int64_t cp = attn_pad(cols);
+    std::vector<float> out(static_cast<size_t>(rows * cp), 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+            out[r * cp + c] = factor * w[r * cols + c];
+        }
+    }
+    return out;
 }
 
 }  // namespace irpe_ort

@@ -129,22 +129,6 @@ char const* op_name(Op op, bool grid, int adds, Fused fused)
     return grid ? "RPEScatterGrid" : "RPEScatter";
 }
 
-Simd simd_level()
-{
-    Simd cpu = Simd::kPortable;
-    if (__builtin_cpu_supports("avx512f")) {
-        cpu = Simd::kAvx512;
-    } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        cpu = Simd::kAvx2;
-    }
-    const char* cap = std::getenv("IRPE_ORT_SIMD");
-    const std::string want = cap ? cap : "";
-    const Simd limit = want == "portable" ? Simd::kPortable
-                       : want == "avx2"   ? Simd::kAvx2
-                                          : Simd::kAvx512;
-    return std::min(cpu, limit);
-}
-
 int RpeConfig::method_id() const
 {
     return irpe_method_id(method.c_str());

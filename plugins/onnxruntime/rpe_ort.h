@@ -15,6 +15,7 @@
 
 #include "irpe_bucket.h"
 #include "rpe_cpu.h"
+#include "rpe_simd.h"
 
 namespace irpe_ort {
 
@@ -24,11 +25,6 @@ enum class Op { kGather, kScatter };
 // gather-add (kSoftmax), the same plus the iRPE-V bucket sums as a 2nd output
 // (kSoftmaxScatter), and base + sums @ weight (kBucketMatMulAdd, RPEBucketMatMulAdd).
 enum class Fused { kNone, kSoftmax, kSoftmaxScatter, kBucketMatMulAdd };
-
-// The vector code the CPU kernels use: the widest the CPU has, capped by $IRPE_ORT_SIMD
-// (portable | avx2 | avx512; read when a kernel is created) to test or compare the paths.
-enum class Simd { kPortable, kAvx2, kAvx512 };
-Simd simd_level();
 
 // The node's attributes: exactly the fields the TensorRT creator of the same name advertises
 // (plugins/tensorrt/README.md): RPEGather/RPEScatter num_buckets; the *Grid forms (ids computed

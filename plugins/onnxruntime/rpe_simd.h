@@ -12,6 +12,12 @@
 
 namespace irpe_ort {
 
+// The vector code the CPU kernels use: the widest the CPU has, capped by $IRPE_ORT_SIMD
+// (portable | avx2 | avx512; read when a kernel is created) to test or compare the paths.
+// rpe_simd_level.cpp (no ONNX Runtime in it: libirpe_cpu_attention uses it too).
+enum class Simd { kPortable, kAvx2, kAvx512 };
+Simd simd_level();
+
 // exp(x) for x <= 0 (Cephes-style: x = n ln2 + r, |r| <= ln2 / 2, degree-6 polynomial, times
 // 2^n; under about -88.38 the result is 0). NaN stays NaN.
 template <class V>

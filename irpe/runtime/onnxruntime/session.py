@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
 
+from irpe.plugin_files import BUILD_DIR
 from irpe.runtime.onnxruntime.rewrites import STAGES, parse_stages
 
 __all__ = ["MODES", "MODE_ENV", "LIBRARY_ENV", "FUSE_ENV", "CustomOpsError", "OpsPath",
@@ -40,7 +41,6 @@ MODES = ("auto", "on", "off")
 MODE_ENV = "IRPE_ORT_CUSTOM_OPS"
 LIBRARY_ENV = "IRPE_ORT_OPS_LIBRARY"
 FUSE_ENV = "IRPE_ORT_FUSE"  # "0": no load-time rewrite; else stages (rewrites.parse_stages)
-_BUILD_DIR = Path(__file__).resolve().parents[3] / "build" / "plugins"  # the checkout's, as make ort-ops
 _CPU_LIB, _CUDA_LIB = "libirpe_ort_ops.so", "libirpe_ort_ops_cuda.so"
 _GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
 _shared_pool: Optional[int] = None  # intra-op threads of the process-wide pool, once made
@@ -78,7 +78,7 @@ class OpsPath:
 
 def default_library(cuda: bool = False) -> Path:
     """Where the build puts the library (used when :class:`OrtOptions` names none)."""
-    return _BUILD_DIR / (_CUDA_LIB if cuda else _CPU_LIB)
+    return BUILD_DIR / (_CUDA_LIB if cuda else _CPU_LIB)
 
 
 def resolve_mode(mode: Optional[str] = None) -> str:

@@ -1,0 +1,186 @@
+"""iRPE attention on CPU in one native kernel: libirpe_cpu_attention (plugins/onnxruntime,
+C ABI irpe_cpu_attention.h), the ONNX Runtime library's RPEAttention called through ctypes.
+
+FlashAttention's pattern on a CPU: per block of query rows the logits, the iRPE-K/Q terms, the
+softmax, the iRPE-V bucket sums and both products stay in the thread's cache; only q, k, v and
+the output go through memory. Inference only (no autograd), float32, shared contextual tables,
+no padding mask; irpe.fused.cpu (SDPA) takes every other call, and every call when the library
+is not built (``make ort-ops``). The id tables are built once per shape in the kernel's format
+and kept in the process's bucket-id cache (irpe.idcache).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import warnings
+from pathlib import Path
+from typing import Dict, List, Optional, Union
+
+import torch
+
+from ..idcache import BUCKET_IDS
+from ..plugin_files import BUILD_DIR
+from ..rpe import iRPE
+
+__all__ = ["LIBRARY_FILE", "ENV", "default_path", "set_cpu_library", "cpu_library", "library_supported",
+           "library_attention"]
+
+LIBRARY_FILE = "libirpe_cpu_attention.so"
+ENV = "IRPE_CPU_ATTENTION_LIBRARY"  # the file; empty: none (the SDPA path); unset: the build's
+Tensor = torch.Tensor
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+
+
+class _Args(ctypes.Structure):
+    """irpe_cpu_attention_args (irpe_cpu_attention.h), field for field."""
+
+    _fields_ = [("batch", _I64), ("heads", _I64), ("l", _I64), ("d", _I64),
+                ("scale", ctypes.c_float), ("q", _P), ("k", _P), ("v", _P),
+                ("in_stride", _I64 * 3), ("out", _P), ("out_stride", _I64 * 3),
+                ("kk", _I64), ("wk", _P), ("idk", _P), ("kq", _I64), ("wq", _P), ("idq", _P),
+                ("kv", _I64), ("wv", _P), ("voff", _P), ("vpos", _P)]
+
+
+class _Library:
+    """The loaded library with its functions typed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, lib = path, ctypes.CDLL(str(path))
+        self.pad = lib.irpe_cpu_attention_pad
+        self.pad.argtypes, self.pad.restype = [_I64], _I64
+        self.ids = lib.irpe_cpu_attention_ids
+        self.ids.argtypes, self.ids.restype = [ctypes.c_int, _P, _I64, _I64, _P], ctypes.c_int
+        self.lists = lib.irpe_cpu_attention_lists
+        self.lists.argtypes, self.lists.restype = [_P, _I64, _I64, _P, _P], ctypes.c_int
+        self.run = lib.irpe_cpu_attention
+        self.run.argtypes, self.run.restype = [ctypes.POINTER(_Args), ctypes.c_int], ctypes.c_int
+        self.error = lib.irpe_cpu_attention_error
+        self.error.argtypes, self.error.restype = [], ctypes.c_char_p
+        self.simd = lib.irpe_cpu_attention_simd
+        self.simd.argtypes, self.simd.restype = [], ctypes.c_char_p
+
+    def check(self, status: int, what: str) -> None:
+        """RuntimeError with the library's message for a failed call."""
+        if status != 0:
+            raise RuntimeError(f"{what}: {self.error().decode(errors='replace')}")
+
+
+def default_path() -> Optional[Path]:
+    """``$IRPE_CPU_ATTENTION_LIBRARY`` (empty: None), else the build's file (build/plugins/)."""
+    text = os.environ.get(ENV)
+    if text is None:
+        return BUILD_DIR / LIBRARY_FILE
+    return Path(text) if text.strip() else None
+
+
+_lock = threading.Lock()
+_DEFAULT = default_path()  # read once, at import
+_path: Optional[Path] = _DEFAULT
+_loaded: Dict[Path, Optional[_Library]] = {}  # per file: loaded once (None: not usable)
+
+
+def set_cpu_library(path: Union[str, Path, None, bool]) -> None:
+    """Use the library file at ``path``; None: no library (the SDPA path for every call, e.g.
+    to compare the two); True: the default again (``$IRPE_CPU_ATTENTION_LIBRARY`` as read at
+    import, else the build's)."""
+    global _path
+    with _lock:
+        _path = _DEFAULT if path is True else (Path(path) if path not in (None, False) else None)
+
+
+def cpu_library() -> Optional[_Library]:
+    """The library, loaded on first use; None when there is no file (or it does not load: one
+    warning, then the SDPA path)."""
+    with _lock:
+        if _path is None:
+            return None
+        if _path not in _loaded:
+            if not _path.is_file():
+                return None  # not built (yet): looked for again on the next call
+            try:
+                _loaded[_path] = _Library(_path)
+            except (OSError, AttributeError) as exc:
+                warnings.warn(f"{_path}: not usable ({exc}); iRPE attention on CPU takes the "
+                              "SDPA path", stacklevel=2)
+                _loaded[_path] = None
+        return _loaded[_path]
+
+
+def _parts(module) -> List:
+    return [] if module is None else [module]
+
+
+def library_supported(q: Tensor, k: Tensor, v: Tensor, rpe_q, rpe_k, rpe_v,
+                      key_padding_mask: Optional[Tensor]) -> bool:
+    """Whether a CPU call (already past irpe.fused.cpu_supported) can run in the kernel."""
+    if key_padding_mask is not None or cpu_library() is None:
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return False
+    if any(t.dtype != torch.float32 or t.stride(-1) != 1 for t in (q, k, v)):
+        return False
+    if not (q.shape == k.shape == v.shape and q.stride() == k.stride() == v.stride()):
+        return False
+    for m in _parts(rpe_q) + _parts(rpe_k) + _parts(rpe_v):
+        if type(m) is not iRPE or m.mode != "contextual" or m.lookup_table_weight.shape[0] != 1:
+            return False
+        if torch.is_grad_enabled() and m.lookup_table_weight.requires_grad:
+            return False
+    return True
+
+
+def _ids(lib: _Library, m: iRPE, length: int, height, width, kind: str) -> Tensor:
+    """The kernel's int32 tables of a term (K, Q: [L, pad(L)]; V: the bucket lists off then
+    pos, concatenated), cached per method, ratio, grid and kind."""
+    def build() -> Tensor:
+        ids = m.bucket_ids(length, height, width).to(torch.int64)
+        if kind == "q":  # bucket-major c * L + j of the term's transposed ids
+            ids = ids.t() * length + torch.arange(length).view(1, -1)
+        ids = ids.contiguous()
+        k = m.num_buckets
+        if kind == "v":
+            out = torch.empty(length * (k + 1) + length * length, dtype=torch.int32)
+            lib.check(lib.lists(ids.data_ptr(), length, k, out.data_ptr(),
+                                out[length * (k + 1):].data_ptr()), "bucket lists")
+        else:
+            out = torch.empty(length * lib.pad(length), dtype=torch.int32)
+            lib.check(lib.ids(0 if kind == "k" else 1, ids.data_ptr(), length, k,
+                              out.data_ptr()), "id table")
+        return out
+
+    key = ("cpu_library", kind, m.method, float(m.ratio), m.grid(length, height, width))
+    return BUCKET_IDS.get_or_build(key, torch.inference_mode(False)(build))
+
+
+def library_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q, rpe_k, rpe_v,
+                      height, width) -> Tensor:
+    """rpe_attention's result (B, H, L, D) from the kernel: a (B, L, H, D) buffer seen as
+    (B, H, L, D), so the caller's transpose back is free."""
+    lib = cpu_library()
+    b, h, length, d = q.shape
+    out = torch.empty((b, length, h, d), dtype=torch.float32)
+    args = _Args(batch=b, heads=h, l=length, d=d, scale=scale, q=q.data_ptr(), k=k.data_ptr(),
+                 v=v.data_ptr(), in_stride=(_I64 * 3)(*q.stride()[:3]), out=out.data_ptr(),
+                 out_stride=(_I64 * 3)(length * h * d, d, h * d))
+    keep = []  # tensors whose pointers are in args, alive until the call returns
+    if rpe_k is not None:
+        wk = rpe_k.lookup_table_weight[0].detach().contiguous()  # [d, K]; the kernel scales
+        idk = _ids(lib, rpe_k, length, height, width, "k")
+        args.kk, args.wk, args.idk = rpe_k.num_buckets, wk.data_ptr(), idk.data_ptr()
+        keep += [wk, idk]
+    if rpe_q is not None:
+        wq = (rpe_q.lookup_table_weight[0].detach() * scale).t().contiguous()  # [K, d]
+        idq = _ids(lib, rpe_q, length, height, width, "q")
+        args.kq, args.wq, args.idq = rpe_q.num_buckets, wq.data_ptr(), idq.data_ptr()
+        keep += [wq, idq]
+    if rpe_v is not None:
+        wv = rpe_v.lookup_table_weight[0].detach().contiguous()  # [K, d]
+        lists = _ids(lib, rpe_v, length, height, width, "v")
+        args.kv, args.wv = rpe_v.num_buckets, wv.data_ptr()
+        args.voff = lists.data_ptr()
+        args.vpos = lists[length * (rpe_v.num_buckets + 1):].data_ptr()
+        keep += [wv, lists]
+    lib.check(lib.run(ctypes.byref(args), torch.get_num_threads()), "iRPE attention")
+    return out.transpose(1, 2)

@@ -1,0 +1,201 @@
+// libirpe_cpu_attention (irpe_cpu_attention.h): RPEAttention's plan and tasks (rpe_attention.h)
+// run on the OpenMP team (else threads started per call), the caller being one of them; no ONNX
+// Runtime.
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <exception>
+#include <stdexcept>
+#include <system_error>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "irpe_cpu_attention.h"
+#include "rpe_attention.h"
+#include "rpe_cpu.h"
+
+namespace {
+
+using irpe_ort::AttnIds;
+using irpe_ort::AttnLayout;
+using irpe_ort::AttnPlan;
+using irpe_ort::AttnProblem;
+
+thread_local std::string last_error;
+
+int fail(const std::string& message)
+{
+    last_error = message;
+    return IRPE_CPU_ERR;
+}
+
+template <typename F>
+int guarded(F&& body)
+{
+    try {
+        body();
+        return IRPE_CPU_OK;
+    } catch (const std::exception& e) {
+        return fail(e.what());
+    }
+}
+
+void check_sizes(int64_t l, int64_t k)
+{
+    if (l < 1 || l > 46340 || k < 1 || k * irpe_ort::attn_pad(l) > INT32_MAX) {
+        throw std::invalid_argument("need 1 <= L <= 46340 and 1 <= K with K * pad(L) < 2^31");
+    }
+}
+
+AttnProblem problem_of(const irpe_cpu_attention_args& a)
+{
+    if (a.batch < 0 || a.heads < 1 || a.l < 1 || a.d < 1 || a.l > 46340 || a.d > (1 << 20)) {
+        throw std::invalid_argument("need B >= 0, H >= 1, 1 <= L <= 46340, 1 <= d <= 2^20");
+    }
+    if (a.q == nullptr || a.k == nullptr || a.v == nullptr || a.out == nullptr) {
+        throw std::invalid_argument("q, k, v and out are required");
+    }
+    if ((a.wk != nullptr && (a.idk == nullptr || a.kk < 1)) ||
+        (a.wq != nullptr && (a.idq == nullptr || a.kq < 1)) ||
+        (a.wv != nullptr && (a.voff == nullptr || a.vpos == nullptr || a.kv < 1))) {
+        throw std::invalid_argument("each term needs its weight, its ids and K >= 1");
+    }
+    AttnProblem p;
+    p.l = a.l;
+    p.d = a.d;
+    p.bh = a.batch * a.heads;
+    p.heads = a.heads;
+    p.scale = a.scale;
+    p.q = a.q;
+    p.k = a.k;
+    p.v = a.v;
+    p.in = AttnLayout{a.in_stride[0], a.in_stride[1], a.in_stride[2]};
+    p.out = a.out;
+    p.out_layout = AttnLayout{a.out_stride[0], a.out_stride[1], a.out_stride[2]};
+    return p;
+}
+
+// Runs the plan's tasks on `threads` threads; tasks are claimed in order from one counter. With
+// OpenMP the threads are the process's OpenMP team: in a PyTorch process that is PyTorch's own
+// (libgomp.so.1 is loaded once per process), so the kernel does not fight PyTorch's workers,
+// which spin for a while after each of its parallel regions, for the cores.
+void run(AttnPlan& plan, int64_t threads)
+{
+    std::atomic<int64_t> next{0};
+    const int64_t tasks = plan.tasks();
+    auto work = [&]() {
+        for (int64_t t; (t = next.fetch_add(1)) < tasks;) {
+            irpe_ort::attention_task(&plan, static_cast<size_t>(t));
+        }
+    };
+    const int team = static_cast<int>(std::max<int64_t>(1, std::min(threads, tasks)));
+#ifdef _OPENMP
+#pragma omp parallel num_threads(team)
+    work();
+#else
+    std::vector<std::thread> helpers;
+    try {
+        for (int i = 1; i < team; ++i) {
+            helpers.emplace_back(work);
+        }
+    } catch (const std::system_error&) {  // fewer threads: the ones started finish the work
+    }
+    work();
+    for (auto& t : helpers) {
+        t.join();
+    }
+#endif
+    if (plan.failed) {
+        throw std::runtime_error("out of memory for the per-task scratch");
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+int64_t irpe_cpu_attention_pad(int64_t l)
+{
+    return irpe_ort::attn_pad(l);
+}
+
+int irpe_cpu_attention_ids(int kind, const int64_t* ids, int64_t l, int64_t k, int32_t* out)
+{
+    return guarded([&] {
+        check_sizes(l, k);
+        if (ids == nullptr || out == nullptr || (kind != 0 && kind != 1)) {
+            throw std::invalid_argument("ids, out and kind 0 (K) or 1 (Q) are required");
+        }
+        const auto table = irpe_ort::pad_ids(ids, true, l, k, kind == 0 ? AttnIds::kK
+                                                                        : AttnIds::kQ);
+        std::memcpy(out, table.data(), table.size() * sizeof(int32_t));
+    });
+}
+
+int irpe_cpu_attention_lists(const int64_t* ids, int64_t l, int64_t k, int32_t* off, int32_t* pos)
+{
+    return guarded([&] {
+        check_sizes(l, k);
+        if (ids == nullptr || off == nullptr || pos == nullptr) {
+            throw std::invalid_argument("ids, off and pos are required");
+        }
+        for (int64_t i = 0; i < l; ++i) {
+            irpe_ort::bucket_lists(ids + i * l, l, k, off + i * (k + 1), pos + i * l);
+        }
+    });
+}
+
+int irpe_cpu_attention(const irpe_cpu_attention_args* args, int threads)
+{
+    return guarded([&] {
+        if (args == nullptr) {
+            throw std::invalid_argument("args is required");
+        }
+        const irpe_cpu_attention_args& a = *args;
+        AttnProblem p = problem_of(a);
+        if (p.bh == 0) {
+            return;
+        }
+        std::vector<float> wk, wv;
+        if (a.wk != nullptr) {  // (scale * q) @ wk: the scale folded in, as the ORT kernel does
+            wk = irpe_ort::pad_columns(a.wk, a.d, a.kk, a.scale);
+            p.kk = a.kk;
+            p.wk = wk.data();
+            p.idk = a.idk;
+        }
+        if (a.wq != nullptr) {
+            p.kq = a.kq;
+            p.wq = a.wq;
+            p.idq = a.idq;
+        }
+        if (a.wv != nullptr) {
+            wv = irpe_ort::pad_columns(a.wv, a.kv, a.d, 1.0f);
+            p.kv = a.kv;
+            p.wv = wv.data();
+            p.voff = a.voff;
+            p.vpos = a.vpos;
+        }
+        if (threads < 1) {
+            threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+        }
+        AttnPlan plan;
+        irpe_ort::plan_attention(plan, p, irpe_ort::simd_level(), threads);
+        run(plan, threads);
+    });
+}
+
+const char* irpe_cpu_attention_error(void)
+{
+    return last_error.c_str();
+}
+
+const char* irpe_cpu_attention_simd(void)
+{
+    const auto simd = irpe_ort::simd_level();
+    return simd == irpe_ort::Simd::kAvx512 ? "avx512"
+           : simd == irpe_ort::Simd::kAvx2 ? "avx2"
+                                          : "portable";
+}
+
+}  // extern "C"
