@@ -44,6 +44,7 @@ FROM base-${VARIANT} AS base
 ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 \
     IRPE_CACHE=/var/cache/irpe IRPE_PLUGIN_DIR=/opt/irpe-deploy/plugins \
+    IRPE_CPU_ATTENTION_LIBRARY=/opt/irpe-deploy/plugins/libirpe_cpu_attention.so \
     IRPE_SERVE_HOST=0.0.0.0 IRPE_SERVE_PORT=8000
 
 FROM base AS build

@@ -36,7 +36,7 @@ run: $(VENV)/.installed-$(RUN_EXTRAS)
 	$(VENV)/bin/irpe serve --host $(HOST) --port $(PORT)
 
 ## make ort-ops: the ONNX Runtime custom-op library $(ORT_OPS_DIR)/libirpe_ort_ops.so, which the
-## server then uses, where ORT headers (ORT_ROOT / ONNXRUNTIME_ROOT, else $(SHARED_DIR)/third_party/
+## server then uses, and libirpe_cpu_attention.so (torch's iRPE attention on CPU), where ORT headers (ORT_ROOT / ONNXRUNTIME_ROOT, else $(SHARED_DIR)/third_party/
 ## onnxruntime-1.23), cmake and a C++ compiler are found; else one line says why (exit 0).
 ## Rebuilt only when its sources change; ORT_OPS_CMAKE is CMake's tree.
 SHARED_DIR    ?= $(abspath $(CURDIR)/../shared)
@@ -60,8 +60,11 @@ docker-test: install
 check: $(VENV)/.installed-$(RUN_EXTRAS)
 	$(VENV)/bin/irpe check
 
-## make bench: forward time of DeiT-S plain / iRPE-K / iRPE-QKV on CPU (bs 8, 2 threads)
+## make bench: forward time of DeiT-S plain / iRPE-K / iRPE-QKV on CPU (bs 8, 2 threads), with
+## the native iRPE attention kernel where make ort-ops builds it (its report says which)
 bench: install
+	@$(MAKE) -s --no-print-directory ort-ops || \
+	  echo "make bench: the native kernel did not build (above); timing the SDPA path"
 	$(PY) -m benchmarks.deit_forward
 
 ## make gpu-check: a GPU machine's verdict on this checkout (scripts/gpu_check.py, docs/gpu-check.md):

@@ -1,4 +1,4 @@
-"""The CPU path of iRPE attention (irpe/fused/cpu.py) against the unfused path.
+"""The SDPA-based CPU path of iRPE attention (irpe/fused/cpu.py) against the unfused path.
 
 Forward and gradients for every method x K/Q/V (contextual and bias), skip, per-head and shared
 tables, DETR's key padding mask (masked after the terms are added); the dispatch (auto on CPU,
@@ -13,6 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 from irpe import create_model, randomize_tables
 from irpe.attention import RPEAttention, rpe_attention, unfused_attention
 from irpe.fused import cpu_supported, set_fused_attention
+from irpe.fused.cpu_library import set_cpu_library
 from irpe.rpe import build_rpe, get_rpe_config, set_traceable
 
 FLASH = "aten::_scaled_dot_product_flash_attention_for_cpu"
@@ -33,11 +34,14 @@ CASES = [  # (method, on, mode, skip, grid h, grid w, shared head)
 
 @pytest.fixture(autouse=True)
 def auto_mode(monkeypatch):
-    """Every test starts in auto mode with the env var unset and leaves it so."""
+    """Every test starts in auto mode with the env var unset and leaves it so; the native
+    kernel is set aside (this module tests the SDPA formulation: test_cpu_library the kernel)."""
     monkeypatch.delenv("IRPE_FUSED_ATTENTION", raising=False)
     set_fused_attention(None)
+    set_cpu_library(None)
     yield
     set_fused_attention(None)
+    set_cpu_library(True)
 
 
 def _modules(method, on, mode, skip, shared, heads=2, head_dim=16):

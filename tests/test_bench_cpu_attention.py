@@ -8,11 +8,11 @@ from benchmarks import cpu_attention_candidates, deit_forward, detr_memory
 
 
 def test_deit_forward_unfused_rows_and_detr_memory(tmp_path):
-    assert deit_forward.main(["--quick", "--unfused", "--detr-memory", "--out",
+    assert deit_forward.main(["--quick", "--unfused", "--sdpa", "--detr-memory", "--out",
                               str(tmp_path)]) == 0
     data = json.loads((tmp_path / "deit_forward.json").read_text())
     rows = data["results"]
-    assert set(rows) == {"plain", "irpe_k", "irpe_k_unfused"}
+    assert set(rows) == {"plain", "irpe_k", "irpe_k_unfused", "irpe_k_sdpa"}
     assert rows["irpe_k"]["goal"] == 0.95 and rows["irpe_k_unfused"]["goal"] is None
     for row in rows.values():
         assert abs(row["throughput_ratio"] * row["ratio_to_plain"] - 1) < 1e-9
@@ -23,6 +23,7 @@ def test_deit_forward_unfused_rows_and_detr_memory(tmp_path):
     assert memory["results"]["plain"]["x_plain"] == 1.0
     text = (tmp_path / "deit_forward.md").read_text()
     assert "| irpe_k_unfused |" in text and "DETR peak memory, 128x192" in text
+    assert "iRPE attention kernel: " in text  # loaded (its path) or "not built"
 
 
 def test_peak_bytes_sees_a_large_temporary():

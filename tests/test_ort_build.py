@@ -84,7 +84,9 @@ def built(ort_library: Path) -> Path:
         done = make("-B", "ort-ops", f"ORT_ROOT={ort_headers()}", f"ORT_OPS_DIR={out}",
                     f"ORT_OPS_CMAKE={out / 'cmake'}")
         assert done.returncode == 0, done.stdout + done.stderr
-        assert done.stdout.splitlines()[-1] == f"built: {out / LIB}", done.stdout
+        assert done.stdout.splitlines()[-1] == (f"built: {out / LIB}, "
+                                                f"{out / 'libirpe_cpu_attention.so'}"), done.stdout
+        assert (out / "libirpe_cpu_attention.so").is_file()
         assert ort_library.is_file()
     finally:
         if not ort_library.exists():

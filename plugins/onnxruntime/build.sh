@@ -59,4 +59,4 @@ cmake -S "$here" -B "$build" -DIRPE_REQUIRE_ORT=ON -DIRPE_ORT_OUTPUT_DIR="$out" 
 unset MAKEFLAGS MFLAGS MAKELEVEL  # under make ort-ops: CMake's make prints no directory lines
 cmake --build "$build" -j "$(nproc)"
 touch "$out/libirpe_ort_ops.so"  # newer than its sources even when CMake had nothing to do (make)
-echo "built: $out/libirpe_ort_ops.so"
+echo "built: $out/libirpe_ort_ops.so, $out/libirpe_cpu_attention.so"
