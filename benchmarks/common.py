@@ -15,15 +15,19 @@ __all__ = ["device_name", "device_slug", "int_list", "size_list", "choice_list"]
 
 
 def device_name() -> str:
-    """A filesystem-safe CPU name, e.g. cpu-2c-amd-epyc-9b14."""
-    model = platform.processor() or "cpu"
+    """A filesystem-safe CPU name with its widest vector unit, e.g. cpu-2c-amd-epyc-avx512: a
+    virtual machine may name only the vendor ("AMD EPYC") for CPUs with and without AVX-512,
+    whose CPU figures (int8 above all) differ; machines named before the suffix have none."""
+    model, flags = platform.processor() or "cpu", set()
     try:
         text = Path("/proc/cpuinfo").read_text()
         model = re.search(r"model name\s*:\s*(.+)", text).group(1)
+        flags = set(re.search(r"^flags\s*:\s*(.+)$", text, re.M).group(1).split())
     except (OSError, AttributeError):
         pass
     slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")
-    return f"cpu-{os.cpu_count()}c-{slug}"[:60]
+    isa = next((n for n, f in (("avx512", "avx512f"), ("avx2", "avx2")) if f in flags), "")
+    return f"cpu-{os.cpu_count()}c-{slug}"[:52] + (f"-{isa}" if isa else "")
 
 
 def device_slug(device: Optional[str] = None) -> str:

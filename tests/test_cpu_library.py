@@ -143,6 +143,17 @@ def test_other_calls_take_the_sdpa_path(why):
         assert q.grad is not None and torch.isfinite(q.grad).all()
 
 
+def test_torch_compile_traces_the_sdpa_path():
+    """Under torch.compile (fake tensors, no data pointers) the kernel is not called."""
+    mods = _modules("product", "qkv", 1, 16)
+    q, k, v = _qkv(2, 3, 10, 16)
+    ref = unfused_attention(q, k, v, 0.25, *mods, 3, 3)
+    fn = torch.compile(lambda q, k, v: rpe_attention(q, k, v, 0.25, *mods, 3, 3),
+                       backend="eager", fullgraph=False)
+    with torch.inference_mode():
+        _close(fn(q, k, v), ref)
+
+
 def test_no_library_means_the_sdpa_path(tmp_path):
     mods = _modules("product", "k", 1, 16)
     q, k, v = _qkv(2, 3, 10, 16)

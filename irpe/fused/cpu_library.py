@@ -115,8 +115,8 @@ def _parts(module) -> List:
 def library_supported(q: Tensor, k: Tensor, v: Tensor, rpe_q, rpe_k, rpe_v,
                       key_padding_mask: Optional[Tensor]) -> bool:
     """Whether a CPU call (already past irpe.fused.cpu_supported) can run in the kernel."""
-    if key_padding_mask is not None or cpu_library() is None:
-        return False
+    if key_padding_mask is not None or torch.compiler.is_compiling() or cpu_library() is None:
+        return False  # torch.compile traces fake tensors: no pointers to hand to C
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         return False
     if any(t.dtype != torch.float32 or t.stride(-1) != 1 for t in (q, k, v)):
