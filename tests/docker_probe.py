@@ -139,6 +139,30 @@ def check_hardening(docker: Docker, cid: str) -> None:
                                   for m in mounts))
 
 
+_KERNEL_CHECK = """
+import torch
+from irpe.attention import unfused_attention
+from irpe.fused.cpu_library import cpu_library, library_attention
+from irpe.rpe import build_rpe, get_rpe_config
+lib = cpu_library()
+mods = build_rpe(get_rpe_config(1.9, "product", "ctx", True, 1, "qkv"), 16, 2,
+                 initializer=lambda p: torch.nn.init.normal_(p, std=0.5))
+q, k, v = torch.randn(3, 2, 2, 10, 16).unbind(0)
+with torch.inference_mode():
+    err = (library_attention(q, k, v, 0.25, *mods, 3, 3)
+           - unfused_attention(q, k, v, 0.25, *mods, 3, 3)).abs().max().item()
+print(lib.path, lib.simd().decode(), err)
+"""
+
+
+def check_cpu_kernel(docker: Docker, cid: str) -> None:
+    """The native iRPE attention kernel (IRPE_CPU_ATTENTION_LIBRARY) loads in the image and
+    agrees with the unfused path."""
+    path, simd, err = docker("exec", cid, "python", "-c", _KERNEL_CHECK).split()
+    check(path == "/opt/irpe-deploy/plugins/libirpe_cpu_attention.so" and float(err) < 1e-5,
+          f"native iRPE attention kernel loads ({path}, {simd}), max diff vs unfused {err}")
+
+
 def compare(host: str, box: str) -> None:
     """Every request of tests/docker_requests.CHECKS answered equally by both servers."""
     with httpx.Client(timeout=60) as client:
@@ -254,6 +278,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     f"(start period {START_PERIOD_S:.0f} s)")
         wait_ready(host, 120)
         check_hardening(docker, cid)
+        check_cpu_kernel(docker, cid)
         compare(host, url)
         figures = drain(docker, cid, url, host)
         demo_prepare(docker, args.image, work)
