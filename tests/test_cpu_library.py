@@ -165,6 +165,8 @@ def test_no_library_means_the_sdpa_path(tmp_path):
             assert not cl.library_supported(q, k, v, *mods, None)
             assert FLASH in _ops(lambda: rpe_attention(q, k, v, 0.25, *mods, 3, 3))
             _close(rpe_attention(q, k, v, 0.25, *mods, 3, 3), ref)
+            with pytest.raises(RuntimeError, match="kernel is not loaded"):
+                cl.library_attention(q, k, v, 0.25, None, mods[1], None, 3, 3)
 
 
 def test_a_file_that_does_not_load_warns_once_and_falls_back(tmp_path):

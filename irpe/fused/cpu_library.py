@@ -159,6 +159,9 @@ def library_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q, rpe_
     """rpe_attention's result (B, H, L, D) from the kernel: a (B, L, H, D) buffer seen as
     (B, H, L, D), so the caller's transpose back is free."""
     lib = cpu_library()
+    if lib is None:
+        raise RuntimeError(f"the native iRPE attention kernel is not loaded ({LIBRARY_FILE}: "
+                           f"make ort-ops, or ${ENV}); library_supported() says when it is")
     b, h, length, d = q.shape
     out = torch.empty((b, length, h, d), dtype=torch.float32)
     args = _Args(batch=b, heads=h, l=length, d=d, scale=scale, q=q.data_ptr(), k=k.data_ptr(),
