@@ -1,7 +1,8 @@
 """ONNX Runtime throughput of int8 DeiT-S files (``irpe quantize``) beside their fp32 exports.
 
     python -m benchmarks.quant_ort [--batch 8] [--threads 2] [--repeats 7] [--sessions 2]
-                                   [--mode static|dynamic] [--samples 16] [--quick]
+                                   [--mode static|dynamic] [--activations int8|uint8]
+                                   [--samples 16] [--quick]
 
 Plain DeiT-S, iRPE-K and iRPE-QKV are exported (random weights, non-zero iRPE tables, as in
 benchmarks.export_ort) and quantised with export.quantize (static: QDQ calibrated on the shapes
@@ -38,7 +39,8 @@ GOALS = [("irpe_k_int8_ops", "plain", 2.5), ("irpe_k_int8_ops", "plain_int8_ops"
          ("irpe_qkv_int8_ops", "plain_int8_ops", 0.90)]
 
 
-def quantize_models(paths: Dict[str, Path], mode: str, samples: int) -> Dict[str, Path]:
+def quantize_models(paths: Dict[str, Path], mode: str, samples: int,
+                    activations: str = "int8") -> Dict[str, Path]:
     """Each fp32 file quantised (key + INT8) beside it by ``irpe quantize`` in a child process
     (calibration makes sessions with pools of their own, which this process's shared pool
     forbids once made)."""
@@ -48,8 +50,8 @@ def quantize_models(paths: Dict[str, Path], mode: str, samples: int) -> Dict[str
     for key, path in paths.items():
         start = time.perf_counter()
         target = path.with_name(f"{key}{INT8}.onnx")
-        calibration = ["--calibration", "shapes", "--samples", str(samples)] \
-            if mode == "static" else []
+        calibration = ["--calibration", "shapes", "--samples", str(samples),
+                       "--activations", activations] if mode == "static" else []
         subprocess.run([sys.executable, "-m", "irpe", "quantize", str(path), "-o", str(target),
                         "--mode", mode] + calibration, check=True, stdout=subprocess.DEVNULL)
         out[key + INT8] = target
@@ -105,10 +107,12 @@ def goals(times: Dict[str, List[float]]) -> List[Dict]:
 
 
 def write_report(result: Dict, out_dir: Path) -> Path:
-    """quant_ort.json + .md in ``out_dir`` (quant_ort_dynamic.* for --mode dynamic)."""
+    """quant_ort.json + .md in ``out_dir`` (quant_ort_dynamic.* for --mode dynamic,
+    quant_ort_uint8.* for uint8 activations)."""
     lines = [f"# ONNX Runtime, int8 vs fp32 exported DeiT, on {result['device']}", "",
              f"batch {result['batch']}, {result['threads']} threads, onnxruntime "
-             f"{result['onnxruntime']}, int8 {result['mode']}"
+             f"{result['onnxruntime']}, int8 {result['mode']} "
+             f"(activations {result.get('activations', 'int8')})"
              f"{_calibration(result)}, {result['repeats']} timed rounds (median) of {result['sessions']} "
              f"session(s) per row, shared thread pool, load average {result['load_before']} -> "
              f"{result['load_after']} (uptime before: {result['uptime']}; after: "
@@ -130,6 +134,7 @@ def write_report(result: Dict, out_dir: Path) -> Path:
     for key, a in result["agreement"].items():
         lines.append(f"| {key} | {a['max_abs']:.3g} | {a['top1_agreement']:.3f} |")
     stem = "quant_ort" if result["mode"] == "static" else f"quant_ort_{result['mode']}"
+    stem += "_uint8" if result.get("activations") == "uint8" else ""
     return write_json_md(out_dir, stem, result, lines)
 
 
@@ -155,6 +160,8 @@ def main(argv=None) -> int:
                             ("sessions", 2), ("samples", 16)):
         parser.add_argument(f"--{option}", type=int, default=default)
     parser.add_argument("--mode", choices=["static", "dynamic"], default="static")
+    parser.add_argument("--activations", choices=["int8", "uint8"], default="int8",
+                        help="static: irpe quantize --activations")
     parser.add_argument("--quick", action="store_true",
                         help="2-block DeiT-Ti, batch 1, 1 round: checks the report only")
     parser.add_argument("--out", type=Path, default=None, help="results folder")
@@ -176,13 +183,14 @@ def main(argv=None) -> int:
     uptime, load_before = _uptime(), _load()
     with tempfile.TemporaryDirectory() as tmp:
         paths = export_models(models, Path(tmp), overrides)
-        paths.update(quantize_models(dict(paths), args.mode, args.samples))
+        paths.update(quantize_models(dict(paths), args.mode, args.samples, args.activations))
         times, fusion, logits = measure(paths, args.batch, args.threads, args.repeats,
                                         args.warmup, library, args.sessions)
     names = {k: models[k.replace(INT8, "").replace(OPS_SUFFIX, "")] for k in times}
     result = {"device": device_name(), "onnxruntime": onnxruntime.__version__,
               "torch": torch.__version__, "batch": args.batch, "threads": args.threads,
               "repeats": args.repeats, "sessions": args.sessions, "mode": args.mode,
+              "activations": args.activations if args.mode == "static" else "uint8 dynamic",
               "samples": args.samples, "quick": args.quick, "date": time.strftime("%Y-%m-%d"),
               "custom_op_library": str(library) if library else None, "uptime": uptime,
               "load_before": load_before, "load_after": _load(), "uptime_after": _uptime(),

@@ -47,6 +47,17 @@ def static(fp32) -> Path:
 
 
 @pytest.fixture(scope="module")
+def static_uint8(fp32) -> Path:
+    """fp32 quantised by the CLI with uint8 (asymmetric) activations."""
+    out = fp32.with_name("deit.u8.onnx")
+    done = _cli("quantize", str(fp32), "-o", str(out), "--calibration", "shapes",
+                "--samples", "16", "--activations", "uint8")
+    assert done.returncode == 0, done.stderr
+    assert "int8 static QDQ" in done.stdout and "activations uint8" in done.stdout
+    return out
+
+
+@pytest.fixture(scope="module")
 def dynamic(fp32) -> Path:
     out = fp32.with_name("deit.dyn.onnx")
     quantize(fp32, out, QuantizeSettings(mode=QuantMode.DYNAMIC))
@@ -75,7 +86,20 @@ def test_static_file_keeps_rpe_nodes_functions_and_records_the_quantisation(fp32
     assert record["mode"] == "static" and record["format"] == "QDQ"
     assert record["calibration"] == "shapes" and record["samples"] == 16
     assert record["weights"] == "int8 per-channel"
+    assert record["activations"] == "int8 calibrated"
     assert props["irpe.model_name"] == "deit_shapes_irpe"  # the export's own metadata stays
+
+
+@pytest.mark.parametrize("which, dtype", [("static", np.int8), ("static_uint8", np.uint8)])
+def test_activation_type_is_the_files_and_recorded(which, dtype, request):
+    from onnx import numpy_helper
+    path = request.getfixturevalue(which)
+    model = onnx.load(path)
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    zero_points = [n.input[2] for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    assert zero_points and all(inits[z].dtype == dtype for z in zero_points)
+    record = onnx_quantization(read_onnx_props(path))
+    assert record["activations"] == f"{np.dtype(dtype).name} calibrated"
 
 
 def test_attention_internals_and_the_input_layer_stay_float(static):
@@ -93,7 +117,7 @@ def test_attention_internals_and_the_input_layer_stay_float(static):
     assert first.input[0] == "images"  # the image is not quantised
 
 
-@pytest.mark.parametrize("which", ["static", "dynamic"])
+@pytest.mark.parametrize("which", ["static", "static_uint8", "dynamic"])
 def test_quantised_file_runs_without_the_library_close_to_fp32(fp32, which, request):
     path = request.getfixturevalue(which)
     x = _images(read_onnx_spec_of(fp32))
@@ -107,7 +131,7 @@ def read_onnx_spec_of(path: Path):
     return read_onnx_spec(path)
 
 
-@pytest.mark.parametrize("which", ["static", "dynamic"])
+@pytest.mark.parametrize("which", ["static", "static_uint8", "dynamic"])
 def test_library_fuses_every_attention_block_of_a_quantised_file(ort_library, fp32, which,
                                                                  request):
     path = request.getfixturevalue(which)
@@ -149,6 +173,10 @@ def test_calibration_feeds_use_the_models_preprocessing(fp32):
     ([], "static quantisation needs --calibration"),
     (["--calibration", "{tmp}/empty"], "no images"),
     (["--calibration", "shapes", "--samples", "0"], "must be >= 1"),
+    (["--calibration", "shapes", "--activations", "uint8", "--target", "tensorrt"],
+     "uint8 activations are for static quantisation for ONNX Runtime"),
+    (["--mode", "dynamic", "--activations", "uint8"], "uint8 activations are for static"),
+    (["--calibration", "shapes", "--activations", "int4"], "invalid choice"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(fp32, tmp_path, argv, message):
     (tmp_path / "empty").mkdir()
