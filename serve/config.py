@@ -20,7 +20,9 @@ from pydantic import (AfterValidator, AliasChoices, BaseModel, BeforeValidator, 
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from irpe.fused.dispatch import MODE_SPELLINGS, FusedMode
 from irpe.runtime.onnxruntime.rewrites import STAGES, parse_stages
+from irpe.runtime.onnxruntime.session import MODE_ALIASES
 
 from .registry import backend_names
 
@@ -28,14 +30,17 @@ __all__ = ["ModelConfig", "ServeSettings", "read_repository"]
 
 _PATH_KEYS = ("path", "metadata", "ort_ops_library")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
-_ON_OFF = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}
-_FUSED = {"1": "fused", "0": "unfused"}
 
 
-def _custom_ops(value: Any) -> Any:
-    """auto/on/off, with the 1/true/yes and 0/false/no spellings the variables always took."""
-    return _ON_OFF.get(value.strip().lower(), value.strip().lower()) if isinstance(value, str) \
-        else value
+def _spelled(aliases: Dict[str, str]):
+    """A before-validator: a string setting lower-cased, with the older spellings the variables
+    always took (``aliases``: 1/true/yes -> on, 1 -> fused, ...) mapped to the current names."""
+    def normalise(value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        text = value.strip().lower()
+        return aliases.get(text, text)
+    return normalise
 
 
 def _rewrites(value: str) -> str:
@@ -45,14 +50,9 @@ def _rewrites(value: str) -> str:
     return ",".join(s for s in STAGES if s in stages) or "0"
 
 
-def _fused_spelling(value: Any) -> Any:
-    """auto/fused/unfused, with the 1/0 the variable always took."""
-    return _FUSED.get(value.strip(), value.strip().lower()) if isinstance(value, str) else value
-
-
-CustomOps = Annotated[Literal["auto", "on", "off"], BeforeValidator(_custom_ops)]
+CustomOps = Annotated[Literal["auto", "on", "off"], BeforeValidator(_spelled(MODE_ALIASES))]
 Rewrites = Annotated[str, AfterValidator(_rewrites)]
-FusedAttention = Annotated[Literal["auto", "fused", "unfused"], BeforeValidator(_fused_spelling)]
+FusedAttention = Annotated[FusedMode, BeforeValidator(_spelled(MODE_SPELLINGS))]
 
 
 def _env(name: str, *older: str) -> AliasChoices:

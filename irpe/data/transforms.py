@@ -161,14 +161,15 @@ def normalize(pixels: Array, mean=IMAGENET_MEAN, std=IMAGENET_STD,
     x = (x / 255.0 - _per_channel(mean, x)) / _per_channel(std, x)
     if sizes is None:
         return x
-    hw = np.asarray(sizes) if xp is np else torch.as_tensor(sizes, device=x.device)
-    rows = xp.arange(x.shape[-2]).reshape(1, -1, 1)
-    cols = xp.arange(x.shape[-1]).reshape(1, 1, -1)
-    if xp is torch:
-        rows, cols = rows.to(x.device), cols.to(x.device)
-    inside = (rows < hw[:, 0].reshape(-1, 1, 1)) & (cols < hw[:, 1].reshape(-1, 1, 1))
-    return xp.where(inside[:, None], x, xp.zeros((), dtype=x.dtype) if xp is np else
-                    torch.zeros((), device=x.device))
+    if xp is np:
+        hw, rows, cols = np.asarray(sizes), np.arange(x.shape[-2]), np.arange(x.shape[-1])
+    else:
+        hw = torch.as_tensor(sizes, device=x.device)
+        rows = torch.arange(x.shape[-2], device=x.device)
+        cols = torch.arange(x.shape[-1], device=x.device)
+    inside = ((rows.reshape(1, -1, 1) < hw[:, 0].reshape(-1, 1, 1))
+              & (cols.reshape(1, 1, -1) < hw[:, 1].reshape(-1, 1, 1)))
+    return xp.where(inside[:, None], x, 0.0)
 
 
 def _per_channel(values, like: Array) -> Array:

@@ -15,7 +15,7 @@ import os
 import threading
 import warnings
 from pathlib import Path
-from typing import Dict, List, Optional, Union
+from typing import Dict, Optional, Union
 
 import torch
 
@@ -23,8 +23,8 @@ from ..idcache import BUCKET_IDS
 from ..plugin_files import BUILD_DIR
 from ..rpe import iRPE
 
-__all__ = ["LIBRARY_FILE", "ENV", "default_path", "set_cpu_library", "cpu_library", "library_supported",
-           "library_attention"]
+__all__ = ["LIBRARY_FILE", "ENV", "default_path", "set_cpu_library", "cpu_library",
+           "library_supported", "library_attention"]
 
 LIBRARY_FILE = "libirpe_cpu_attention.so"
 ENV = "IRPE_CPU_ATTENTION_LIBRARY"  # the file; empty: none (the SDPA path); unset: the build's
@@ -78,7 +78,7 @@ def default_path() -> Optional[Path]:
 _lock = threading.Lock()
 _DEFAULT = default_path()  # read once, at import
 _path: Optional[Path] = _DEFAULT
-_loaded: Dict[Path, Optional[_Library]] = {}  # per file: loaded once (None: not usable)
+_loaded: Dict[Path, Optional[_Library]] = {}  # per file, looked for once (None: none usable)
 
 
 def set_cpu_library(path: Union[str, Path, None, bool]) -> None:
@@ -91,25 +91,28 @@ def set_cpu_library(path: Union[str, Path, None, bool]) -> None:
 
 
 def cpu_library() -> Optional[_Library]:
-    """The library, loaded on first use; None when there is no file (or it does not load: one
-    warning, then the SDPA path)."""
-    with _lock:
-        if _path is None:
-            return None
-        if _path not in _loaded:
-            if not _path.is_file():
-                return None  # not built (yet): looked for again on the next call
-            try:
-                _loaded[_path] = _Library(_path)
-            except (OSError, AttributeError) as exc:
-                warnings.warn(f"{_path}: not usable ({exc}); iRPE attention on CPU takes the "
-                              "SDPA path", stacklevel=2)
-                _loaded[_path] = None
-        return _loaded[_path]
+    """The library, looked for once per file (on every attention call this is one dict
+    lookup); None when there is no file (or it does not load: one warning), then the SDPA
+    path."""
+    path = _path
+    if path is None:
+        return None
+    if path not in _loaded:
+        with _lock:
+            if path not in _loaded:
+                _loaded[path] = _load(path)
+    return _loaded[path]
 
 
-def _parts(module) -> List:
-    return [] if module is None else [module]
+def _load(path: Path) -> Optional[_Library]:
+    if not path.is_file():
+        return None
+    try:
+        return _Library(path)
+    except (OSError, AttributeError) as exc:
+        warnings.warn(f"{path}: not usable ({exc}); iRPE attention on CPU takes the SDPA path",
+                      stacklevel=3)
+        return None
 
 
 def library_supported(q: Tensor, k: Tensor, v: Tensor, rpe_q, rpe_k, rpe_v,
@@ -123,7 +126,7 @@ def library_supported(q: Tensor, k: Tensor, v: Tensor, rpe_q, rpe_k, rpe_v,
         return False
     if not (q.shape == k.shape == v.shape and q.stride() == k.stride() == v.stride()):
         return False
-    for m in _parts(rpe_q) + _parts(rpe_k) + _parts(rpe_v):
+    for m in (x for x in (rpe_q, rpe_k, rpe_v) if x is not None):
         if type(m) is not iRPE or m.mode != "contextual" or m.lookup_table_weight.shape[0] != 1:
             return False
         if torch.is_grad_enabled() and m.lookup_table_weight.requires_grad:

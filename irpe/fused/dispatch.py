@@ -23,12 +23,13 @@ from ..rpe import iRPE, iRPECross
 from .launch import MAX_BUCKETS_V, MAX_HEAD_DIM, kernel_available
 from .op import fused_rpe_attention
 
-__all__ = ["FusedMode", "ENV", "set_fused_attention", "set_fused_ids", "fused_mode",
-           "mode_from_env", "parse_mode", "fused_supported", "cpu_supported", "fused_attention"]
+__all__ = ["FusedMode", "MODE_SPELLINGS", "ENV", "set_fused_attention", "set_fused_ids",
+           "fused_mode", "mode_from_env", "parse_mode", "fused_supported", "cpu_supported",
+           "fused_attention"]
 
 FusedMode = Literal["auto", "fused", "unfused"]
-_MODES: Dict[str, FusedMode] = {"auto": "auto", "1": "fused", "fused": "fused", "0": "unfused",
-                                "unfused": "unfused"}
+MODE_SPELLINGS: Dict[str, FusedMode] = {"auto": "auto", "1": "fused", "fused": "fused",
+                                        "0": "unfused", "unfused": "unfused"}
 ENV = "IRPE_FUSED_ATTENTION"
 _override: Optional[FusedMode] = None
 Tensor = torch.Tensor
@@ -36,7 +37,7 @@ Tensor = torch.Tensor
 
 def parse_mode(text: str) -> FusedMode:
     """A mode from its setting text (auto, 1/fused, 0/unfused; any case); ValueError else."""
-    mode = _MODES.get(text.strip().lower())
+    mode = MODE_SPELLINGS.get(text.strip().lower())
     if mode is None:
         raise ValueError(f"fused attention mode must be auto, fused (1) or unfused (0), "
                          f"got {text!r}")

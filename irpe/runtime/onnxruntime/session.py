@@ -31,13 +31,15 @@ from typing import Any, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Un
 from irpe.plugin_files import BUILD_DIR
 from irpe.runtime.onnxruntime.rewrites import STAGES, parse_stages
 
-__all__ = ["MODES", "MODE_ENV", "LIBRARY_ENV", "FUSE_ENV", "CustomOpsError", "OpsPath",
+__all__ = ["MODES", "MODE_ALIASES", "MODE_ENV", "LIBRARY_ENV", "FUSE_ENV", "CustomOpsError",
+           "OpsPath",
            "OrtOptions", "default_library", "resolve_mode", "find_library", "share_thread_pool",
            "session_options", "create_session"]
 
 log = logging.getLogger("irpe.runtime.onnxruntime.session")
 
 MODES = ("auto", "on", "off")
+MODE_ALIASES = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}
 MODE_ENV = "IRPE_ORT_CUSTOM_OPS"
 LIBRARY_ENV = "IRPE_ORT_OPS_LIBRARY"
 FUSE_ENV = "IRPE_ORT_FUSE"  # "0": no load-time rewrite; else stages (rewrites.parse_stages)
@@ -60,8 +62,8 @@ class OpsPath:
     fused: int = 0  # Add(x, RPEGather) pairs run as one RPEGatherAdd
     fused_v: int = 0  # Add(x, MatMul(RPEScatter, W)) chains run as one RPEScatterMatMulAdd
     fused_softmax: int = 0  # Softmax(RPEGatherAdd*) run as one RPEGatherAdd*Softmax*
-    q_layout: int = 0  # iRPE-Q tables computed bucket-major (irpe.runtime.onnxruntime.rewrite_qlayout)
-    attention: int = 0  # attention blocks run as one RPEAttention (irpe.runtime.onnxruntime.rewrite_attention)
+    q_layout: int = 0  # iRPE-Q tables computed bucket-major (rewrite_qlayout)
+    attention: int = 0  # attention blocks run as one RPEAttention (rewrite_attention)
 
     def describe(self) -> str:
         """One line for logs and reports."""
@@ -84,8 +86,7 @@ def default_library(cuda: bool = False) -> Path:
 def resolve_mode(mode: Optional[str] = None) -> str:
     """The mode checked and normalised (1/true/yes: on, 0/false/no: off); None: ``auto``."""
     value = (mode if mode is not None else "auto").strip().lower()
-    aliases = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}
-    value = aliases.get(value, value)
+    value = MODE_ALIASES.get(value, value)
     if value not in MODES:
         raise ValueError(f"custom-ops mode must be one of {', '.join(MODES)}, got {value!r}")
     return value
