@@ -25,10 +25,12 @@ def start_serve(args: Sequence[str], log: Optional[Path] = None, env: Optional[d
                 root: Optional[Path] = None) -> Tuple[subprocess.Popen, str]:
     """`python -m irpe serve ARGS --port 0 --log-level info` from the checkout ``root`` (default
     this one); returns (process, URL) once it logs "serving". Later log lines go to ``log`` (or
-    are discarded) by a drain thread."""
+    are discarded) by a drain thread. ``root`` leads PYTHONPATH; the entries already there stay
+    after it (`make gpu-check` puts the carried serving-stack wheels there)."""
     cmd = [sys.executable, "-m", "irpe", "serve", *args, "--port", "0", "--log-level", "info"]
     root = Path(root or ROOT)
-    env = {**os.environ, "PYTHONPATH": str(root), **(env or {})}
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, **(env or {})}
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                             env=env, cwd=root, preexec_fn=preexec_fn)
     seen: List[str] = []

@@ -112,3 +112,20 @@ def test_child_env_finds_carried_headers_and_wheel_site(tmp_path, monkeypatch):
     assert env["TENSORRT_ROOT"] == str(tmp_path / ".third_party" / "tensorrt-11.1")
     assert env["ORT_ROOT"] == "/given"  # a set variable wins
     assert env["PYTHONPATH"].split(os.pathsep)[:2] == [str(site), str(tmp_path)]
+
+
+def test_bench_server_keeps_the_wheel_site_on_its_pythonpath(monkeypatch, tmp_path):
+    """`irpe bench serve` (bench/serve, tests/gpu/test_serve_cuda.py) starts `irpe serve` as a
+    child: on the bare GPU image fastapi comes only from the wheel site that gpu-check puts on
+    PYTHONPATH, so the child must keep it (after the checkout, which still wins)."""
+    from benchmarks import serve_process
+    seen = {}
+
+    def popen(cmd, **kwargs):
+        seen.update(kwargs["env"])
+        raise RuntimeError("stop here")
+    monkeypatch.setattr(serve_process.subprocess, "Popen", popen)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    with pytest.raises(RuntimeError, match="stop here"):
+        serve_process.start_serve(["repo.yaml"], root=ROOT)
+    assert seen["PYTHONPATH"].split(os.pathsep) == [str(ROOT), str(tmp_path / "site")]
