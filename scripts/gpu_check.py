@@ -33,6 +33,7 @@ sys.path.insert(1, str(ROOT))
 from gpu_check_report import env_facts, junit_summary, write_report  # noqa: E402
 
 MIN_STEP_S = 20  # a step with less time left than this is skipped ("budget")
+GRACE_S = 10      # after a timeout's SIGINT, seconds for pytest to write its results
 TAIL = 4000       # characters of a step's output kept in the report
 
 
@@ -105,7 +106,9 @@ def child_env(site: Path) -> Dict[str, str]:
 
 
 def run_step(step: Step, timeout_s: float, env: Dict[str, str]) -> Dict:
-    """Run one step in its own process group (killed whole at the timeout)."""
+    """Run one step in its own process group. At the timeout the group gets SIGINT (pytest then
+    stops and still writes its JUnit XML: the tests that ran keep their results), and SIGKILL
+    GRACE_S seconds later if it is still running."""
     argv, xml = list(step.argv), None
     if step.pytest:
         xml = Path(tempfile.mkdtemp(prefix="gpu-check-")) / "junit.xml"
@@ -117,8 +120,12 @@ def run_step(step: Step, timeout_s: float, env: Dict[str, str]) -> Dict:
         out, _ = proc.communicate(timeout=timeout_s)
         status = "passed" if proc.returncode == 0 else "failed"
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+        _signal_group(proc.pid, signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
         status = "timeout"
     result = {"status": status, "rc": proc.returncode, "seconds": round(time.monotonic() - start,
                                                                          1),
@@ -131,6 +138,13 @@ def run_step(step: Step, timeout_s: float, env: Dict[str, str]) -> Dict:
         if status == "passed" and result["tests"]["total"] == result["tests"]["skipped"] > 0:
             result["status"] = "skipped"
     return result
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:  # the whole group has just exited
+        pass
 
 
 def print_plan(steps: List[Step], budget: float, have: Dict[str, bool], dry: bool) -> None:
@@ -170,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         elif left < MIN_STEP_S:
             results[step.key] = {"status": "skipped", "reason": f"budget: {left:.0f} s left"}
         else:
-            results[step.key] = run_step(step, min(step.timeout_s, left - 5), env)
+            results[step.key] = run_step(step, min(step.timeout_s, left - 5 - GRACE_S), env)
         _say(step.key, results[step.key])
     failed = [k for k, r in results.items() if r["status"] in ("failed", "timeout")]
     if args.dry_run and args.out is None:

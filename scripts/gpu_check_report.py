@@ -84,6 +84,8 @@ def junit_summary(path: Path) -> Dict:
     out: Dict = {"passed": 0, "failed": 0, "skipped": 0, "total": 0, "failures": [],
                  "skips": {}, "cases": {}}
     for case in cases:
+        if case.get("name") is None:  # the test a timeout's SIGINT stopped: no result
+            continue
         name = f"{case.get('classname', '')}::{case.get('name', '')}"
         bad = case.find("failure") if case.find("failure") is not None else case.find("error")
         skip = case.find("skipped")

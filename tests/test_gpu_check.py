@@ -129,3 +129,17 @@ def test_bench_server_keeps_the_wheel_site_on_its_pythonpath(monkeypatch, tmp_pa
     with pytest.raises(RuntimeError, match="stop here"):
         serve_process.start_serve(["repo.yaml"], root=ROOT)
     assert seen["PYTHONPATH"].split(os.pathsep) == [str(ROOT), str(tmp_path / "site")]
+
+
+def test_timed_out_pytest_step_keeps_the_results_of_the_tests_that_ran(tmp_path):
+    """A step's timeout interrupts pytest (SIGINT) before killing it, so the JUnit XML of the
+    tests that finished reaches the report instead of nothing."""
+    tests = tmp_path / "test_slow.py"
+    tests.write_text("import time\n\ndef test_quick():\n    pass\n\n"
+                     "def test_slow():\n    time.sleep(120)\n")
+    step = Step("tests", "slow", "one quick, one slow", (
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)), 120,
+        pytest=True)
+    result = gpu_check.run_step(step, 8.0, dict(os.environ))
+    assert result["status"] == "timeout" and result["seconds"] < 60, result["tail"]
+    assert result["tests"]["passed"] == 1, result
