@@ -91,8 +91,9 @@ def missing(step: Step, have: Dict[str, bool]) -> Optional[str]:
 
 
 def child_env(site: Path) -> Dict[str, str]:
-    """The steps' environment: wheels and the checkout on PYTHONPATH, a writable extension
-    cache, and header roots carried in .third_party/ where the variables are unset."""
+    """The steps' environment: wheels and the checkout on PYTHONPATH, the wheels' scripts on
+    PATH (e.g. cmake from a carried cmake wheel: the plugin harness builds with it), a writable
+    extension cache, and header roots carried in .third_party/ where the variables are unset."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     for var, pattern in CARRIED_ROOTS.items():
         found = sorted((ROOT / ".third_party").glob(pattern))
@@ -102,6 +103,9 @@ def child_env(site: Path) -> Dict[str, str]:
     parts = [str(site)] if site.is_dir() else []
     env["PYTHONPATH"] = os.pathsep.join(parts + [str(ROOT)] + (
         [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    if (site / "bin").is_dir():
+        env["PATH"] = os.pathsep.join([str(site / "bin")] + ([env["PATH"]] if env.get("PATH")
+                                                             else []))
     return env
 
 
@@ -163,6 +167,9 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     phases = phases_of(args)
     wheels = install_wheels(args.site, args.dry_run)
+    env = child_env(args.site)
+    if env.get("PATH"):
+        os.environ["PATH"] = env["PATH"]  # the facts name the tools the steps will find
     facts = env_facts()
     out = args.out or ROOT / "benchmarks" / "results" / facts["device_slug"]
     have = {"cuda": facts["cuda_available"], "serving": facts["serving_stack"],
@@ -170,7 +177,6 @@ def run(args: argparse.Namespace) -> int:
     steps = select(plan(out, facts.get("cuda_arch") or "90"), phases)
     print_plan(steps, args.budget, have, args.dry_run)
     results: Dict[str, Dict] = {"env/wheels": wheels}
-    env = child_env(args.site)
     facts["header_roots"] = {v: env.get(v) for v in CARRIED_ROOTS}
     for step in steps:
         left = args.budget - (time.monotonic() - started)

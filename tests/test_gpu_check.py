@@ -107,8 +107,10 @@ def test_child_env_finds_carried_headers_and_wheel_site(tmp_path, monkeypatch):
     monkeypatch.delenv("TENSORRT_ROOT", raising=False)
     monkeypatch.setenv("ORT_ROOT", "/given")
     site = tmp_path / "site"
-    site.mkdir()
+    (site / "bin").mkdir(parents=True)  # a wheel's scripts (cmake) must be found by the steps
+    monkeypatch.setenv("PATH", "/usr/bin")
     env = gpu_check.child_env(site)
+    assert env["PATH"].split(os.pathsep) == [str(site / "bin"), "/usr/bin"]
     assert env["TENSORRT_ROOT"] == str(tmp_path / ".third_party" / "tensorrt-11.1")
     assert env["ORT_ROOT"] == "/given"  # a set variable wins
     assert env["PYTHONPATH"].split(os.pathsep)[:2] == [str(site), str(tmp_path)]
