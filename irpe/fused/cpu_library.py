@@ -31,6 +31,7 @@ ENV = "IRPE_CPU_ATTENTION_LIBRARY"  # the file; empty: none (the SDPA path); uns
 Tensor = torch.Tensor
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
+KINDS = ("k", "q", "v")  # irpe_cpu_attention_ids' kind 0, 1, 2
 
 
 class _Args(ctypes.Structure):
@@ -40,7 +41,7 @@ class _Args(ctypes.Structure):
                 ("scale", ctypes.c_float), ("q", _P), ("k", _P), ("v", _P),
                 ("in_stride", _I64 * 3), ("out", _P), ("out_stride", _I64 * 3),
                 ("kk", _I64), ("wk", _P), ("idk", _P), ("kq", _I64), ("wq", _P), ("idq", _P),
-                ("kv", _I64), ("wv", _P), ("voff", _P), ("vpos", _P)]
+                ("kv", _I64), ("wv", _P), ("idv", _P)]
 
 
 class _Library:
@@ -52,8 +53,6 @@ class _Library:
         self.pad.argtypes, self.pad.restype = [_I64], _I64
         self.ids = lib.irpe_cpu_attention_ids
         self.ids.argtypes, self.ids.restype = [ctypes.c_int, _P, _I64, _I64, _P], ctypes.c_int
-        self.lists = lib.irpe_cpu_attention_lists
-        self.lists.argtypes, self.lists.restype = [_P, _I64, _I64, _P, _P], ctypes.c_int
         self.run = lib.irpe_cpu_attention
         self.run.argtypes, self.run.restype = [ctypes.POINTER(_Args), ctypes.c_int], ctypes.c_int
         self.error = lib.irpe_cpu_attention_error
@@ -135,22 +134,16 @@ def library_supported(q: Tensor, k: Tensor, v: Tensor, rpe_q, rpe_k, rpe_v,
 
 
 def _ids(lib: _Library, m: iRPE, length: int, height, width, kind: str) -> Tensor:
-    """The kernel's int32 tables of a term (K, Q: [L, pad(L)]; V: the bucket lists off then
-    pos, concatenated), cached per method, ratio, grid and kind."""
+    """The kernel's int32 table [L, pad(L)] of a term, cached per method, ratio, grid and
+    kind."""
     def build() -> Tensor:
         ids = m.bucket_ids(length, height, width).to(torch.int64)
         if kind == "q":  # bucket-major c * L + j of the term's transposed ids
             ids = ids.t() * length + torch.arange(length).view(1, -1)
         ids = ids.contiguous()
-        k = m.num_buckets
-        if kind == "v":
-            out = torch.empty(length * (k + 1) + length * length, dtype=torch.int32)
-            lib.check(lib.lists(ids.data_ptr(), length, k, out.data_ptr(),
-                                out[length * (k + 1):].data_ptr()), "bucket lists")
-        else:
-            out = torch.empty(length * lib.pad(length), dtype=torch.int32)
-            lib.check(lib.ids(0 if kind == "k" else 1, ids.data_ptr(), length, k,
-                              out.data_ptr()), "id table")
+        out = torch.empty(length * lib.pad(length), dtype=torch.int32)
+        lib.check(lib.ids(KINDS.index(kind), ids.data_ptr(), length, m.num_buckets,
+                          out.data_ptr()), "id table")
         return out
 
     key = ("cpu_library", kind, m.method, float(m.ratio), m.grid(length, height, width))
@@ -183,10 +176,8 @@ def library_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q, rpe_
         keep += [wq, idq]
     if rpe_v is not None:
         wv = rpe_v.lookup_table_weight[0].detach().contiguous()  # [K, d]
-        lists = _ids(lib, rpe_v, length, height, width, "v")
-        args.kv, args.wv = rpe_v.num_buckets, wv.data_ptr()
-        args.voff = lists.data_ptr()
-        args.vpos = lists[length * (rpe_v.num_buckets + 1):].data_ptr()
-        keep += [wv, lists]
+        idv = _ids(lib, rpe_v, length, height, width, "v")
+        args.kv, args.wv, args.idv = rpe_v.num_buckets, wv.data_ptr(), idv.data_ptr()
+        keep += [wv, idv]
     lib.check(lib.run(ctypes.byref(args), torch.get_num_threads()), "iRPE attention")
     return out.transpose(1, 2)

@@ -3,13 +3,12 @@
  * irpe/fused/cpu_library.py). float32, one call = one attention of B x H pairs:
  *
  *   logits = scale * q k^T + (scale * q @ wk)[i, idk[i, j]] + (wq @ k^T)[idq[i, j]]
- *   out    = softmax(logits) @ v + (bucket sums of softmax by the V lists) @ wv
+ *   out    = softmax(logits) @ v + (bucket sums of softmax by idv) @ wv
  *
  * q, k, v share element strides (batch, head, row) with d contiguous; out has its own. A term is
  * present when its weight is not NULL; weights are shared by the heads: wk [d, kk], wq [kq, d],
- * wv [kv, d], row-major. The id tables come from irpe_cpu_attention_ids / _lists once per shape
- * (the caller keeps them): idk, idq [l, irpe_cpu_attention_pad(l)], the V lists off
- * [l * (kv + 1)] and pos [l * l]. Every function returns IRPE_CPU_OK or IRPE_CPU_ERR (nothing
+ * wv [kv, d], row-major. The id tables come from irpe_cpu_attention_ids once per shape (the
+ * caller keeps them): idk, idq, idv [l, irpe_cpu_attention_pad(l)]. Every function returns IRPE_CPU_OK or IRPE_CPU_ERR (nothing
  * written; irpe_cpu_attention_error() says why, per thread). Results do not depend on `threads`.
  */
 #ifndef IRPE_CPU_ATTENTION_H
@@ -40,19 +39,15 @@ typedef struct {
     const int32_t* idq;
     int64_t kv;
     const float* wv;
-    const int32_t* voff;
-    const int32_t* vpos;
+    const int32_t* idv;
 } irpe_cpu_attention_args;
 
 /* Row length of the padded id tables: l rounded up to 16. */
 IRPE_CPU_API int64_t irpe_cpu_attention_pad(int64_t l);
 /* [l, l] int64 ids -> out [l, pad(l)]: kind 0 (K: ids into the query's table row, -1 outside
- * [0, k)), kind 1 (Q: bucket-major c * l + j, in [0, k * l)). */
+ * [0, k)), kind 1 (Q: bucket-major c * l + j, in [0, k * l)), kind 2 (V: buckets, k outside). */
 IRPE_CPU_API int irpe_cpu_attention_ids(int kind, const int64_t* ids, int64_t l, int64_t k,
                                         int32_t* out);
-/* The V term's bucket lists of [l, l] int64 ids with k buckets: off [l * (k + 1)], pos [l * l]. */
-IRPE_CPU_API int irpe_cpu_attention_lists(const int64_t* ids, int64_t l, int64_t k, int32_t* off,
-                                          int32_t* pos);
 /* One attention on `threads` threads (< 1: the CPU's); the calling thread is one of them. */
 IRPE_CPU_API int irpe_cpu_attention(const irpe_cpu_attention_args* args, int threads);
 IRPE_CPU_API const char* irpe_cpu_attention_error(void);

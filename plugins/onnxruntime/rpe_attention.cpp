@@ -86,8 +86,7 @@ class AttentionKernel {
     Simd simd = Simd::kPortable;
     float scale = 1.0f;   // attribute scale
     int64_t out_layout = 0;  // attribute out_layout: 0 [B, H, L, d], 1 [B, L, H, d]
-    bool constant_ids[2] = {false, false};  // idk, idq are initializers
-    BucketListCache lists;                  // of idv
+    bool constant_ids[3] = {false, false, false};  // idk, idq, idv are initializers
 
     OrtStatusPtr ComputeV2(OrtKernelContext* context)
     {
@@ -202,8 +201,7 @@ OrtStatusPtr AttentionKernel::compute(OrtKernelContext* context)
         return nullptr;
     }
     std::vector<float> wk, wv;
-    std::shared_ptr<const std::vector<int32_t>> idk, idq;
-    std::shared_ptr<const BucketLists> keep;
+    std::shared_ptr<const std::vector<int32_t>> idk, idq, idv;
     int64_t rows = 0;
     if ((in[3].data == nullptr) != (in[4].data == nullptr) ||
         (in[5].data == nullptr) != (in[6].data == nullptr) ||
@@ -237,12 +235,10 @@ OrtStatusPtr AttentionKernel::compute(OrtKernelContext* context)
         if (cols != p.d || p.kv < 1) {
             throw std::invalid_argument("wv must be [K, d] with d = " + std::to_string(p.d));
         }
-        check_index(in[7], p.l);
-        keep = lists.get(ctx, in[7].data, in[7].wide, p.l, p.l, p.kv);
+        idv = ids(2, in[7], p.l, p.kv, AttnIds::kV);
         wv = pad_columns(static_cast<const float*>(in[8].data), p.kv, p.d, 1.0f);
         p.wv = wv.data();
-        p.voff = keep->off.data();
-        p.vpos = keep->pos.data();
+        p.idv = idv->data();
     }
     run_attention(ctx, p, simd);
     return nullptr;
@@ -286,7 +282,7 @@ struct AttentionOp : Ort::CustomOpBase<AttentionOp, AttentionKernel, true> {
         }
         kernel->constant_ids[0] = constant_input(api, info, 4);
         kernel->constant_ids[1] = constant_input(api, info, 6);
-        kernel->lists.constant = constant_input(api, info, 7);
+        kernel->constant_ids[2] = constant_input(api, info, 7);
         *out = kernel.release();
         return nullptr;
     }

@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "rpe_cpu.h"
 #include "rpe_simd.h"
 
 namespace irpe_ort {
@@ -47,32 +46,35 @@ struct AttnProblem {
     const int32_t* idq = nullptr;                //   ids c * attn_pad(L) + j into that table
     int64_t kv = 0;                              // iRPE-V: out += bucket sums @ wv,
     const float* wv = nullptr;                   //   wv [kv, attn_pad(d)] (zero past d)
-    const int32_t* voff = nullptr;               //   the V index's bucket lists (rpe_cpu.h)
-    const int32_t* vpos = nullptr;
+    const int32_t* idv = nullptr;                //   ids: the bucket of key j, kv outside
 };
 
 // One task's scratch at row block mr: k^T, the Q table, a block's logits, K table rows, output
-// tile and V sums, and v padded (only when d is not a multiple of kAttnPad).
+// tile and V sums, v padded (only when d is not a multiple of kAttnPad) and the V partial sums.
 struct AttnScratch {
-    float *kt, *tq, *s, *tk, *c, *sums, *vp;
+    float *kt, *tq, *s, *tk, *c, *sums, *vp, *vacc;
 };
+
+// Partial sums of the V bucket sums: keys j go to copy j % kVCopies, so neighbouring keys of
+// one bucket never wait on each other's store.
+constexpr int kVCopies = 4;  // attn_vsums adds the four copies
 
 // Carves `base` into the pieces (when given) and returns the floats they take: the layout once.
 inline int64_t attn_carve(const AttnProblem& p, int mr, float* base, AttnScratch* out)
 {
     const int64_t lp = attn_pad(p.l), dp = attn_pad(p.d);
-    const int64_t sizes[7] = {p.d * lp, p.wq != nullptr ? (p.kq + mr - 1) / mr * mr * lp : 0,
+    const int64_t sizes[8] = {p.d * lp, p.wq != nullptr ? (p.kq + mr - 1) / mr * mr * lp : 0,
                               mr * lp, mr * attn_pad(p.kk), mr * dp, mr * p.kv,
-                              p.d != dp ? p.l * dp : 0};
-    int64_t at[8] = {0};
-    for (int i = 0; i < 7; ++i) {
+                              p.d != dp ? p.l * dp : 0, kVCopies * (p.kv + 1)};
+    int64_t at[9] = {0};
+    for (int i = 0; i < 8; ++i) {
         at[i + 1] = at[i] + sizes[i];
     }
     if (out != nullptr) {
         *out = AttnScratch{base + at[0], base + at[1], base + at[2], base + at[3],
-                           base + at[4], base + at[5], base + at[6]};
+                           base + at[4], base + at[5], base + at[6], base + at[7]};
     }
-    return at[7];
+    return at[8];
 }
 
 // Scratch floats one task needs at row block mr.
@@ -186,14 +188,39 @@ inline void attn_softmax(float* s, int64_t lp, int64_t l, int m)
     }
 }
 
+// One softmax row's V bucket sums: sums[t] = sum of row[j] over the keys j with id t (ids
+// `vid`, kv where a key is in no bucket: a slot never read), without branches, in kVCopies
+// partial sums (acc: kVCopies * (kv + 1) floats). Twice as fast as walking bucket lists, whose
+// loops of a few keys each mispredict at every bucket.
+inline void attn_vsums(const float* __restrict row, const int32_t* __restrict vid, int64_t l,
+                       int64_t kv, float* __restrict acc, float* __restrict sums)
+{
+    const int64_t stride = kv + 1;
+    for (int64_t t = 0; t < kVCopies * stride; ++t) {
+        acc[t] = 0.0f;
+    }
+    int64_t j = 0;
+    for (; j + kVCopies <= l; j += kVCopies) {
+        for (int c = 0; c < kVCopies; ++c) {
+            acc[c * stride + vid[j + c]] += row[j + c];
+        }
+    }
+    for (; j < l; ++j) {
+        acc[vid[j]] += row[j];
+    }
+    for (int64_t t = 0; t < kv; ++t) {
+        sums[t] = (acc[t] + acc[stride + t]) + (acc[2 * stride + t] + acc[3 * stride + t]);
+    }
+}
+
 // Query rows [i0, i0 + m) of pair bh; the scratch pieces are set up by attn_pair.
 template <class V, int MR>
 inline void attn_block(const AttnProblem& p, int64_t bh, int64_t i0, int m, const float* kt,
-                       const float* tq, const float* v, int64_t ldv, float* s, float* tk,
-                       float* c, float* sums)
+                       const float* tq, const float* v, int64_t ldv, const AttnScratch& w)
 {
     const int64_t l = p.l, d = p.d, lp = attn_pad(l), dp = attn_pad(d), kp = attn_pad(p.kk);
     const int64_t ld = p.in.row;
+    float *s = w.s, *tk = w.tk, *c = w.c, *sums = w.sums;
     const float* q = p.q + p.in.at(bh, p.heads) + i0 * ld;
     attn_gemm<V, MR>(q, ld, m, kt, lp, d, lp, s, lp, false);
     if (p.wk != nullptr) {
@@ -206,8 +233,7 @@ inline void attn_block(const AttnProblem& p, int64_t bh, int64_t i0, int m, cons
     attn_gemm<V, MR>(s, lp, m, v, ldv, l, dp, c, dp, false);
     if (p.wv != nullptr) {
         for (int r = 0; r < m; ++r) {
-            const int64_t i = i0 + r;
-            scatter_row(s + r * lp, p.voff + i * (p.kv + 1), p.vpos + i * l, p.kv, sums + r * p.kv);
+            attn_vsums(s + r * lp, p.idv + (i0 + r) * lp, l, p.kv, w.vacc, sums + r * p.kv);
         }
         attn_gemm<V, MR>(sums, p.kv, m, p.wv, dp, p.kv, dp, c, dp, true);
     }
@@ -259,8 +285,7 @@ inline void attn_pair(const AttnProblem& p, int64_t bh, int64_t row0, int64_t ro
     }
     for (int64_t i0 = row0; i0 < row1; i0 += MR) {
         const int m = static_cast<int>(row1 - i0 < MR ? row1 - i0 : MR);
-        attn_block<V, MR>(p, bh, i0, m, kt, p.wq != nullptr ? tq : nullptr, v, ldv, w.s, w.tk,
-                          w.c, w.sums);
+        attn_block<V, MR>(p, bh, i0, m, kt, p.wq != nullptr ? tq : nullptr, v, ldv, w);
     }
 }
 
@@ -286,8 +311,9 @@ void plan_attention(AttnPlan& plan, const AttnProblem& problem, Simd simd, int64
 void attention_task(void* plan, size_t task);
 
 // The kernel's id tables from [L, L] ids (int64 when `wide`, else int32): K ids stay ids
-// (-1 outside [0, K)); Q ids bucket-major c * L + j become c * attn_pad(L) + j. [L, attn_pad(L)].
-enum class AttnIds { kK, kQ };
+// (-1 outside [0, K)); Q ids bucket-major c * L + j become c * attn_pad(L) + j; V ids stay ids
+// (K outside [0, K): a partial-sum slot never read). [L, attn_pad(L)].
+enum class AttnIds { kK, kQ, kV };
 std::vector<int32_t> pad_ids(const void* ids, bool wide, int64_t l, int64_t k, AttnIds kind);
 // A weight [rows, cols] times `factor`, padded with zero columns to attn_pad(cols).
 std::vector<float> pad_columns(const float* w, int64_t rows, int64_t cols, float factor);

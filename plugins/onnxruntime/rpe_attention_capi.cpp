@@ -13,7 +13,6 @@
 
 #include "irpe_cpu_attention.h"
 #include "rpe_attention.h"
-#include "rpe_cpu.h"
 
 namespace {
 
@@ -58,7 +57,7 @@ AttnProblem problem_of(const irpe_cpu_attention_args& a)
     }
     if ((a.wk != nullptr && (a.idk == nullptr || a.kk < 1)) ||
         (a.wq != nullptr && (a.idq == nullptr || a.kq < 1)) ||
-        (a.wv != nullptr && (a.voff == nullptr || a.vpos == nullptr || a.kv < 1))) {
+        (a.wv != nullptr && (a.idv == nullptr || a.kv < 1))) {
         throw std::invalid_argument("each term needs its weight, its ids and K >= 1");
     }
     AttnProblem p;
@@ -124,25 +123,12 @@ int irpe_cpu_attention_ids(int kind, const int64_t* ids, int64_t l, int64_t k, i
 {
     return guarded([&] {
         check_sizes(l, k);
-        if (ids == nullptr || out == nullptr || (kind != 0 && kind != 1)) {
-            throw std::invalid_argument("ids, out and kind 0 (K) or 1 (Q) are required");
+        if (ids == nullptr || out == nullptr || kind < 0 || kind > 2) {
+            throw std::invalid_argument("ids, out and kind 0 (K), 1 (Q) or 2 (V) are required");
         }
-        const auto table = irpe_ort::pad_ids(ids, true, l, k, kind == 0 ? AttnIds::kK
-                                                                        : AttnIds::kQ);
+        const AttnIds kinds[3] = {AttnIds::kK, AttnIds::kQ, AttnIds::kV};
+        const auto table = irpe_ort::pad_ids(ids, true, l, k, kinds[kind]);
         std::memcpy(out, table.data(), table.size() * sizeof(int32_t));
-    });
-}
-
-int irpe_cpu_attention_lists(const int64_t* ids, int64_t l, int64_t k, int32_t* off, int32_t* pos)
-{
-    return guarded([&] {
-        check_sizes(l, k);
-        if (ids == nullptr || off == nullptr || pos == nullptr) {
-            throw std::invalid_argument("ids, off and pos are required");
-        }
-        for (int64_t i = 0; i < l; ++i) {
-            irpe_ort::bucket_lists(ids + i * l, l, k, off + i * (k + 1), pos + i * l);
-        }
     });
 }
 
@@ -173,8 +159,7 @@ int irpe_cpu_attention(const irpe_cpu_attention_args* args, int threads)
             wv = irpe_ort::pad_columns(a.wv, a.kv, a.d, 1.0f);
             p.kv = a.kv;
             p.wv = wv.data();
-            p.voff = a.voff;
-            p.vpos = a.vpos;
+            p.idv = a.idv;
         }
         if (threads < 1) {
             threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

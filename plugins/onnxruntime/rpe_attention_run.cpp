@@ -115,13 +115,14 @@ void attention_task(void* data, size_t task)
 std::vector<int32_t> pad_ids(const void* ids, bool wide, int64_t l, int64_t k, AttnIds kind)
 {
     const int64_t lp = attn_pad(l);
-    std::vector<int32_t> out(static_cast<size_t>(l * lp), -1);
+    const int32_t outside = kind == AttnIds::kV ? static_cast<int32_t>(k) : -1;
+    std::vector<int32_t> out(static_cast<size_t>(l * lp), outside);
     for (int64_t i = 0; i < l; ++i) {
         for (int64_t j = 0; j < l; ++j) {
             const int64_t id = wide ? static_cast<const int64_t*>(ids)[i * l + j]
                                     : static_cast<const int32_t*>(ids)[i * l + j];
-            if (kind == AttnIds::kK) {
-                out[i * lp + j] = id >= 0 && id < k ? static_cast<int32_t>(id) : -1;
+            if (kind != AttnIds::kQ) {
+                out[i * lp + j] = id >= 0 && id < k ? static_cast<int32_t>(id) : outside;
             } else if (id >= 0 && id < k * l) {  // bucket-major c * L + j -> c * lp + j
                 if (id % l != j) {
                     throw std::invalid_argument("the Q index must be bucket-major (c * L + j)");
