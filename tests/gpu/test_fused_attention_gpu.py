@@ -75,6 +75,7 @@ def test_id_matrix_mode_fp16(name):
     """The second id mode ((L, L) int32 matrices) against the unfused path."""
     set_fused_ids("matrix")
     mods, (q, k, v), (gh, gw), mask, scale = _layer(name, "qkv", torch.float16)
+    assert fused_supported(q, k, *mods, gh, gw, None)  # else fused == unfused proves nothing
     with torch.no_grad():
         out = rpe_attention(q, k, v, scale, *mods, gh, gw, mask)
         f32 = [m.float() for m in mods]
@@ -88,6 +89,7 @@ def test_other_methods_fp16(method, mode):
     mods = [m.to(DEV, torch.half) if m is not None else None
             for m in build_rpe(cfg, 64, 6, initializer=lambda p: torch.nn.init.normal_(p, std=.2))]
     q, k, v = (torch.randn(4, 6, 197, 64, device=DEV, dtype=torch.half) for _ in range(3))
+    assert fused_supported(q, k, *mods, 14, 14, None)  # else fused == unfused proves nothing
     with torch.no_grad():
         out = rpe_attention(q, k, v, 0.125, *mods, 14, 14)
         ref = unfused_attention(q.float(), k.float(), v.float(), 0.125,
