@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -133,15 +134,32 @@ def test_bench_server_keeps_the_wheel_site_on_its_pythonpath(monkeypatch, tmp_pa
     assert seen["PYTHONPATH"].split(os.pathsep) == [str(ROOT), str(tmp_path / "site")]
 
 
-def test_timed_out_pytest_step_keeps_the_results_of_the_tests_that_ran(tmp_path):
+def test_timed_out_pytest_step_keeps_the_results_of_the_tests_that_ran(tmp_path, monkeypatch):
     """A step's timeout interrupts pytest (SIGINT) before killing it, so the JUnit XML of the
-    tests that finished reaches the report instead of nothing."""
+    tests that finished reaches the report instead of nothing. The step's timeout expires once
+    the slow test has started (a file it writes), not after a fixed time: a child pytest that
+    starts slowly on a loaded machine must not be interrupted before the quick test ran."""
+    started = tmp_path / "slow-started"
     tests = tmp_path / "test_slow.py"
-    tests.write_text("import time\n\ndef test_quick():\n    pass\n\n"
-                     "def test_slow():\n    time.sleep(120)\n")
+    tests.write_text(f"import time\n\ndef test_quick():\n    pass\n\n"
+                     f"def test_slow():\n    open({str(started)!r}, 'w').close()\n"
+                     f"    time.sleep(120)\n")
     step = Step("tests", "slow", "one quick, one slow", (
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)), 120,
         pytest=True)
-    result = gpu_check.run_step(step, 8.0, dict(os.environ))
+    real, calls = subprocess.Popen.communicate, []
+
+    def communicate(proc, input=None, timeout=None):
+        calls.append(timeout)
+        if len(calls) > 1:  # the grace period, then the final read: as they are
+            return real(proc, input, timeout)
+        for _ in range(1200):  # the step's timeout: when the slow test runs (at most 60 s)
+            if started.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise subprocess.TimeoutExpired(proc.args, timeout)
+    monkeypatch.setattr(subprocess.Popen, "communicate", communicate)
+    result = gpu_check.run_step(step, 100.0, dict(os.environ))
+    assert started.exists() and calls[:2] == [100.0, gpu_check.GRACE_S], (calls, result["tail"])
     assert result["status"] == "timeout" and result["seconds"] < 60, result["tail"]
     assert result["tests"]["passed"] == 1, result
