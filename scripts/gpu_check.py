@@ -119,7 +119,8 @@ def run_step(step: Step, timeout_s: float, env: Dict[str, str]) -> Dict:
         argv += [f"--junitxml={xml}"]
     start = time.monotonic()
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=_default_sigint)
     try:
         out, _ = proc.communicate(timeout=timeout_s)
         status = "passed" if proc.returncode == 0 else "failed"
@@ -142,6 +143,13 @@ def run_step(step: Step, timeout_s: float, env: Dict[str, str]) -> Dict:
         if status == "passed" and result["tests"]["total"] == result["tests"]["skipped"] > 0:
             result["status"] = "skipped"
     return result
+
+
+def _default_sigint() -> None:
+    """In the step's child, before exec: SIGINT at its default action. A background job of a
+    shell inherits SIGINT ignored, and a Python started so installs no KeyboardInterrupt
+    handler: the timeout's SIGINT would then not stop pytest, and its results would be lost."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _signal_group(pgid: int, sig: int) -> None:

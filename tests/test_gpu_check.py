@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -134,11 +135,13 @@ def test_bench_server_keeps_the_wheel_site_on_its_pythonpath(monkeypatch, tmp_pa
     assert seen["PYTHONPATH"].split(os.pathsep) == [str(ROOT), str(tmp_path / "site")]
 
 
-def test_timed_out_pytest_step_keeps_the_results_of_the_tests_that_ran(tmp_path, monkeypatch):
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_timed_out_pytest_step_keeps_the_results_of_the_tests_that_ran(tmp_path, monkeypatch,
+                                                                      sigint):
     """A step's timeout interrupts pytest (SIGINT) before killing it, so the JUnit XML of the
-    tests that finished reaches the report instead of nothing. The step's timeout expires once
-    the slow test has started (a file it writes), not after a fixed time: a child pytest that
-    starts slowly on a loaded machine must not be interrupted before the quick test ran."""
+    tests that finished reaches the report instead of nothing, also when gpu-check itself runs
+    with SIGINT ignored (a shell's background job: the step's child gets it back). The step's
+    timeout expires once the slow test has started (a file it writes), not after a fixed time."""
     started = tmp_path / "slow-started"
     tests = tmp_path / "test_slow.py"
     tests.write_text(f"import time\n\ndef test_quick():\n    pass\n\n"
@@ -159,7 +162,12 @@ def test_timed_out_pytest_step_keeps_the_results_of_the_tests_that_ran(tmp_path,
             time.sleep(0.05)
         raise subprocess.TimeoutExpired(proc.args, timeout)
     monkeypatch.setattr(subprocess.Popen, "communicate", communicate)
-    result = gpu_check.run_step(step, 100.0, dict(os.environ))
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if sigint == "ignored" else None
+    try:
+        result = gpu_check.run_step(step, 100.0, dict(os.environ))
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     assert started.exists() and calls[:2] == [100.0, gpu_check.GRACE_S], (calls, result["tail"])
     assert result["status"] == "timeout" and result["seconds"] < 60, result["tail"]
     assert result["tests"]["passed"] == 1, result
