@@ -9,7 +9,8 @@ hits all models alike. Reports median / p90 per forward and the throughput ratio
 model (goals: iRPE-K >= 0.95, iRPE-QKV >= 0.90); ``--unfused`` adds the iRPE models on the
 unfused path (IRPE_FUSED_ATTENTION=0) as extra rows, ``--sdpa`` on the SDPA-based path (the
 native kernel, irpe.fused.cpu_library, set aside), ``--detr-memory`` the DETR-R50 peak
-memory (benchmarks.detr_memory). The header says whether the native kernel was loaded. Writes JSON + Markdown under benchmarks/results/<device>/.
+memory (benchmarks.detr_memory). The header says whether the native kernel was loaded. Writes
+JSON + Markdown under benchmarks/results/<device>/.
 """
 from __future__ import annotations
 
@@ -65,7 +66,8 @@ def _forward(model: torch.nn.Module, x: torch.Tensor, path: str) -> None:
         set_cpu_library(True)
 
 
-def measure(models: Dict[str, str], batch: int, repeats: int, warmup: int) -> Dict[str, List[float]]:
+def measure(models: Dict[str, str], batch: int, repeats: int,
+            warmup: int) -> Dict[str, List[float]]:
     """Seconds per forward for each model, interleaved round-robin (``*_unfused`` / ``*_sdpa``
     keys run on that path, sharing the weights of their model)."""
     built: Dict[str, torch.nn.Module] = {}

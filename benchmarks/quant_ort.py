@@ -113,7 +113,8 @@ def write_report(result: Dict, out_dir: Path) -> Path:
              f"batch {result['batch']}, {result['threads']} threads, onnxruntime "
              f"{result['onnxruntime']}, int8 {result['mode']} "
              f"(activations {result.get('activations', 'int8')})"
-             f"{_calibration(result)}, {result['repeats']} timed rounds (median) of {result['sessions']} "
+             f"{_calibration(result)}, {result['repeats']} timed rounds (median) of "
+             f"{result['sessions']} "
              f"session(s) per row, shared thread pool, load average {result['load_before']} -> "
              f"{result['load_after']} (uptime before: {result['uptime']}; after: "
              f"{result.get('uptime_after')}).", "",

@@ -8,7 +8,8 @@ preprocessing (a folder of images, or the synthetic shapes set). Dynamic: ``quan
 Only the layers with weights are quantised: Conv, Gemm and every MatMul by a 2-D weight (the
 linear layers). The attention block's internals (q @ k^T, P @ v, the iRPE table products and
 the RPEGather / RPEScatter nodes) stay float, so the file keeps its iRPE nodes and their
-functions, and ``irpe.runtime.onnxruntime.rewrites`` fuses the block into one RPEAttention as in fp32.
+functions, and ``irpe.runtime.onnxruntime.rewrites`` fuses the block into one RPEAttention as in
+fp32.
 The quantisation is written into the file's metadata (irpe.artifact.contract).
 """
 from __future__ import annotations
@@ -95,8 +96,8 @@ class QuantizeSettings:
         out.update(format="QDQ" if self.mode is QuantMode.STATIC else "QOperator",
                    weights="int8 per-channel" if self.per_channel else "int8 per-tensor",
                    activations=f"{self.activations.value} calibrated"
-                   if self.mode is QuantMode.STATIC else "uint8 dynamic", quantized_nodes=quantized, float_nodes=kept,
-                   source_weights=weights)
+                   if self.mode is QuantMode.STATIC else "uint8 dynamic",
+                   quantized_nodes=quantized, float_nodes=kept, source_weights=weights)
         return out
 
 

@@ -8,8 +8,9 @@
  * q, k, v share element strides (batch, head, row) with d contiguous; out has its own. A term is
  * present when its weight is not NULL; weights are shared by the heads: wk [d, kk], wq [kq, d],
  * wv [kv, d], row-major. The id tables come from irpe_cpu_attention_ids once per shape (the
- * caller keeps them): idk, idq, idv [l, irpe_cpu_attention_pad(l)]. Every function returns IRPE_CPU_OK or IRPE_CPU_ERR (nothing
- * written; irpe_cpu_attention_error() says why, per thread). Results do not depend on `threads`.
+ * caller keeps them): idk, idq, idv [l, irpe_cpu_attention_pad(l)]. Every function returns
+ * IRPE_CPU_OK or IRPE_CPU_ERR (nothing written; irpe_cpu_attention_error() says why, per
+ * thread). Results do not depend on `threads`.
  */
 #ifndef IRPE_CPU_ATTENTION_H
 #define IRPE_CPU_ATTENTION_H

@@ -57,7 +57,7 @@ struct AttnScratch {
 
 // Partial sums of the V bucket sums: keys j go to copy j % kVCopies, so neighbouring keys of
 // one bucket never wait on each other's store.
-constexpr int kVCopies = 4;  // attn_vsums adds the four copies
+constexpr int kVCopies = 4;
 
 // Carves `base` into the pieces (when given) and returns the floats they take: the layout once.
 inline int64_t attn_carve(const AttnProblem& p, int mr, float* base, AttnScratch* out)
@@ -190,11 +190,12 @@ inline void attn_softmax(float* s, int64_t lp, int64_t l, int m)
 
 // One softmax row's V bucket sums: sums[t] = sum of row[j] over the keys j with id t (ids
 // `vid`, kv where a key is in no bucket: a slot never read), without branches, in kVCopies
-// partial sums (acc: kVCopies * (kv + 1) floats). Twice as fast as walking bucket lists, whose
-// loops of a few keys each mispredict at every bucket.
+// partial sums (acc: kVCopies * (kv + 1) floats): per-row bucket lists (RPEScatter's) loop a
+// few keys per bucket and mispredict at nearly every bucket (docs/kernels.md).
 inline void attn_vsums(const float* __restrict row, const int32_t* __restrict vid, int64_t l,
                        int64_t kv, float* __restrict acc, float* __restrict sums)
 {
+    static_assert(kVCopies == 4, "the last loop adds exactly four copies");
     const int64_t stride = kv + 1;
     for (int64_t t = 0; t < kVCopies * stride; ++t) {
         acc[t] = 0.0f;
