@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from irpe.box_ops import box_cxcywh_to_xyxy, box_xyxy_to_cxcywh, generalized_box_iou
+from irpe.models import create_model
 from irpe.training.criterion import SetCriterion
 from irpe.training.evaluate import coco_map, detections_to_coco, topk_accuracy
 from irpe.training.matcher import HungarianMatcher
 from irpe.training.optim import mixup_cutmix, param_groups, soft_cross_entropy, warmup_cosine
-from irpe.models import create_model
 
 
 def test_generalized_iou_hand_values():
@@ -216,12 +216,60 @@ def test_rank_shares_of_a_global_batch_are_the_one_process_batch():
     assert sorted(i for s in shards for i in s) == list(range(n))  # once each, no padding
 
 
-def test_random_hflip_shares_the_global_coins():
+def test_flip_coins_of_a_slot_are_the_same_for_processes_and_micro_batches():
     from irpe.training.distributed import Dist
-    from irpe.training.tasks import random_hflip
+    from irpe.training.tasks import StepCoins, random_hflip
     images = torch.arange(8.0).view(8, 1, 1, 1).expand(8, 1, 2, 3).contiguous()
-    _, one = random_hflip(images, None, 0.5, torch.Generator().manual_seed(1))
-    for r in range(2):
-        _, part = random_hflip(images[r::2], None, 0.5, torch.Generator().manual_seed(1),
-                               Dist(rank=r, world=2))
-        assert torch.equal(part, one[r::2])
+    one = StepCoins(torch.Generator().manual_seed(1), 0.5)
+    one.draw(8)
+    whole = one.flips(0)
+    assert 0 < int(whole.sum()) < 8
+    flipped = random_hflip(images, None, whole)
+    assert torch.equal(flipped[whole], images[whole].flip(-1))
+    assert torch.equal(flipped[~whole], images[~whole])
+    accum = StepCoins(torch.Generator().manual_seed(1), 0.5, accum=2)
+    accum.draw(4)
+    for r in range(2):  # process r of 2 == micro-batch r of 2 accumulated == slot r
+        rank = StepCoins(torch.Generator().manual_seed(1), 0.5, Dist(rank=r, world=2))
+        rank.draw(4)
+        assert torch.equal(rank.flips(0), whole[r::2]) and torch.equal(accum.flips(r), whole[r::2])
+    assert not StepCoins(torch.Generator().manual_seed(1), 0.0).flips(0).any()
+
+
+def test_accumulated_micro_batches_are_dealt_like_processes():
+    from irpe.training.distributed import Dist, ResumableSampler
+    n, batch = 37, 3
+    procs = [ResumableSampler(n, Dist(rank=r, world=2), seed=5, batch_size=batch)
+             for r in range(2)]
+    accum = ResumableSampler(n, Dist(), seed=5, batch_size=batch, accum=2)
+    for s in (*procs, accum):
+        s.set_epoch(1)
+    p0, p1, a = list(procs[0]), list(procs[1]), list(accum)
+    assert len(a) == len(p0) + len(p1) == len(accum) == (n // 2 // batch) * batch * 2
+    for step in range(len(p0) // batch):  # step: slot 0's micro-batch, then slot 1's
+        part = slice(step * batch, (step + 1) * batch)
+        assert a[2 * step * batch:(2 * step + 1) * batch] == p0[part]
+        assert a[(2 * step + 1) * batch:(2 * step + 2) * batch] == p1[part]
+    resumed = ResumableSampler(n, Dist(), seed=5, batch_size=batch, accum=2)
+    resumed.set_epoch(1, start=2 * batch)  # one step done
+    assert list(resumed) == a[2 * batch:] and len(resumed) == len(a) - 2 * batch
+
+
+def test_detr_normalisers_are_the_step_counts_however_the_batch_is_split():
+    from irpe.training.criterion import StepTotals
+    crit = SetCriterion(3, HungarianMatcher())
+    targets = [{"labels": torch.tensor([2, 0]), "boxes": torch.rand(2, 4)},
+               {"labels": torch.tensor([1]), "boxes": torch.rand(1, 4)},
+               {"labels": torch.tensor([0, 1, 2]), "boxes": torch.rand(3, 4)}]
+    whole = crit.step_totals([StepTotals.local(targets, queries=2)])
+    split = crit.step_totals([StepTotals.local(targets[:1], 2), StepTotals.local(targets[1:], 2)])
+    assert (whole.images, whole.boxes, whole.matched, whole.slots) == (3, 6, 5, 1)
+    assert (split.images, split.boxes, split.matched, split.slots) == (3, 6, 5, 2)
+    # 6 queries, 5 matched (weight 1), 1 "no object" (weight 0.1)
+    assert crit.class_weight_sum(whole, 2) == pytest.approx(5.1)
+    outputs = _perfect_outputs(targets[:2])
+    default = crit(outputs, targets[:2])
+    explicit = crit(outputs, targets[:2], StepTotals.local(targets[:2], 5))
+    assert all(torch.equal(default[k], explicit[k]) for k in default)
+
+

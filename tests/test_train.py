@@ -25,7 +25,7 @@ def _repeat_steps(trainer, batch, steps):
     """Loss on one fixed batch before and after ``steps`` optimiser steps on it."""
     losses = []
     for _ in range(steps):
-        loss, _ = trainer.train_step(batch)
+        loss, _ = trainer.train_step([batch])
         losses.append(loss)
     return losses
 
@@ -167,6 +167,7 @@ def test_resume_equals_uninterrupted_run_bit_for_bit(tmp_path):
 
 def test_resume_refuses_another_class_count(cls_dir, tmp_path):
     import shutil
+
     from irpe.checkpoint import CheckpointError
     train(_cfg(tmp_path, "classification", "deit_shapes_irpe", max_steps=1))
     last = str(tmp_path / "run" / "last.pt")

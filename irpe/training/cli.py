@@ -4,10 +4,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Dict
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from ..argtypes import number, positive
 from ..errors import CLIError
+
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.utils.data import Dataset
+
+    from ..artifact.trained import ModelSpec
 
 TASK_NAMES = {"cls": "classification", "det": "detection"}
 RUN_FILES = ("model.safetensors", "last.pt", "last.pt.tmp", "log.jsonl")  # what --force removes
@@ -39,7 +45,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_output(out: str, resume, force: bool) -> None:
+def _check_output(out: str, resume: Optional[str], force: bool) -> None:
     """Refuse a non-empty run folder (a finished run would be overwritten and its log appended
     to) unless the run resumes; ``--force`` removes only the files a run writes."""
     if os.path.exists(out) and not os.path.isdir(out):
@@ -55,7 +61,7 @@ def _check_output(out: str, resume, force: bool) -> None:
             os.unlink(path)
 
 
-def load_for_eval(model: str, checkpoint: str = None):
+def load_for_eval(model: str, checkpoint: Optional[str] = None) -> Tuple["nn.Module", "ModelSpec"]:
     """(model, spec) from a trained-model file, or a registered name (+ checkpoint/bundled)."""
     from ..artifact.trained import default_spec, load_trained, read_spec
     from ..checkpoint import CheckpointError
@@ -63,6 +69,7 @@ def load_for_eval(model: str, checkpoint: str = None):
     from ..models.registry import bundled_weights
     if os.path.isfile(model) and model.endswith(".onnx"):  # exported or quantised file: ORT
         import torch
+
         from ..runtime.onnxruntime.session import OrtOptions
         from .evaluate import OnnxModel
         net = OnnxModel(model, threads=torch.get_num_threads(),
@@ -94,6 +101,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """
     import torch
     from torch.utils.data import DataLoader
+
     from .distributed import ShardSampler, setup, teardown
     from .evaluate import evaluate_classification, evaluate_detection
     if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
@@ -120,7 +128,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(spec, args: argparse.Namespace, metrics: Dict) -> None:
+def _report(spec: "ModelSpec", args: argparse.Namespace, metrics: Dict) -> None:
     print(f"{spec.model_name} on {args.data} ({args.split}, {metrics['images']} images)")
     for key, value in metrics.items():
         if key != "images":
@@ -131,10 +139,16 @@ def _report(spec, args: argparse.Namespace, metrics: Dict) -> None:
                        "metrics": metrics}, fh, indent=2)
 
 
-def _eval_dataset(spec, args):
+def _eval_dataset(spec: "ModelSpec", args: argparse.Namespace,
+                  ) -> Tuple["Dataset", Optional[List[int]]]:
     """(dataset, dataset category id of each model label or None) for ``irpe eval``."""
-    from ..data.datasets import (CocoDetection, ImageFolder, ShapesClassification,
-                                 ShapesDetection, check_same_classes)
+    from ..data.datasets import (
+        CocoDetection,
+        ImageFolder,
+        ShapesClassification,
+        ShapesDetection,
+        check_same_classes,
+    )
     tf = spec.transform()
     if args.data == "shapes":
         if spec.task == "classification":
@@ -151,18 +165,22 @@ def _eval_dataset(spec, args):
     dataset = CocoDetection(args.data, args.split, tf)
     check_same_classes(dataset.categories, spec.class_names, f"categories of "
                        f"{dataset.ann_path}", "model's classes", ordered=False)
-    id_of = dict(zip(dataset.categories, dataset.category_ids))  # matched by name, any order
+    # matched by name, any order
+    id_of = dict(zip(dataset.categories, dataset.category_ids, strict=True))
     return dataset, [id_of[name] for name in spec.class_names]
 
 
-def _add_train(sub) -> None:
+def _add_train(sub: Any) -> None:
     p = sub.add_parser("train", help="train a model (DeiT recipe / DETR set loss)")
     p.add_argument("task", choices=sorted(TASK_NAMES), help="cls (ImageFolder) or det (COCO)")
     p.add_argument("--model", required=True, help="registered model name")
     p.add_argument("--data", required=True, help="dataset directory, or 'shapes' (synthetic)")
     p.add_argument("--output", required=True, help="run directory (model, log, last.pt)")
     p.add_argument("--epochs", type=positive)
-    p.add_argument("--batch-size", type=positive)
+    p.add_argument("--batch-size", type=positive, help="images per micro-batch and process")
+    p.add_argument("--grad-accum-steps", type=positive,
+                   help="micro-batches summed into one optimiser step (1): global batch = "
+                        "batch size x processes x this")
     for flag in ("lr", "min-lr", "lr-backbone", "weight-decay", "warmup-epochs",
                  "label-smoothing", "mixup", "cutmix", "drop-path", "clip-grad"):
         p.add_argument(f"--{flag}", type=number(float, 0))
@@ -185,7 +203,7 @@ def _add_train(sub) -> None:
     p.set_defaults(func=cmd_train)
 
 
-def _add_eval(sub) -> None:
+def _add_eval(sub: Any) -> None:
     p = sub.add_parser("eval", help="top-1/top-5 or COCO mAP on a validation set")
     p.add_argument("model", help="trained-model .safetensors, exported/quantised .onnx (ONNX "
                                  "Runtime, CPU), or a registered name")
@@ -202,7 +220,7 @@ def _add_eval(sub) -> None:
     p.set_defaults(func=cmd_eval)
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: Any) -> None:
     """Register ``irpe train`` and ``irpe eval``."""
     _add_train(sub)
     _add_eval(sub)

@@ -141,23 +141,43 @@ class ShardSampler(Sampler):
 
 
 class ResumableSampler(Sampler):
-    """DistributedSampler (shuffle by seed + epoch, drop_last) that can start mid-epoch."""
+    """This process's micro-batches of a seed + epoch shuffle (drop_last), resumable mid-epoch.
 
-    def __init__(self, n: int, d: Dist, seed: int) -> None:
+    Each global batch is dealt to ``world x accum`` slots the way DistributedSampler deals it to
+    ranks: slot s takes samples s, s + S, ... of it. Process ``rank`` owns the slots
+    ``rank * accum + k`` (k < accum) and yields, step after step, one micro-batch of
+    ``batch_size`` samples per slot in k order. So 2 processes x 1 micro-batch and 1 process x 2
+    accumulated micro-batches see exactly the same samples in the same micro-batches.
+    """
+
+    def __init__(self, n: int, d: Dist, seed: int, batch_size: int = 1,
+                 accum: int = 1) -> None:
         from torch.utils.data import DistributedSampler
+        slots = d.world * accum
         # DistributedSampler needs no process group when rank and world are given
-        self.inner = DistributedSampler(range(n), num_replicas=d.world, rank=d.rank,
-                                        shuffle=True, seed=seed, drop_last=True)
-        self.start = 0
+        self.inner = [DistributedSampler(range(n), num_replicas=slots, rank=d.rank * accum + k,
+                                         shuffle=True, seed=seed, drop_last=True)
+                      for k in range(accum)]
+        self.batch_size, self.start = batch_size, 0
+        self.steps = len(self.inner[0]) // batch_size  # whole global batches per epoch
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """This epoch's order; skip the first ``start`` samples of this rank (a resumed epoch)."""
-        self.inner.set_epoch(epoch)
+        """This epoch's order; skip the first ``start`` samples of this process (a resumed
+        epoch: steps done x batch_size x accum)."""
+        for inner in self.inner:
+            inner.set_epoch(epoch)
         self.start = start
+
+    def _order(self) -> Iterator[int]:
+        b = self.batch_size
+        slots = [list(inner) for inner in self.inner]
+        for step in range(self.steps):
+            for slot in slots:
+                yield from slot[step * b:(step + 1) * b]
 
     def __iter__(self) -> Iterator[int]:
         import itertools
-        return itertools.islice(iter(self.inner), self.start, None)
+        return itertools.islice(self._order(), self.start, None)
 
     def __len__(self) -> int:
-        return len(self.inner) - self.start
+        return self.steps * self.batch_size * len(self.inner) - self.start

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -10,30 +10,50 @@ from torch.utils.data import DataLoader
 
 from ..artifact.trained import default_spec
 from ..models import create_model, model_info
-from .criterion import SetCriterion
+from .criterion import SetCriterion, StepTotals
 from .distributed import SINGLE, Dist, ResumableSampler, ShardSampler
 from .evaluate import evaluate_classification, evaluate_detection
 from .matcher import HungarianMatcher
 from .optim import mixup_cutmix, soft_cross_entropy
 
+if TYPE_CHECKING:
+    from .train import TrainConfig
+
 SHAPES = "shapes"  # --data shapes: the synthetic set generated in memory
 
 
-def random_hflip(images: torch.Tensor, sizes: Optional[torch.Tensor], p: float,
-                 gen: torch.Generator, dist: Dist = SINGLE) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Mirror each image's valid region with probability p; returns images and the flip mask.
-
-    Every rank draws the whole global batch's coins from the same generator and keeps its
-    share (rank r holds samples r, r + world, ... of the global batch, as DistributedSampler
-    deals them), so N processes flip exactly the images one process would.
-    """
-    coins = torch.rand(images.shape[0] * dist.world, generator=gen)
-    flip = coins[dist.rank::dist.world] < p
+def random_hflip(images: torch.Tensor, sizes: Optional[torch.Tensor],
+                 flip: torch.Tensor) -> torch.Tensor:
+    """Mirror the valid region of each image whose ``flip`` entry is true."""
     images = images.clone()
     for i in torch.nonzero(flip).flatten().tolist():
         h, w = (int(v) for v in sizes[i]) if sizes is not None else images.shape[-2:]
         images[i, :, :h, :w] = images[i, :, :h, :w].flip(-1)
-    return images, flip
+    return images
+
+
+class StepCoins:
+    """Horizontal-flip coins of one global batch, drawn once per optimiser step.
+
+    Every process draws the whole global batch's coins from the same generator and each
+    micro-batch keeps its slot's share (slot s holds samples s, s + S, ... of the global batch,
+    as the sampler deals them), so any split into processes x accumulated micro-batches flips
+    exactly the images one process with the whole batch would.
+    """
+
+    def __init__(self, gen: torch.Generator, p: float, dist: Dist = SINGLE,
+                 accum: int = 1) -> None:
+        self.gen, self.p, self.dist, self.accum = gen, p, dist, accum
+        self.coins = torch.empty(0)
+
+    def draw(self, batch: int) -> None:
+        """New coins for a step whose micro-batches hold ``batch`` images each."""
+        self.coins = torch.rand(batch * self.dist.world * self.accum, generator=self.gen)
+
+    def flips(self, micro: int) -> torch.Tensor:
+        """The flip mask of this process's ``micro``-th micro-batch of the step."""
+        slots = self.dist.world * self.accum
+        return self.coins[self.dist.rank * self.accum + micro::slots] < self.p
 
 
 def _checked_spec(model: str, task: str):
@@ -50,7 +70,7 @@ class ClassificationTask:
 
     main_metric = "top1"
 
-    def __init__(self, cfg, dist: Dist = SINGLE) -> None:
+    def __init__(self, cfg: "TrainConfig", dist: Dist = SINGLE) -> None:
         from ..data.datasets import ImageFolder, ShapesClassification, check_same_classes
         preprocess = _checked_spec(cfg.model, "classification").transform()
         if cfg.data == SHAPES:
@@ -68,14 +88,19 @@ class ClassificationTask:
         self.model = create_model(cfg.model, **overrides)
         self.spec = default_spec(cfg.model, classes, num_classes=len(classes))
         self.cfg, self.dist, self.gen = cfg, dist, torch.Generator().manual_seed(cfg.seed + 1)
+        self.coins = StepCoins(self.gen, 0.5 if cfg.hflip else 0.0, dist, cfg.grad_accum_steps)
 
     def loaders(self) -> Tuple[DataLoader, DataLoader]:
         return _loaders(self, {})
 
-    def loss(self, model: nn.Module, batch, device: str) -> Tuple[torch.Tensor, Dict]:
+    def begin_step(self, micro: List) -> None:
+        """Before the step's first micro-batch: the global batch's flip coins."""
+        self.coins.draw(len(micro[0][0]))
+
+    def loss(self, model: nn.Module, batch: Tuple[torch.Tensor, torch.Tensor], device: str,
+             micro: int = 0) -> Tuple[torch.Tensor, Dict]:
         images, labels = batch
-        images, _ = random_hflip(images, None, 0.5 if self.cfg.hflip else 0.0, self.gen,
-                                 self.dist)
+        images = random_hflip(images, None, self.coins.flips(micro))
         images, labels = images.to(device), labels.to(device)
         images, targets = mixup_cutmix(images, labels, len(self.spec.class_names),
                                        self.cfg.mixup, self.cfg.cutmix, self.cfg.label_smoothing)
@@ -95,7 +120,7 @@ class DetectionTask:
 
     main_metric = "AP50"
 
-    def __init__(self, cfg, dist: Dist = SINGLE) -> None:
+    def __init__(self, cfg: "TrainConfig", dist: Dist = SINGLE) -> None:
         from ..data.datasets import CocoDetection, ShapesDetection, check_same_classes
         preprocess = _checked_spec(cfg.model, "detection").transform()
         if cfg.data == SHAPES:
@@ -114,19 +139,30 @@ class DetectionTask:
         self.spec = default_spec(cfg.model, classes, num_classes=len(classes))
         self.criterion = SetCriterion(len(classes), HungarianMatcher(), dist=dist)
         self.cfg, self.dist, self.gen = cfg, dist, torch.Generator().manual_seed(cfg.seed + 1)
+        self.coins = StepCoins(self.gen, 0.5 if cfg.hflip else 0.0, dist, cfg.grad_accum_steps)
+        self.totals: Optional[StepTotals] = None
 
     def loaders(self) -> Tuple[DataLoader, DataLoader]:
         from ..data.datasets import collate_detection
         return _loaders(self, {"collate_fn": collate_detection})
 
-    def loss(self, model: nn.Module, batch, device: str) -> Tuple[torch.Tensor, Dict]:
+    def begin_step(self, micro: List) -> None:
+        """Before the step's first micro-batch: flip coins, and the box counts of the whole
+        step that the set loss divides by (known before any micro-batch runs)."""
+        self.coins.draw(len(micro[0][0]))
+        queries = self.model.num_queries
+        self.totals = self.criterion.step_totals(
+            [StepTotals.local(targets, queries) for _, _, targets in micro])
+
+    def loss(self, model: nn.Module, batch: Tuple[torch.Tensor, torch.Tensor, List[Dict]],
+             device: str, micro: int = 0) -> Tuple[torch.Tensor, Dict]:
         images, sizes, targets = batch
-        images, flip = random_hflip(images, sizes, 0.5 if self.cfg.hflip else 0.0, self.gen,
-                                    self.dist)
-        targets = [_flip_target(t, bool(f), device) for t, f in zip(targets, flip)]
+        flip = self.coins.flips(micro)
+        images = random_hflip(images, sizes, flip)
+        targets = [_flip_target(t, bool(f), device) for t, f in zip(targets, flip, strict=True)]
         outputs = model(images.to(device), sizes.to(device))
         self.criterion.to(device)
-        losses = self.criterion(outputs, targets)
+        losses = self.criterion(outputs, targets, self.totals)
         parts = ("loss_ce", "loss_bbox", "loss_giou")
         return losses["loss"], {k: float(losses[k].detach()) for k in parts}
 
@@ -135,7 +171,7 @@ class DetectionTask:
                                   dist=self.dist)
 
 
-def _loaders(task, kw: Dict) -> Tuple[DataLoader, DataLoader]:
+def _loaders(task: Any, kw: Dict) -> Tuple[DataLoader, DataLoader]:
     """Train loader over this rank's share of a seed + epoch shuffle, val over its shard.
 
     The loaders get private generators (worker seeds only), so iterating them never draws
@@ -143,8 +179,9 @@ def _loaders(task, kw: Dict) -> Tuple[DataLoader, DataLoader]:
     """
     cfg, dist = task.cfg, task.dist
     kw = dict(kw, batch_size=cfg.batch_size, num_workers=cfg.workers)
-    train = DataLoader(task.train_set, drop_last=True,
-                       sampler=ResumableSampler(len(task.train_set), dist, cfg.seed),
+    sampler = ResumableSampler(len(task.train_set), dist, cfg.seed, cfg.batch_size,
+                               cfg.grad_accum_steps)
+    train = DataLoader(task.train_set, drop_last=True, sampler=sampler,
                        generator=torch.Generator().manual_seed(cfg.seed + 2), **kw)
     val = DataLoader(task.val_set, sampler=ShardSampler(len(task.val_set), dist),
                      generator=torch.Generator().manual_seed(cfg.seed + 3), **kw)

@@ -7,12 +7,13 @@ Under torchrun every process trains its share of each global batch (DDP); rank 0
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import time
 from dataclasses import asdict, dataclass, fields
-from typing import Dict, Optional
+from typing import ContextManager, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -60,11 +61,12 @@ class TrainConfig:
     progress: bool = True
     freeze_bn: bool = False       # BatchNorm layers keep their running statistics (eval mode)
     dist_timeout: float = 600.0   # seconds a collective may wait for a peer (torchrun runs)
+    grad_accum_steps: int = 1     # micro-batches of batch_size summed into one optimiser step
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {sorted(TASKS)}, got {self.task!r}")
-        for name in ("epochs", "batch_size"):
+        for name in ("epochs", "batch_size", "grad_accum_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.dist_timeout <= 0:
@@ -98,8 +100,9 @@ class Trainer:
         self.net = self._wrap(self.model)
         torch.manual_seed(cfg.seed + self.dist.rank)  # per-rank streams: drop-path, mixup
         self.train_loader, self.val_loader = self.task.loaders()
-        self.steps_per_epoch = len(self.train_loader)
-        self.global_batch = cfg.batch_size * self.dist.world
+        self.accum = cfg.grad_accum_steps
+        self.steps_per_epoch = len(self.train_loader) // self.accum
+        self.global_batch = cfg.batch_size * self.dist.world * self.accum
         if self.steps_per_epoch == 0:
             raise ValueError(f"training set has fewer images than one global batch "
                              f"({self.global_batch})")
@@ -139,16 +142,22 @@ class Trainer:
 
     def _say_setup(self) -> None:
         d = self.dist
-        if d.world == 1 or not self.main:
+        if not self.main:
             return
+        if d.world == 1:
+            if self.accum > 1:
+                print(f"global batch {self.global_batch} = {self.cfg.batch_size} x "
+                      f"{self.accum} accumulated micro-batches", flush=True)
+            return
+        accum = f" x {self.accum} accumulated" if self.accum > 1 else ""
         print(f"distributed: {d.world} processes ({d.backend}), global batch "
-              f"{self.global_batch} = {self.cfg.batch_size} per process x {d.world}; "
+              f"{self.global_batch} = {self.cfg.batch_size} per process x {d.world}{accum}; "
               f"lr {self.cfg.lr:g} is the lr of the global batch (not rescaled)", flush=True)
         if self.device == "cpu" and not self.cfg.freeze_bn and _has_batchnorm(self.model):
             print("note: BatchNorm statistics are per process on CPU (SyncBatchNorm needs "
                   "CUDA); --freeze-bn keeps them fixed", flush=True)
 
-    def state(self, rng) -> Dict:
+    def state(self, rng: Optional[Dict]) -> Dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                 "epoch": self.epoch, "step": self.step, "epoch_step": self.epoch_step,
@@ -180,13 +189,16 @@ class Trainer:
             for m in self.model.modules():
                 if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
                     m.eval()
-        self.train_loader.sampler.set_epoch(self.epoch, self.epoch_step * self.cfg.batch_size)
-        bar = tqdm(self.train_loader, desc=f"epoch {self.epoch + 1}/{self.cfg.epochs}",
+        self.train_loader.sampler.set_epoch(
+            self.epoch, self.epoch_step * self.cfg.batch_size * self.accum)
+        bar = tqdm(_steps(self.train_loader, self.accum),
+                   total=self.steps_per_epoch - self.epoch_step,
+                   desc=f"epoch {self.epoch + 1}/{self.cfg.epochs}",
                    disable=not (self.cfg.progress and self.main), leave=False,
                    dynamic_ncols=True)
         total, count = 0.0, 0
-        for batch in bar:
-            loss, parts = self.train_step(batch)
+        for micro in bar:
+            loss, parts = self.train_step(micro)
             total, count, self.epoch_step = total + loss, count + 1, self.epoch_step + 1
             bar.set_postfix(loss=f"{loss:.4f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}")
             if self._stop():
@@ -199,13 +211,30 @@ class Trainer:
     def _stop(self) -> bool:
         return bool(self.cfg.max_steps) and self.step >= self.cfg.max_steps
 
-    def train_step(self, batch):
-        with torch.autocast(self.device.split(":")[0], dtype=self.amp_dtype, enabled=self.amp):
-            loss, parts = self.task.loss(self.net, batch, self.device)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"loss is {float(loss)} at step {self.step}; lower the lr")
+    def train_step(self, micro: List) -> Tuple[float, Dict[str, float]]:
+        """One optimiser step over this process's micro-batches of a global batch.
+
+        Each micro-batch's loss is scaled by 1 / grad_accum_steps and its gradient added up;
+        under DDP only the last backward all-reduces (the others run in ``no_sync``), which
+        scales by 1 / processes. Both scales are powers of two for the usual splits, so the
+        summed gradient is the same floats whether the slots are processes or micro-batches.
+        """
         self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()
+        self.task.begin_step(micro)
+        losses, parts_sum = [], {}
+        for k, batch in enumerate(micro):
+            with self._sync(k == len(micro) - 1):
+                with torch.autocast(self.device.split(":")[0], dtype=self.amp_dtype,
+                                    enabled=self.amp):
+                    loss, parts = self.task.loss(self.net, batch, self.device, k)
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"loss is {float(loss)} at step {self.step}; "
+                                             "lower the lr")
+                scaled = loss / len(micro) if len(micro) > 1 else loss
+                self.scaler.scale(scaled).backward()
+            losses.append(float(loss.detach()))
+            for name, value in parts.items():
+                parts_sum[name] = parts_sum.get(name, 0.0) + value / len(micro)
         if self.cfg.clip_grad > 0:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_grad)
@@ -213,7 +242,13 @@ class Trainer:
         self.scaler.update()
         self.scheduler.step()
         self.step += 1
-        return float(loss.detach()), parts
+        return sum(losses) / len(losses), parts_sum
+
+    def _sync(self, last: bool) -> ContextManager:
+        """DDP all-reduces on the last micro-batch of a step only."""
+        if last or self.dist.world == 1:
+            return contextlib.nullcontext()
+        return self.net.no_sync()
 
     def run(self) -> Dict:
         """Train the remaining epochs; returns the last log record (with the best metric)."""
@@ -237,7 +272,7 @@ class Trainer:
         record["best"] = self.best
         return record
 
-    def save(self, record: Dict, metric: float, rng) -> None:
+    def save(self, record: Dict, metric: float, rng: Optional[Dict]) -> None:
         """Rank 0: log line; when the metric improves, model.safetensors and last.pt (its
         new best: otherwise the last.pt run() wrote before evaluating is already this state)."""
         improved = metric > self.best
@@ -256,13 +291,23 @@ class Trainer:
                          self.task.spec, extra)
             self.write_last(rng)
 
-    def write_last(self, rng) -> None:
+    def write_last(self, rng: Optional[Dict]) -> None:
         """Rank 0 replaces ``last.pt`` atomically."""
         if not self.main:
             return
         tmp = os.path.join(self.cfg.output, "last.pt.tmp")
         torch.save(self.state(rng), tmp)
         os.replace(tmp, os.path.join(self.cfg.output, "last.pt"))
+
+
+def _steps(loader: Iterable, accum: int) -> Iterator[List]:
+    """The loader's micro-batches in lists of ``accum`` (one optimiser step each)."""
+    micro: List = []
+    for batch in loader:
+        micro.append(batch)
+        if len(micro) == accum:
+            yield micro
+            micro = []
 
 
 def _has_batchnorm(model: torch.nn.Module) -> bool:
