@@ -43,12 +43,14 @@ class QuantMode(str, Enum):
 
 
 class Target(str, Enum):
-    """The runtime the QDQ file is made for. onnxruntime: asymmetric activations, int32
-    biases (ORT's QLinear kernels). tensorrt: symmetric activations (zero point 0) and float
-    biases, the only QDQ forms TensorRT's ONNX parser accepts."""
+    """The runtime the file is made for. onnxruntime: QDQ, asymmetric activations, int32
+    biases (ORT's QLinear kernels). tensorrt: QDQ, symmetric activations (zero point 0) and
+    float biases, the only QDQ forms TensorRT's ONNX parser accepts. openvino: an OpenVINO IR
+    quantised by NNCF (export/quantize_openvino.py)."""
 
     ONNXRUNTIME = "onnxruntime"
     TENSORRT = "tensorrt"
+    OPENVINO = "openvino"
 
 
 class Activations(str, Enum):
@@ -238,6 +240,8 @@ def quantize(model_path: os.PathLike, output: os.PathLike,
     if settings.mode is QuantMode.STATIC and not settings.calibration:
         raise ValueError("static quantisation needs a calibration set (a folder of images or "
                          f"'{SHAPES}'); --mode dynamic needs none")
+    if settings.target is Target.OPENVINO:
+        return _openvino(source, Path(output), settings, props, spec)
     model = onnx.load(source)
     _name_nodes(model)
     nodes = weight_nodes(model, settings.excluded, settings.input_layers)
@@ -250,6 +254,24 @@ def quantize(model_path: os.PathLike, output: os.PathLike,
         onnx.save(model, work)  # named nodes
         _run_ort(str(work), output, settings, nodes, spec)
     return _finish(output, model, props, settings, nodes)
+
+
+def _openvino(source: Path, output: Path, settings: QuantizeSettings, props: Dict[str, str],
+              spec) -> Dict:
+    """``--target openvino``: NNCF, an OpenVINO IR; options that mean nothing there refused."""
+    from irpe.artifact.openvino_ir import IR_SUFFIX
+
+    from .quantize_openvino import quantize_openvino
+    if output.suffix != IR_SUFFIX:
+        raise ValueError(f"--target openvino writes an OpenVINO IR: name the output *{IR_SUFFIX} "
+                         f"(its weights go beside it as .bin), not {output.name}")
+    if settings.mode is QuantMode.DYNAMIC or settings.activations is Activations.UINT8 or \
+            settings.method is not CalibrationMethod.MINMAX or not settings.per_channel:
+        raise ValueError("--target openvino: NNCF picks activations, ranges and per-channel "
+                         "weights itself; --mode dynamic, --activations, --method and "
+                         "--per-tensor are for the ONNX Runtime and TensorRT targets")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    return quantize_openvino(source, output, settings, props, spec)
 
 
 def _finish(output: Path, float_model, props: Dict[str, str], settings: QuantizeSettings,

@@ -9,9 +9,9 @@ from irpe.errors import CLIError
 __all__ = ["add_parser", "cmd_quantize"]
 
 
-def _default_output(model: str) -> str:
+def _default_output(model: str, target: str = "onnxruntime") -> str:
     stem = model[:-5] if model.endswith(".onnx") else model
-    return stem + ".int8.onnx"
+    return stem + (".int8.xml" if target == "openvino" else ".int8.onnx")
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
@@ -31,7 +31,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
                                 target=Target(args.target),
                                 activations=Activations(args.activations),
                                 excluded=tuple(args.exclude))
-    output = args.output or _default_output(args.model)
+    output = args.output or _default_output(args.model, args.target)
     logging.getLogger().setLevel(logging.ERROR)  # the quantiser's advice goes to the root logger
     try:
         record = quantize(args.model, output, settings)
@@ -70,9 +70,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="one weight scale per tensor (default: per output channel)")
     p.add_argument("--quantize-input-layers", action="store_true",
                    help="also quantise the layers reading the image (kept float by default)")
-    p.add_argument("--target", choices=["onnxruntime", "tensorrt"], default="onnxruntime",
-                   help="runtime the QDQ file is for: tensorrt = symmetric activations and "
-                        "float biases, the forms TensorRT's parser accepts (static mode)")
+    p.add_argument("--target", choices=["onnxruntime", "tensorrt", "openvino"],
+                   default="onnxruntime",
+                   help="runtime the file is for: tensorrt = QDQ with symmetric activations "
+                        "and float biases, the forms TensorRT's parser accepts (static mode); "
+                        "openvino = an OpenVINO IR (-o NAME.xml) quantised by NNCF")
     p.add_argument("--activations", choices=["int8", "uint8"], default="int8",
                    help="static, onnxruntime: calibrated activations as int8 (symmetric) or "
                    "uint8 (asymmetric: ONNX Runtime's faster x86 kernels, some accuracy cost; "

@@ -57,15 +57,24 @@ def _engine(head: bytes, size: int) -> Optional[str]:
     return None
 
 
+def _ir(head: bytes, size: int) -> Optional[str]:
+    text = head.lstrip()
+    if not (text.startswith(b"<?xml") or text.startswith(b"<net")):
+        return f"no XML at the start{_looks_like(head)}"
+    return None
+
+
 _CHECKS: Dict[str, Callable[[bytes, int], Optional[str]]] = {
-    "safetensors": _safetensors, "onnx": _onnx, "engine": _engine}
-_LABELS = {"safetensors": "safetensors file", "onnx": "ONNX file", "engine": "TensorRT engine"}
+    "safetensors": _safetensors, "onnx": _onnx, "engine": _engine, "ir": _ir}
+_LABELS = {"safetensors": "safetensors file", "onnx": "ONNX file", "engine": "TensorRT engine",
+           "ir": "OpenVINO IR file"}
 KINDS = tuple(_CHECKS)
 
 
 def check_file(path: os.PathLike, kind: str) -> None:
     """Raise :class:`ArtifactError` unless ``path`` exists (else :class:`ArtifactMissing`) and
-    looks like a ``kind`` file (``safetensors``, ``onnx``, ``engine``): size, magic, header."""
+    looks like a ``kind`` file (``safetensors``, ``onnx``, ``engine``, ``ir``): size, magic,
+    header."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         label = "model file" if kind == "safetensors" else _LABELS[kind]

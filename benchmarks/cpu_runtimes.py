@@ -1,0 +1,238 @@
+"""ONNX Runtime and OpenVINO side by side on CPU: DeiT-S plain / iRPE-K / iRPE-QKV, fp32 / bf16 /
+int8, each runtime in its own process, the processes alternated.
+
+    python -m benchmarks.cpu_runtimes [--batch 8] [--threads 2] [--rounds 5] [--processes 3]
+                                      [--samples 64] [--quick] [--out DIR]
+
+Files: the three models exported once (random weights, iRPE tables ~ N(0, 0.02), as in
+benchmarks.export_ort); ONNX Runtime int8 by ``irpe quantize --activations uint8`` (its fastest
+x86 kernels), OpenVINO int8 by ``irpe quantize --target openvino`` (NNCF), both calibrated on
+the shapes set. Rows: ORT fp32 stock, ORT fp32 and int8 with the iRPE custom-op library where it
+is built (``make ort-ops``), OpenVINO fp32 / bf16 (where the CPU has BF16) / int8. Two
+runtimes in one process compete for the cores, so each worker process holds one runtime's
+sessions and times them round-robin; the parent runs ORT, OpenVINO, ORT, ... ``--processes``
+times each and takes the median of every row over all rounds. Ratios: to ORT plain fp32 stock,
+and to the same runtime and precision's plain model; the goals of issue 40 are judged on them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+
+RUNTIMES = ("onnxruntime", "openvino")
+MODELS = ("plain", "irpe_k", "irpe_qkv")
+# (row, reference row, goal): img/s(row) / img/s(reference) >= goal
+GOALS = [("ov_irpe_k_fp32", "ov_plain_fp32", 0.97), ("ov_irpe_qkv_fp32", "ov_plain_fp32", 0.92),
+         ("ov_irpe_k_int8", "ov_plain_int8", 0.92), ("ov_irpe_qkv_int8", "ov_plain_int8", 0.85),
+         ("ov_irpe_k_int8", "ort_plain_fp32", 3.4), ("ov_irpe_k_bf16", "ov_plain_bf16", 0.92)]
+
+
+def prepare(folder: Path, quick: bool, samples: int) -> Dict[str, Dict[str, str]]:
+    """Export and quantise every file once into ``folder``; returns {runtime: {row: path}}."""
+    from benchmarks.deit_forward import MODELS as NAMES
+    from benchmarks.export_ort import QUICK_OVERRIDES, export_models
+    names = {k: NAMES[k] for k in MODELS}
+    folder.mkdir(parents=True, exist_ok=True)
+    fp32 = export_models(names, folder, QUICK_OVERRIDES if quick else {})
+    ort: Dict[str, str] = {}
+    ov: Dict[str, str] = {}
+    for key, path in fp32.items():
+        ort[f"ort_{key}_fp32"] = str(path)
+        ov[f"ov_{key}_fp32"] = ov[f"ov_{key}_bf16"] = str(path)
+        q_ort, q_ov = folder / f"{key}.int8.onnx", folder / f"{key}.int8.xml"
+        _quantize(path, q_ort, ["--activations", "uint8"], samples)
+        _quantize(path, q_ov, ["--target", "openvino"], samples)
+        ort[f"ort_{key}_int8"], ov[f"ov_{key}_int8"] = str(q_ort), str(q_ov)
+    return {"onnxruntime": ort, "openvino": ov}
+
+
+def _quantize(source: Path, target: Path, extra: List[str], samples: int) -> None:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "irpe", "quantize", str(source), "-o", str(target),
+                    "--calibration", "shapes", "--samples", str(samples), *extra],
+                   check=True, stdout=subprocess.DEVNULL)
+    print(f"  quantised {target.name} in {time.perf_counter() - start:.1f} s", flush=True)
+
+
+def _ort_runs(files: Dict[str, str], threads: int, x: np.ndarray) -> Dict[str, object]:
+    from irpe.runtime.onnxruntime.session import OrtOptions, create_session, find_library
+    runs = {}
+    library = find_library(OrtOptions().library)
+    for row, path in files.items():
+        modes = ["off", "on"] if library else ["off"]
+        if row.endswith("_int8"):
+            modes = modes[-1:]  # int8: the best path only
+        for mode in modes:
+            label = row if mode == "off" or row.endswith("_int8") else row + "_lib"
+            session, _ = create_session(path, threads=threads, quiet=True,
+                                        options=OrtOptions(custom_ops=mode))
+            runs[label] = (lambda s=session: s.run(None, {"images": x}))
+    return runs
+
+
+def _ov_runs(files: Dict[str, str], threads: int, x: np.ndarray) -> Dict[str, object]:
+    import openvino as ov
+
+    from irpe.runtime.openvino.frontend import add_irpe_ops
+    core = add_irpe_ops(ov.Core())
+    has_bf16 = "BF16" in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    runs = {}
+    for row, path in files.items():
+        if row.endswith("_bf16") and not has_bf16:
+            continue
+        hint = "bf16" if row.endswith("_bf16") else "f32"
+        model = core.read_model(path)
+        model.reshape({"images": list(x.shape)})
+        request = core.compile_model(model, "CPU", {
+            "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": threads,
+            "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}).create_infer_request()
+        runs[row] = (lambda r=request: r.infer({"images": x}))
+    return runs
+
+
+def worker(runtime: str, files: Dict[str, str], batch: int, threads: int, rounds: int,
+           warmup: int) -> Dict[str, List[float]]:
+    """Seconds per run of every row, ``rounds`` round-robin rounds after ``warmup``."""
+    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224), dtype=np.float32)
+    runs = (_ort_runs if runtime == "onnxruntime" else _ov_runs)(files, threads, x)
+    times: Dict[str, List[float]] = {row: [] for row in runs}
+    for round_ in range(warmup + rounds):
+        for row, run in runs.items():
+            start = time.perf_counter()
+            run()  # type: ignore[operator]
+            if round_ >= warmup:
+                times[row].append(time.perf_counter() - start)
+    return times
+
+
+def alternate(files: Dict[str, Dict[str, str]], args: argparse.Namespace
+              ) -> Dict[str, List[float]]:
+    """Run the workers ORT, OpenVINO, ORT, ... and merge their rounds per row."""
+    merged: Dict[str, List[float]] = {}
+    for n in range(args.processes):
+        for runtime in RUNTIMES:
+            cmd = [sys.executable, "-m", "benchmarks.cpu_runtimes", "--worker", runtime,
+                   "--files", json.dumps(files[runtime]), "--batch", str(args.batch),
+                   "--threads", str(args.threads), "--rounds", str(args.rounds),
+                   "--warmup", str(args.warmup)]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+            for row, seconds in json.loads(out.stdout.strip().splitlines()[-1]).items():
+                merged.setdefault(row, []).extend(seconds)
+            print(f"  process {n + 1}/{args.processes} {runtime}: done", flush=True)
+    return merged
+
+
+def summarize(times: Dict[str, List[float]], batch: int) -> Dict[str, Dict]:
+    """img/s per row, x ORT plain fp32 stock, x the same runtime/precision's plain row."""
+    med = {row: statistics.median(v) for row, v in times.items()}
+    base = med.get("ort_plain_fp32")
+    rows = {}
+    for row, seconds in med.items():
+        plain = _plain_of(row)
+        rows[row] = {"median_ms": 1000 * seconds, "images_per_s": batch / seconds,
+                     "x_ort_plain_fp32": base / seconds if base else None,
+                     "x_same_plain": med[plain] / seconds if plain in med else None}
+    return rows
+
+
+def _plain_of(row: str) -> str:
+    for model in MODELS[1:]:
+        row = row.replace(f"_{model}_", "_plain_")
+    return row
+
+
+def goals(rows: Dict[str, Dict]) -> List[Dict]:
+    """Each goal of :data:`GOALS` (rows that could not run are listed as such)."""
+    out = []
+    for row, ref, goal in GOALS:
+        if row not in rows or ref not in rows:
+            out.append({"row": row, "reference": ref, "goal": goal, "ratio": None, "met": None})
+            continue
+        ratio = rows[row]["images_per_s"] / rows[ref]["images_per_s"]
+        out.append({"row": row, "reference": ref, "goal": goal, "ratio": ratio,
+                    "met": ratio >= goal})
+    return out
+
+
+def report_lines(result: Dict) -> List[str]:
+    """The markdown report."""
+    lines = [f"# ONNX Runtime vs OpenVINO on {result['device']} ({result['date']})", "",
+             f"DeiT-S 224 batch {result['batch']}, {result['threads']} threads, "
+             f"{result['processes']} processes per runtime alternated x {result['rounds']} "
+             f"rounds (medians); onnxruntime {result['onnxruntime']}, openvino "
+             f"{result['openvino']}; int8: ORT uint8 activations, OpenVINO NNCF "
+             f"({result['samples']} shapes images); load {result['load']}.", "",
+             "| row | median ms | img/s | x ORT plain fp32 | x same runtime plain |",
+             "|---|---|---|---|---|"]
+    for row, r in result["results"].items():
+        same = "" if r["x_same_plain"] is None else f"{r['x_same_plain']:.3f}"
+        lines.append(f"| {row} | {r['median_ms']:.1f} | {r['images_per_s']:.1f} | "
+                     f"{r['x_ort_plain_fp32']:.2f} | {same} |")
+    lines += ["", "| goal | ratio | verdict |", "|---|---|---|"]
+    for g in result["goals"]:
+        ratio = "could not run" if g["ratio"] is None else f"{g['ratio']:.3f}"
+        verdict = "-" if g["met"] is None else ("met" if g["met"] else "missed")
+        lines.append(f"| {g['row']} / {g['reference']} >= {g['goal']} | {ratio} | {verdict} |")
+    return lines
+
+
+def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for option, default in (("batch", 8), ("threads", 2), ("rounds", 5), ("warmup", 2),
+                            ("processes", 3), ("samples", 64)):
+        parser.add_argument(f"--{option}", type=int, default=default)
+    parser.add_argument("--quick", action="store_true",
+                        help="2-block DeiT-S, batch 1, 1 round, 1 process: checks the report")
+    parser.add_argument("--cache", type=Path, default=Path("build/bench-cpu-runtimes"),
+                        help="folder for the exported and quantised files (reused)")
+    parser.add_argument("--out", type=Path, default=None, help="results folder")
+    parser.add_argument("--worker", choices=RUNTIMES, help=argparse.SUPPRESS)
+    parser.add_argument("--files", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if min(args.batch, args.threads, args.rounds, args.processes, args.samples) < 1 \
+            or args.warmup < 0:
+        parser.error("--batch, --threads, --rounds, --processes, --samples must be >= 1")
+    if args.quick:
+        args.batch, args.rounds, args.warmup, args.processes, args.samples = 1, 1, 1, 1, 2
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    import os
+
+    from benchmarks.common import device_name
+    from benchmarks.report import write_json_md
+    args = _parse(argv)
+    if args.worker:
+        files = json.loads(args.files)
+        print(json.dumps(worker(args.worker, files, args.batch, args.threads, args.rounds,
+                                args.warmup)))
+        return 0
+    import onnxruntime
+    import openvino
+    cache = args.cache / ("quick" if args.quick else "deit_s")
+    files, load = prepare(cache, args.quick, args.samples), os.getloadavg()
+    times = alternate(files, args)
+    rows = summarize(times, args.batch)
+    result = {"device": device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "batch": args.batch, "threads": args.threads, "rounds": args.rounds,
+              "processes": args.processes, "samples": args.samples, "quick": args.quick,
+              "onnxruntime": onnxruntime.__version__, "openvino": openvino.__version__,
+              "load": " ".join(f"{v:.2f}" for v in load), "results": rows,
+              "goals": goals(rows)}
+    out_dir = args.out or Path(__file__).parent / "results" / result["device"]
+    stem = "cpu_runtimes_quick" if args.quick else "cpu_runtimes"
+    print(write_json_md(out_dir, stem, result, report_lines(result)).read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

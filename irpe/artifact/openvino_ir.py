@@ -1,0 +1,71 @@
+"""The export contract in an OpenVINO IR file (``.xml`` + ``.bin``), written by
+``irpe quantize --target openvino``.
+
+An IR carries the same metadata as an exported ONNX file's ``metadata_props`` (spec, iRPE
+config, precision, quantisation record), stored as ``rt_info`` entries under one ``irpe`` node:
+``<rt_info><irpe><irpe.spec value="..."/>...``. Readers take them from the XML with the
+standard library, so serve / validate / eval learn the task, labels and preprocessing of an IR
+without loading OpenVINO or the weights.
+"""
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ET
+from typing import TYPE_CHECKING, Dict
+
+from irpe.artifact.filecheck import check_file
+
+if TYPE_CHECKING:
+    import openvino
+
+    from irpe.artifact.trained import ModelSpec
+
+__all__ = ["IR_SUFFIX", "RT_INFO_NODE", "is_ir", "weights_path", "read_ir_props",
+           "read_ir_spec", "set_ir_props"]
+
+IR_SUFFIX = ".xml"
+RT_INFO_NODE = "irpe"  # rt_info child that holds the metadata entries
+
+
+def is_ir(path: os.PathLike) -> bool:
+    """True for a file named as an OpenVINO IR (``.xml``)."""
+    return os.fspath(path).lower().endswith(IR_SUFFIX)
+
+
+def weights_path(xml_path: os.PathLike) -> str:
+    """The IR's weights file: the same name with ``.bin``."""
+    return os.fspath(xml_path)[:-len(IR_SUFFIX)] + ".bin"
+
+
+def read_ir_props(path: os.PathLike) -> Dict[str, str]:
+    """The ``irpe`` rt_info entries of an IR; a clear error for a missing or foreign file."""
+    path = os.fspath(path)
+    check_file(path, "ir")
+    if not os.path.isfile(weights_path(path)):
+        raise FileNotFoundError(f"{path}: its weights file {weights_path(path)} is missing")
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as exc:
+        raise ValueError(f"{path} is not a readable OpenVINO IR file: {exc}") from None
+    node = root.find(f"rt_info/{RT_INFO_NODE}")
+    if root.tag != "net" or node is None:
+        raise ValueError(f"{path} is an OpenVINO IR without the irpe metadata (not written by "
+                         "`irpe quantize --target openvino`)")
+    return {child.tag: child.get("value", "") for child in node}
+
+
+def read_ir_spec(path: os.PathLike) -> "ModelSpec":
+    """The :class:`irpe.artifact.trained.ModelSpec` stored in an IR."""
+    from irpe.artifact.trained import spec_from_metadata
+    from irpe.checkpoint import CheckpointError
+    props = read_ir_props(path)
+    try:
+        return spec_from_metadata(props)
+    except CheckpointError as exc:
+        raise ValueError(f"{os.fspath(path)}: {exc}") from None
+
+
+def set_ir_props(model: "openvino.Model", props: Dict[str, str]) -> None:
+    """Store ``props`` as the ``irpe`` rt_info of an OpenVINO model (saved with it)."""
+    for key, value in props.items():
+        model.set_rt_info(value, [RT_INFO_NODE, key])
