@@ -42,7 +42,8 @@ def test_models_quick_side_by_side(tmp_path):
         assert r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"] and r["images_per_s"] > 0
         assert len(r["samples_ms"]) == 2 and r["peak_mb"] > 0
     assert all(r["overhead_vs_plain"] == 1.0 for r in rows if r["variant"] == "plain")
-    assert len(list(tmp_path.glob("*.png"))) == 3
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == [
+        f"bench_models_{f}.png" for f in ("irpe_cost", "latency", "memory", "throughput")]
 
 
 def test_ops_quick_and_report_regenerates(tmp_path):
@@ -138,6 +139,126 @@ def test_ops_fits_legend_and_cuda_table(tmp_path):
     assert "| cuda gather_ours float16 | 1.50 | 950, 2150 |" in md
     assert "| deit_s_bs64 | float16 | gather_ours | 197 |" in md
     assert (tmp_path / "bench_ops_synthetic_cost_vs_L.png").read_bytes()[:4] == PNG_MAGIC
+
+
+def _models_doc(batches=(1, 8)):
+    """A synthetic models report: two families x two backends, iRPE-K/QKV for one family only;
+    iRPE costs 10 % per term letter, memory grows 20 MB per letter over plain's 100 MB."""
+    rows = []
+    for family, variants in (("deit_tiny", ("plain", "irpe_k")),
+                             ("deit_small", ("plain", "irpe_k", "irpe_qkv"))):
+        for backend in ("eager", "onnxruntime"):
+            for batch in batches:
+                for v in variants:
+                    terms = len(v) - 5 if v != "plain" else 0
+                    rows.append({"family": family, "variant": v, "backend": backend,
+                                 "precision": "fp32", "size": "224x224", "batch": batch,
+                                 "images_per_s": 10.0 * batch * (1 - 0.1 * terms),
+                                 "p50_ms": 100.0, "p90_ms": 110.0, "p99_ms": 120.0,
+                                 "rss_delta_mb": 100.0 + 20 * terms, "peak_mb": 500.0})
+    rows.append({"family": "deit_small", "variant": "irpe_k", "backend": "compile",
+                 "precision": "fp32", "size": "224x224", "batch": 1, "error": "no compiler"})
+    return {"kind": "models", "device": "cpu-2c-amd-epyc-avx512", "date": "2026-01-02 03:04",
+            "git_sha": "abc1234", "cpu_count": 2, "torch_threads": 2,
+            "versions": {"torch": "-"}, "notes": [], "settings": {"threads": 2, "repeats": 5},
+            "results": rows}
+
+
+def _legends_outside(fig):
+    """Every legend of ``fig`` drawn clear of every axes (no legend over data)."""
+    fig.canvas.draw()
+    legends = fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+    assert legends
+    for leg in legends:
+        box = leg.get_window_extent()
+        assert box.width > 0 and box.height > 0
+        for ax in fig.axes:
+            assert not box.overlaps(ax.get_window_extent()), (leg, ax)
+
+
+def test_models_figures_from_a_synthetic_report(tmp_path):
+    from matplotlib.colors import to_hex
+
+    from benchmarks import plots
+    doc = _models_doc()
+    title = "2-core AMD EPYC, AVX-512  ·  2026-01-02 03:04  ·  2 threads"
+
+    cost = plots.irpe_cost_figure(doc)  # a panel per batch, a bar per (model, backend, variant)
+    assert [ax.get_title() for ax in cost.axes] == ["batch 1", "batch 8"]
+    for ax, na in zip(cost.axes, ({"n/a"}, set()), strict=True):  # compile failed at batch 1
+        bars = [(round(b.get_x(), 6), round(b.get_x() + b.get_width(), 6), to_hex(b.get_fc()))
+                for b in ax.patches]
+        assert len(bars) == 2 * 1 + 2 * 2  # compile: only an error row, no bar
+        assert all(start == 1.0 for start, _, _ in bars)  # bars from the 1.0 reference
+        assert sorted({(round(end, 2), c) for _, end, c in bars}) == [
+            (0.7, "#009e73"), (0.9, "#0072b2")]  # iRPE-K 0.9, iRPE-QKV 0.7 of plain
+        assert {t.get_text() for t in ax.texts} == {"0.90", "0.70", *na}
+    assert [t.get_text() for t in cost.legends[0].get_texts()] == ["iRPE-K", "iRPE-QKV"]
+    assert title in cost.get_suptitle()
+    _legends_outside(cost)
+
+    lines = plots.throughput_figure(doc)  # a panel per backend, a line per model and variant
+    panels = [ax for ax in lines.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == ["eager", "onnxruntime", "compile"]
+    assert [len(ax.get_lines()) for ax in panels] == [5, 5, 0]
+    eager = panels[0].get_lines()
+    assert len({ln.get_color() for ln in eager}) == 2  # one colour per model
+    assert len({(ln.get_linestyle(), ln.get_marker()) for ln in eager}) == 3  # one per variant
+    assert [list(ln.get_xdata()) for ln in eager] == [[1, 8]] * 5
+    _legends_outside(lines)
+
+    memory = plots.memory_figure(doc)
+    assert {t.get_text().split()[0] for ax in memory.axes for t in ax.texts} == {
+        "1.20", "1.60", "n/a"}
+    assert "1.20  (120 / 100 MB)" in {t.get_text() for ax in memory.axes for t in ax.texts}
+    _legends_outside(memory)
+    latency = plots.latency_figure(doc)
+    assert sum(t.get_text() == "100 ms" for ax in latency.axes for t in ax.texts) == 2 * 10
+    _legends_outside(latency)
+
+    one = plots.throughput_figure(_models_doc(batches=(1,)))  # one batch size: grouped bars
+    assert len(one.axes[0].patches) == 10 and "batch 1" in one.get_suptitle()
+    _legends_outside(one)
+
+    paths = plots.models_plots(doc, tmp_path / "bench_models_synthetic")
+    assert [p.name for p in paths] == [f"bench_models_synthetic_{s}.png" for s in
+                                       ("irpe_cost", "throughput", "latency", "memory")]
+    assert all(p.read_bytes()[:4] == PNG_MAGIC for p in paths)
+
+
+def test_ops_and_serve_legends_outside(tmp_path):
+    from benchmarks import plots
+    ops = plots.ops_figure(_ops_doc())
+    assert len(ops.axes[0].get_lines()) == 3
+    _legends_outside(ops)
+    serve = {"kind": "serve", "device": "gpu-nvidia-h100-80gb-hbm3", "date": "-",
+             "git_sha": "-", "settings": {"backend": "torch", "max_batch_size": 8},
+             "batch_histogram": {"tiny": {"1": 3, "8": 2}}, "results": [
+                 {"model": "tiny", "mode": "in-process", "load": 8, "images_per_s": 100.0},
+                 {"model": "tiny", "mode": "backend", "load": 8, "images_per_s": 120.0},
+                 *({"model": "tiny", "mode": mode, "load": n, "images_per_s": 10.0 * n,
+                    "p50_ms": 5.0 * n, "p90_ms": 6.0 * n, "p99_ms": 7.0 * n}
+                   for mode in ("closed", "closed x8") for n in (1, 4))]}
+    fig = plots.serve_figure(serve)
+    assert "NVIDIA H100 80GB HBM3" in fig.get_suptitle()
+    assert [len(ax.get_lines()) for ax in fig.axes] == [4, 6, 0]
+    colours = [ln.get_color() for ax in fig.axes for ln in ax.get_lines()]
+    assert len(set(colours)) == len(colours)  # no colour shared by two series
+    _legends_outside(fig)
+    assert main(["bench", "report", "--out", str(tmp_path)]) == 2  # no JSON there yet
+    path = tmp_path / "bench_serve_x.json"
+    path.write_text(json.dumps(serve))
+    assert plots.main([str(path)]) == 0
+    assert (tmp_path / "bench_serve_x.png").read_bytes()[:4] == PNG_MAGIC
+
+
+def test_device_title():
+    from benchmarks.plots import device_title
+    assert device_title("cpu-2c-amd-epyc-avx512") == "2-core AMD EPYC, AVX-512"
+    assert device_title("cpu-2c-amd-epyc-avx2") == "2-core AMD EPYC, AVX2"
+    assert device_title("cpu-2c-amd-epyc") == "2-core AMD EPYC, AVX-512"  # named before the ISA
+    assert device_title("cpu-2c-intel-r-xeon-r-processor") == "2-core Intel(R) Xeon(R) Processor"
+    assert device_title("gpu-nvidia-h100-80gb-hbm3") == "NVIDIA H100 80GB HBM3"
 
 
 def test_ops_cuda_rows_skip_with_reason_on_cpu(monkeypatch):
