@@ -1,10 +1,12 @@
-"""irpe.atomic, the one home of the atomic-write rule: a result appears complete or not at all,
-a failed or interrupted write leaves neither its temporary nor the folders it created, an output
-that is an input is refused."""
+"""irpe.atomic, the one home of the atomic-write rule (docs/DECISIONS.md), and the writers that
+use it: a result appears complete or not at all, a failed or interrupted write leaves neither
+its temporary nor the folders it created, an output that is an input is refused."""
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,8 @@ from irpe.atomic import (
     write_bytes,
     write_text,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _entries(folder: Path) -> list:
@@ -117,3 +121,42 @@ def test_a_folder_replaces_or_merges_only_when_complete(tmp_path):
         (stage / "n").mkdir()
     assert _entries(repo) == ["n"] and _entries(tmp_path) == ["repo"]
     assert temp_name(repo).name.startswith(".repo.tmp-")
+
+
+def test_an_interrupted_dataset_write_leaves_nothing(tmp_path, monkeypatch):
+    from irpe.data import shapes
+    real, calls = shapes.render_classification, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(shapes, "render_classification", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        shapes.write_classification(tmp_path / "new" / "set", num_train=8, num_val=2, size=32)
+    assert _entries(tmp_path) == []
+    summary = shapes.write_classification(tmp_path / "set", num_train=8, num_val=2, size=32)
+    assert summary["path"] == str(tmp_path / "set")
+    assert _entries(tmp_path / "set") == ["shapes.json", "train", "val"]
+
+
+def _irpe(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "irpe", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_export_and_validate_refuse_to_overwrite_their_input(tmp_path):
+    weights = tmp_path / "m.safetensors"
+    weights.write_bytes((ROOT / "irpe" / "demo" / "deit_shapes_irpe.safetensors").read_bytes())
+    before = weights.read_bytes()
+    done = _irpe("export", str(weights), "-o", str(weights), "-q")
+    assert done.returncode == 2 and "is the input" in done.stderr, done.stderr
+    assert weights.read_bytes() == before
+    model = tmp_path / "m.onnx"
+    assert _irpe("export", str(weights), "-o", str(model), "-q").returncode == 0
+    onnx_bytes = model.read_bytes()
+    done = _irpe("validate", str(model), "-n", "1", "--json", str(model))
+    assert done.returncode == 2 and "is the input" in done.stderr, done.stderr
+    assert model.read_bytes() == onnx_bytes and _entries(tmp_path) == ["m.onnx", "m.safetensors"]
