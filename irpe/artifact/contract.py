@@ -106,6 +106,10 @@ def read_onnx_props(path: os.PathLike) -> Dict[str, str]:
 def read_onnx_spec(path: os.PathLike) -> "ModelSpec":
     """The :class:`irpe.artifact.trained.ModelSpec` stored in an exported ONNX file."""
     props = read_onnx_props(path)
+    if not any(key.startswith("irpe.") for key in props):
+        raise ValueError(f"{os.fspath(path)} is an ONNX file without irpe metadata (no irpe.* "
+                         "keys): only files written by `irpe export` record the model, task "
+                         "and preprocessing; export the model with `irpe export`")
     try:
         return spec_from_metadata(props)
     except CheckpointError as exc:

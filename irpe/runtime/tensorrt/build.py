@@ -164,6 +164,26 @@ def _check_fixed_size(props: Dict[str, str], onnx_path: str, height: Any,
                          "input size (height/width ranges are for detection models)")
 
 
+def check_parsable(props: Dict[str, str], onnx_path: os.PathLike | str) -> None:
+    """Refuse an int8 file TensorRT's ONNX parser cannot read, naming why (the parser itself
+    answers such files with bare "false" descriptions): dynamic quantisation (ConvInteger /
+    MatMulInteger / DynamicQuantizeLinear) and static QDQ made for ONNX Runtime (int32 biases,
+    non-zero activation zero points). The record is ``irpe quantize``'s (docs/quantize.md)."""
+    from irpe.artifact.contract import onnx_quantization
+    try:
+        record = onnx_quantization(props) or {}
+    except ValueError:
+        return  # an unreadable record: let the parser judge the graph
+    redo = "quantise the fp32 file with `irpe quantize --calibration DIR|shapes --target tensorrt`"
+    if record.get("mode") == "dynamic":
+        raise ValueError(f"{onnx_path} was quantised dynamically for ONNX Runtime (ConvInteger / "
+                         f"MatMulInteger / DynamicQuantizeLinear), which TensorRT cannot parse; "
+                         f"{redo}")
+    if record.get("mode") == "static" and record.get("target", "onnxruntime") != "tensorrt":
+        raise ValueError(f"{onnx_path} was quantised for ONNX Runtime (int32 biases, activation "
+                         f"zero points), which TensorRT cannot parse; {redo}")
+
+
 def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision: str = "fp32",
                  batch: Optional[Sequence[int]] = None, height: Optional[Sequence[int]] = None,
                  width: Optional[Sequence[int]] = None, workspace_mib: Optional[int] = None,
@@ -187,6 +207,7 @@ def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision:
     refuse_same_file(engine_path, onnx_path)
     refuse_same_file(f"{engine_path}.json", onnx_path)
     props = read_onnx_props(onnx_path)
+    check_parsable(props, onnx_path)
     _check_fixed_size(props, onnx_path, height, width)
     defaults = default_ranges(props)
     batch = _check_range("batch", batch or defaults["batch"])
