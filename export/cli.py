@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from irpe.errors import CLIError
 
@@ -18,13 +19,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     """Export a model to ONNX; prints the output path, size and RPE node counts."""
     import warnings
 
-    from .onnx import export_source, prepare_source
+    from .onnx import export_source, prepare_source, refuse_input_as_output
+    output = _output(args.source, args.output)
+    refuse_input_as_output(output, args.source, args.checkpoint)
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = _warn_line
         src = prepare_source(args.source, args.checkpoint, opset=args.opset,
                              progress=not args.quiet)
-        path, props = export_source(src, _output(args.source, args.output), inline=args.inline,
+        path, props = export_source(src, output, inline=args.inline,
                                     opset=args.opset, progress=not args.quiet,
                                     optimize=not args.no_optimize)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB): {props['irpe.model_name']}, "
@@ -33,7 +36,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warn_line(message, category, filename, lineno, file=None, line=None) -> None:
+def _warn_line(message: Warning | str, category: type, filename: str, lineno: int,
+               file: object = None, line: Optional[str] = None) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
@@ -42,7 +46,7 @@ def _default_output(source: str) -> str:
     return Path(source).stem + ".onnx"
 
 
-def _output(source: str, output) -> str:
+def _output(source: str, output: Optional[str]) -> str:
     """``-o``: a file, or an existing folder to write ``<source>.onnx`` into (default: here)."""
     import os
     if output and os.path.isdir(output):
@@ -53,8 +57,13 @@ def _output(source: str, output) -> str:
 def cmd_validate(args: argparse.Namespace) -> int:
     """Compare the file with PyTorch; exit status 1 when any output is out of tolerance."""
     from irpe.runtime.onnxruntime.session import CustomOpsError, OrtOptions
+
     from .validate import validate, write_report
     ort_options = OrtOptions.from_env().with_(args.custom_ops, args.ops_library, args.rewrites)
+    if args.json:
+        from irpe.atomic import refuse_same_file
+        refuse_same_file(args.json, args.file, args.checkpoint,
+                         args.source if args.source and os.path.isfile(args.source) else None)
     try:
         report = validate(args.file, args.source, args.checkpoint, num_inputs=args.num_inputs,
                           image_dir=args.images, atol=args.atol, rtol=args.rtol,
@@ -191,7 +200,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plugin", action="append", default=[],
                    help="plugin library to load (repeatable), e.g. "
                         "build/plugins/libirpe_trt_plugins.so; the build then runs in a child "
-                        "process (TensorRT-RTX: with a libtensorrt_rtx.so link on its library path)")
+                        "process (TensorRT-RTX: with a libtensorrt_rtx.so link on its library "
+                        "path)")
     p.add_argument("--plugin-override", action="store_true",
                    help="set the parser flag ENABLE_PLUGIN_OVERRIDE")
     p.add_argument("--compute-capability",

@@ -21,13 +21,13 @@ import torch
 from torch import nn
 
 import irpe
-from irpe.artifact.trained import ModelSpec
 from irpe.artifact.contract import io_spec, onnx_metadata
+from irpe.artifact.trained import ModelSpec
+from irpe.atomic import refuse_same_file, write_bytes
 from irpe.rpe import iRPE, set_traceable
 
 from . import symbolic
-from .functions import (GATHER, attach_functions, count_rpe_nodes, inline_functions,
-                        rpe_nodes)
+from .functions import GATHER, attach_functions, count_rpe_nodes, inline_functions, rpe_nodes
 from .source import Source, SourceLike, load_source
 
 __all__ = ["export_onnx", "export_source", "prepare_source", "Exported", "output_module"]
@@ -136,7 +136,7 @@ def _trace(src: Source, opset: int) -> onnx.ModelProto:
 def _static_output_dims(model: onnx.ModelProto, shapes: List[Tuple[int, ...]],
                         dynamic: Dict[str, Dict[int, str]]) -> None:
     """Write fixed sizes (queries, classes) into output dims the exporter left symbolic."""
-    for output, shape in zip(model.graph.output, shapes):
+    for output, shape in zip(model.graph.output, shapes, strict=False):
         dims = output.type.tensor_type.shape.dim
         for axis, dim in enumerate(dims):
             if axis not in dynamic.get(output.name, {}) and axis < len(shape):
@@ -221,19 +221,21 @@ def export_source(src: Source, output: os.PathLike, *, inline: bool = False, ops
     props = {p.key: p.value for p in model.metadata_props}
     output = Path(output)
     with log.step(f"write {output.name}"):
-        output.parent.mkdir(parents=True, exist_ok=True)
-        tmp = output.with_name(output.name + ".tmp")
-        try:
-            tmp.write_bytes(model.SerializeToString())
-            os.replace(tmp, output)
-        except BaseException:  # a failed write (full disk, output is a folder) leaves nothing
-            tmp.unlink(missing_ok=True)
-            raise
+        write_bytes(output, model.SerializeToString())  # complete, metadata included, or nothing
     if progress:
         print(f"[export] total {time.perf_counter() - log.start:.2f} s, "
               f"{output.stat().st_size / 1e6:.1f} MB, rpe nodes {props['irpe.rpe_nodes']}",
               file=sys.stderr)
     return Exported(output, props)
+
+
+def refuse_input_as_output(output: os.PathLike | str, source: object,
+                           checkpoint: Optional[str] = None) -> None:
+    """SameFileError (irpe.atomic) when ``output`` is the source or checkpoint file, before any
+    work; a source that is a registered name or a module is no file and never matches."""
+    files = [f for f in (source, checkpoint)
+             if isinstance(f, (str, os.PathLike)) and os.path.isfile(f)]
+    refuse_same_file(output, *files)
 
 
 def prepare_source(source: SourceLike, checkpoint: Optional[str] = None,
@@ -254,6 +256,7 @@ def export_onnx(source: SourceLike, output: os.PathLike, checkpoint: Optional[st
                 inline: bool = False, opset: int = 18, progress: bool = False,
                 spec: Optional[ModelSpec] = None, optimize: bool = True) -> Path:
     """Export a registry name (+ checkpoint), a trained-model file or a module (+ spec) to ONNX."""
+    refuse_input_as_output(output, source, checkpoint)
     src = prepare_source(source, checkpoint, spec, opset=opset, progress=progress)
     return export_source(src, output, inline=inline, opset=opset, progress=progress,
                          optimize=optimize).path

@@ -10,26 +10,38 @@ linear layers). The attention block's internals (q @ k^T, P @ v, the iRPE table 
 the RPEGather / RPEScatter nodes) stay float, so the file keeps its iRPE nodes and their
 functions, and ``irpe.runtime.onnxruntime.rewrites`` fuses the block into one RPEAttention as in
 fp32.
-The quantisation is written into the file's metadata (irpe.artifact.contract).
+The quantisation is written into the file's metadata (irpe.artifact.contract), before the
+file appears: the output is written beside its path and moved there complete (irpe.atomic), so
+an interrupted run leaves nothing or a labelled int8 file, and the input is never the output.
 """
 from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from irpe.artifact.contract import (onnx_precision, quantization_metadata, read_onnx_props,
-                                    read_onnx_spec)
+from irpe.artifact.contract import (
+    onnx_precision,
+    quantization_metadata,
+    read_onnx_props,
+    read_onnx_spec,
+)
+from irpe.atomic import atomic_path, refuse_same_file
 
 from .inputs import image_files
 
-__all__ = ["QuantMode", "Target", "CalibrationMethod", "QuantizeSettings", "quantize",
-           "weight_nodes", "calibration_feeds", "SHAPES"]
+if TYPE_CHECKING:
+    from onnx import ModelProto
+
+    from irpe.artifact.trained import ModelSpec
+
+__all__ = ["QuantMode", "Target", "Activations", "CalibrationMethod", "QuantizeSettings",
+           "quantize", "check_settings", "weight_nodes", "calibration_feeds", "SHAPES"]
 
 SHAPES = "shapes"  # --calibration value naming the synthetic shapes set (irpe.data.shapes)
 QUANT_OPS = ("Conv", "Gemm", "MatMul")
@@ -43,10 +55,11 @@ class QuantMode(str, Enum):
 
 
 class Target(str, Enum):
-    """The runtime the file is made for. onnxruntime: QDQ, asymmetric activations, int32
-    biases (ORT's QLinear kernels). tensorrt: QDQ, symmetric activations (zero point 0) and
-    float biases, the only QDQ forms TensorRT's ONNX parser accepts. openvino: an OpenVINO IR
-    quantised by NNCF (export/quantize_openvino.py)."""
+    """The runtime the file is made for. onnxruntime: asymmetric activations, int32 biases
+    (ORT's QLinear kernels), static or dynamic. tensorrt: static QDQ only, symmetric int8
+    activations (zero point 0) and float biases, the only forms TensorRT's ONNX parser accepts
+    (dynamic mode's ConvInteger / MatMulInteger / DynamicQuantizeLinear it does not take).
+    openvino: an OpenVINO IR quantised by NNCF (export/quantize_openvino.py)."""
 
     ONNXRUNTIME = "onnxruntime"
     TENSORRT = "tensorrt"
@@ -54,10 +67,11 @@ class Target(str, Enum):
 
 
 class Activations(str, Enum):
-    """The element type of the calibrated activations (static, ONNX Runtime). int8: symmetric
-    range of signed values, the default and the only form TensorRT takes. uint8: asymmetric;
-    ONNX Runtime's fastest int8 GEMMs on x86 take uint8 activations times int8 weights (VNNI's
-    vpdpbusd), 1.2x int8's speed on an AVX2 CPU, at some accuracy (docs/quantize.md)."""
+    """The element type of the calibrated activations (static). For ONNX Runtime both are
+    asymmetric, the same calibrated range and scale: uint8's zero point is int8's + 128, so the
+    two files hold the same grid and differ only in the type, which picks ONNX Runtime's kernel
+    (x86: uint8 activations x int8 weights is its VNNI / AVX2 fast path; docs/quantize.md,
+    "uint8 activations"). For TensorRT (int8 only) activations are symmetric, zero point 0."""
 
     INT8 = "int8"
     UINT8 = "uint8"
@@ -87,23 +101,66 @@ class QuantizeSettings:
     seed: int = 0  # shapes set seed
     excluded: Sequence[str] = field(default_factory=tuple)  # more node names kept float
 
-    def record(self, quantized: int, kept: int, weights: str) -> Dict:
+    @property
+    def activation_form(self) -> str:
+        """What the file's activations are, as recorded: ``int8 asymmetric calibrated``,
+        ``uint8 asymmetric calibrated``, ``int8 symmetric calibrated`` (TensorRT) or
+        ``uint8 dynamic`` (ONNX Runtime's DynamicQuantizeLinear)."""
+        if self.mode is QuantMode.DYNAMIC:
+            return "uint8 dynamic"
+        symmetry = "symmetric" if self.target is Target.TENSORRT else "asymmetric"
+        return f"{self.activations.value} {symmetry} calibrated"
+
+    def record(self, quantized: int, kept: int, weights: str,
+               samples: Optional[int] = None) -> Dict:
         """The metadata record of a quantisation with this setting (``kept``: Conv/Gemm/MatMul
-        nodes left float)."""
+        nodes left float; ``samples``: the calibration images really used, which a folder of
+        fewer images than ``self.samples`` makes smaller)."""
         out = {k: (v.value if isinstance(v, Enum) else v) for k, v in asdict(self).items()}
         out["excluded"] = list(self.excluded)
+        if samples is not None:
+            out["samples"] = samples
         if self.mode is QuantMode.DYNAMIC:
             for key in ("calibration", "samples", "batch", "method", "seed", "activations"):
                 out.pop(key)
         out.update(format="QDQ" if self.mode is QuantMode.STATIC else "QOperator",
                    weights="int8 per-channel" if self.per_channel else "int8 per-tensor",
-                   activations=f"{self.activations.value} calibrated"
-                   if self.mode is QuantMode.STATIC else "uint8 dynamic",
+                   activations=self.activation_form,
                    quantized_nodes=quantized, float_nodes=kept, source_weights=weights)
         return out
 
 
-def weight_nodes(model, excluded: Sequence[str] = (), input_layers: bool = False) -> List[str]:
+def check_settings(settings: QuantizeSettings) -> None:
+    """Refuse, before any work, combinations whose file the target could not read (or that
+    would silently not do what they say); ValueError, one line."""
+    static = settings.mode is QuantMode.STATIC
+    if settings.target is Target.TENSORRT and not static:
+        raise ValueError("--target tensorrt is for static quantisation: dynamic mode writes "
+                         "ConvInteger / MatMulInteger / DynamicQuantizeLinear, which TensorRT "
+                         "cannot parse (use --mode static --calibration DIR|shapes)")
+    if settings.activations is Activations.UINT8 and (not static or
+                                                       settings.target is Target.TENSORRT):
+        raise ValueError("uint8 activations are for static quantisation for ONNX Runtime "
+                         "(TensorRT takes symmetric int8 only; dynamic mode picks its own)")
+    if static and not settings.calibration:
+        raise ValueError("static quantisation needs a calibration set (a folder of images or "
+                         f"'{SHAPES}'); --mode dynamic needs none")
+    if settings.samples < 1 or settings.batch < 1:
+        raise ValueError(f"calibration samples and batch must be >= 1, got {settings.samples}, "
+                         f"{settings.batch}")
+    if settings.target is Target.OPENVINO and (
+            not static or settings.activations is Activations.UINT8 or
+            settings.method is not CalibrationMethod.MINMAX or not settings.per_channel):
+        raise ValueError("--target openvino: NNCF picks activations, ranges and per-channel "
+                         "weights itself; --mode dynamic, --activations, --method and "
+                         "--per-tensor are for the ONNX Runtime and TensorRT targets")
+    empty = [name for name in settings.excluded if not name.strip()]
+    if empty:
+        raise ValueError("--exclude needs a node name, got an empty one")
+
+
+def weight_nodes(model: ModelProto, excluded: Sequence[str] = (),
+                 input_layers: bool = False) -> List[str]:
     """Names of the nodes to quantise: Conv, Gemm and MatMul by a 2-D initializer; MatMuls of
     two activations and by the iRPE tables ([1, 1, D, K]) stay float (attention internals), and
     unless ``input_layers`` so do the layers reading a model input (the image): an int8 grid
@@ -124,7 +181,23 @@ def weight_nodes(model, excluded: Sequence[str] = (), input_layers: bool = False
     return names
 
 
-def _name_nodes(model) -> None:
+def _check_excluded(model: ModelProto, settings: QuantizeSettings) -> Tuple[str, ...]:
+    """The ``--exclude`` names, each once; ValueError naming the valid ones when a name is not
+    a layer this run would quantise (unknown, or float anyway): a typo must not pass as kept
+    float, nor be recorded as such."""
+    candidates = weight_nodes(model, (), settings.input_layers)
+    wanted = tuple(dict.fromkeys(settings.excluded))
+    bad = [name for name in wanted if name not in candidates]
+    if bad:
+        present = {n.name for n in model.graph.node}
+        why = "; ".join(f"{name!r} is {'kept float anyway' if name in present else 'no node'}"
+                        for name in bad)
+        raise ValueError(f"--exclude: {why}; the layers this run quantises, which --exclude can "
+                         f"keep float: {', '.join(candidates) or 'none'}")
+    return wanted
+
+
+def _name_nodes(model: ModelProto) -> None:
     """Give unnamed nodes a unique name (the quantiser selects nodes by name)."""
     taken = {n.name for n in model.graph.node if n.name}
     for k, node in enumerate(model.graph.node):
@@ -136,7 +209,7 @@ def _name_nodes(model) -> None:
             taken.add(name)
 
 
-def _shapes_items(spec, samples: int, seed: int) -> Iterator:
+def _shapes_items(spec: ModelSpec, samples: int, seed: int) -> Iterator:
     from irpe.data.datasets import ShapesClassification, ShapesDetection
     tf = spec.transform()
     if spec.task == "classification":
@@ -147,20 +220,26 @@ def _shapes_items(spec, samples: int, seed: int) -> Iterator:
         yield data[k][0]
 
 
-def _folder_items(spec, folder: str, samples: int) -> Iterator:
-    from irpe.data.transforms import load_image
+def _folder_items(spec: ModelSpec, folder: str, samples: int) -> Iterator:
+    from irpe.data.transforms import ImageError, load_image
     files = image_files(folder)[:samples]
     tf = spec.transform()
     for path in files:
-        yield tf(load_image(str(path)))
+        try:
+            image = load_image(str(path))
+        except ImageError as exc:  # named once: PIL's message names some files, not all
+            reason = str(exc).replace(f" {str(path)!r}", "")
+            raise ImageError(f"calibration image {path}: {reason}") from None
+        yield tf(image)
 
 
-def calibration_feeds(spec, calibration: str, samples: int = 64, batch: int = 8,
+def calibration_feeds(spec: ModelSpec, calibration: str, samples: int = 64, batch: int = 8,
                       seed: int = 0) -> List[Dict[str, np.ndarray]]:
     """Model inputs for calibration: ``samples`` images of the folder ``calibration`` (sorted,
     subfolders too) or of the shapes training split, preprocessed as the model expects, in
     batches (detection: padded, with their ``sizes``)."""
     import torch
+
     from irpe.models import pad_images
     if samples < 1 or batch < 1:
         raise ValueError(f"calibration samples and batch must be >= 1, got {samples}, {batch}")
@@ -200,7 +279,8 @@ def _reader(feeds: List[Dict[str, np.ndarray]]):
     return FeedReader()
 
 
-def _run_ort(model, output: Path, settings: QuantizeSettings, nodes: List[str], spec) -> None:
+def _run_ort(model: str, output: Path, settings: QuantizeSettings, nodes: List[str],
+             feeds: List[Dict[str, np.ndarray]]) -> None:
     from onnxruntime import quantization as q
     if settings.mode is QuantMode.DYNAMIC:
         q.quantize_dynamic(model, output, op_types_to_quantize=list(QUANT_OPS),
@@ -211,8 +291,6 @@ def _run_ort(model, output: Path, settings: QuantizeSettings, nodes: List[str], 
               CalibrationMethod.PERCENTILE: q.CalibrationMethod.Percentile,
               CalibrationMethod.ENTROPY: q.CalibrationMethod.Entropy}[settings.method]
     trt = settings.target is Target.TENSORRT
-    feeds = calibration_feeds(spec, settings.calibration or SHAPES, settings.samples,
-                              settings.batch, settings.seed)
     q.quantize_static(model, output, _reader(feeds), quant_format=q.QuantFormat.QDQ,
                       op_types_to_quantize=list(QUANT_OPS), per_channel=settings.per_channel,
                       activation_type=q.QuantType.QUInt8
@@ -223,37 +301,48 @@ def _run_ort(model, output: Path, settings: QuantizeSettings, nodes: List[str], 
                                      "QuantizeBias": not trt})
 
 
-def quantize(model_path: os.PathLike, output: os.PathLike,
-             settings: QuantizeSettings = QuantizeSettings()) -> Dict:
-    """Quantise an exported file to int8 and write it to ``output``; returns the metadata
-    record (:func:`irpe.artifact.contract.quantization_metadata`)."""
-    import onnx
-    source = Path(model_path)
-    props = read_onnx_props(source)  # missing / corrupt file: a clear error
+def _read_source(source: Path):
+    """The source file's metadata and spec; one-line errors for a folder, a missing or corrupt
+    file, a file without irpe metadata and an already quantised file."""
+    props = read_onnx_props(source)
     spec = read_onnx_spec(source)
     if onnx_precision(props) != "fp32":
         raise ValueError(f"{source} is already quantised ({onnx_precision(props)})")
-    if settings.activations is Activations.UINT8 and (
-            settings.mode is QuantMode.DYNAMIC or settings.target is Target.TENSORRT):
-        raise ValueError("uint8 activations are for static quantisation for ONNX Runtime "
-                         "(TensorRT takes symmetric int8 only; dynamic mode picks its own)")
-    if settings.mode is QuantMode.STATIC and not settings.calibration:
-        raise ValueError("static quantisation needs a calibration set (a folder of images or "
-                         f"'{SHAPES}'); --mode dynamic needs none")
+    return props, spec
+
+
+def quantize(model_path: os.PathLike | str, output: os.PathLike | str,
+             settings: QuantizeSettings = QuantizeSettings()) -> Dict:
+    """Quantise an exported file to int8 and write it to ``output``; returns the metadata
+    record (:func:`irpe.artifact.contract.quantization_metadata`).
+
+    Everything that can be refused is refused before any work (an output that is the input,
+    option combinations, unknown --exclude names, an unreadable calibration set); the file
+    appears at ``output`` only complete, its metadata included (irpe.atomic)."""
+    import onnx
+    source, output = Path(model_path), Path(output)
+    refuse_same_file(output, source)
+    check_settings(settings)
+    props, spec = _read_source(source)
     if settings.target is Target.OPENVINO:
-        return _openvino(source, Path(output), settings, props, spec)
+        return _openvino(source, output, settings, props, spec)
     model = onnx.load(source)
     _name_nodes(model)
-    nodes = weight_nodes(model, settings.excluded, settings.input_layers)
+    excluded = _check_excluded(model, settings)
+    nodes = weight_nodes(model, excluded, settings.input_layers)
     if not nodes:
         raise ValueError(f"{source} has no Conv, Gemm or MatMul with weights to quantise")
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
+    feeds: List[Dict[str, np.ndarray]] = []
+    if settings.mode is QuantMode.STATIC:
+        feeds = calibration_feeds(spec, settings.calibration or SHAPES, settings.samples,
+                                  settings.batch, settings.seed)
+    used = sum(len(feed["images"]) for feed in feeds)
+    settings = replace(settings, excluded=excluded)
+    with tempfile.TemporaryDirectory() as tmp, atomic_path(output) as part:
         work = Path(tmp) / "float.onnx"
         onnx.save(model, work)  # named nodes
-        _run_ort(str(work), output, settings, nodes, spec)
-    return _finish(output, model, props, settings, nodes)
+        _run_ort(str(work), part, settings, nodes, feeds)
+        return _finish(part, model, props, settings, nodes, used)
 
 
 def _openvino(source: Path, output: Path, settings: QuantizeSettings, props: Dict[str, str],
@@ -265,19 +354,14 @@ def _openvino(source: Path, output: Path, settings: QuantizeSettings, props: Dic
     if output.suffix != IR_SUFFIX:
         raise ValueError(f"--target openvino writes an OpenVINO IR: name the output *{IR_SUFFIX} "
                          f"(its weights go beside it as .bin), not {output.name}")
-    if settings.mode is QuantMode.DYNAMIC or settings.activations is Activations.UINT8 or \
-            settings.method is not CalibrationMethod.MINMAX or not settings.per_channel:
-        raise ValueError("--target openvino: NNCF picks activations, ranges and per-channel "
-                         "weights itself; --mode dynamic, --activations, --method and "
-                         "--per-tensor are for the ONNX Runtime and TensorRT targets")
-    output.parent.mkdir(parents=True, exist_ok=True)
     return quantize_openvino(source, output, settings, props, spec)
 
 
-def _finish(output: Path, float_model, props: Dict[str, str], settings: QuantizeSettings,
-            nodes: List[str]) -> Dict:
+def _finish(output: Path, float_model: ModelProto, props: Dict[str, str],
+            settings: QuantizeSettings, nodes: List[str], samples: int) -> Dict:
     """Put back what the quantiser may drop (the RPE functions, metadata, IR version) and
-    record the quantisation."""
+    record the quantisation (``samples``: calibration images used), rewriting ``output`` (the
+    temporary file, not yet at its final path)."""
     import onnx
     quant = onnx.load(output)
     have = {(f.domain, f.name) for f in quant.functions}
@@ -286,7 +370,7 @@ def _finish(output: Path, float_model, props: Dict[str, str], settings: Quantize
         quant.opset_import.extend(o for o in float_model.opset_import if o.domain == "irpe")
     quant.ir_version = max(float_model.ir_version, min(quant.ir_version, 10))
     kept = sum(1 for n in float_model.graph.node if n.op_type in QUANT_OPS and n.name not in nodes)
-    record = settings.record(len(nodes), kept, props.get("irpe.weights", ""))
+    record = settings.record(len(nodes), kept, props.get("irpe.weights", ""), samples)
     meta = dict(props, **quantization_metadata("int8", record))
     del quant.metadata_props[:]
     for key, value in meta.items():

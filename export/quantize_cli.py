@@ -15,10 +15,15 @@ def _default_output(model: str, target: str = "onnxruntime") -> str:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
-    """Quantise the file; prints what was quantised and how."""
+    """Quantise the file; prints one summary line on stdout (what was quantised and how), and
+    nothing else there: ONNX Runtime's calibration chatter goes to stderr."""
+    import contextlib
     import logging
-    from .quantize import Activations, CalibrationMethod, QuantizeSettings, QuantMode, Target, \
-        quantize
+    import os
+    import sys
+
+    from .quantize import Activations as Acts
+    from .quantize import CalibrationMethod, QuantizeSettings, QuantMode, Target, quantize
     mode = QuantMode(args.mode)
     if mode is QuantMode.STATIC and not args.calibration:
         raise CLIError("static quantisation needs --calibration DIR|shapes "
@@ -28,28 +33,37 @@ def cmd_quantize(args: argparse.Namespace) -> int:
                                 method=CalibrationMethod(args.method),
                                 per_channel=not args.per_tensor, seed=args.seed,
                                 input_layers=args.quantize_input_layers,
-                                target=Target(args.target),
-                                activations=Activations(args.activations),
+                                target=Target(args.target), activations=Acts(args.activations),
                                 excluded=tuple(args.exclude))
     output = args.output or _default_output(args.model, args.target)
     logging.getLogger().setLevel(logging.ERROR)  # the quantiser's advice goes to the root logger
     try:
-        record = quantize(args.model, output, settings)
+        with contextlib.redirect_stdout(sys.stderr):  # entropy / percentile progress lines
+            record = quantize(args.model, output, settings)
     except (ValueError, OSError, CLIError):
         raise
     except Exception as exc:  # onnxruntime's own errors (calibration runs a session)
         text = str(exc).strip().splitlines()
         raise CLIError(f"quantisation failed: {text[0] if text else type(exc).__name__}") \
             from None
-    import os
-    how = (f"calibrated on {record['calibration']} ({record['samples']} images, "
-           f"{record['method']})" if mode is QuantMode.STATIC else "activations dynamic")
-    acts = ", activations uint8" if settings.activations is Activations.UINT8 else ""
     print(f"wrote {output} ({os.path.getsize(output) / 1e6:.1f} MB): int8 {mode.value} "
-          f"{record['format']}, weights {record['weights']}{acts}, {how}; "
+          f"{record['format']}, weights {record['weights']}, "
+          f"activations {record['activations'].replace(' calibrated', '')}{_how(record, args)}; "
           f"{record['quantized_nodes']} layers quantised, {record['float_nodes']} kept float "
           "(attention MatMuls, input layers, --exclude)")
     return 0
+
+
+def _how(record: dict, args: argparse.Namespace) -> str:
+    """The calibration part of the summary: the images really used (a folder may hold fewer
+    than --samples)."""
+    if record["mode"] != "static":
+        return ""
+    used = record["samples"]
+    short = (f"; the folder has {used} of the {args.samples} requested"
+             if used < args.samples else "")
+    return (f", calibrated on {record['calibration']} ({used} image{'s' * (used != 1)}, "
+            f"{record['method']}{short})")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -72,14 +86,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also quantise the layers reading the image (kept float by default)")
     p.add_argument("--target", choices=["onnxruntime", "tensorrt", "openvino"],
                    default="onnxruntime",
-                   help="runtime the file is for: tensorrt = QDQ with symmetric activations "
-                        "and float biases, the forms TensorRT's parser accepts (static mode); "
-                        "openvino = an OpenVINO IR (-o NAME.xml) quantised by NNCF")
+                   help="runtime the file is for: tensorrt = static QDQ with symmetric int8 "
+                        "activations and float biases, the forms TensorRT's parser accepts "
+                        "(refused with --mode dynamic); openvino = an OpenVINO IR (-o NAME.xml) "
+                        "quantised by NNCF")
     p.add_argument("--activations", choices=["int8", "uint8"], default="int8",
-                   help="static, onnxruntime: calibrated activations as int8 (symmetric) or "
-                   "uint8 (asymmetric: ONNX Runtime's faster x86 kernels, some accuracy cost; "
-                   "docs/quantize.md)")
+                   help="static, onnxruntime: the calibrated activations' type; both asymmetric "
+                   "with the same scales (uint8 zero point = int8's + 128), so the same values: "
+                   "the type picks ONNX Runtime's kernel (docs/quantize.md)")
     p.add_argument("--seed", type=int, default=0, help="shapes set seed")
     p.add_argument("--exclude", action="append", default=[], metavar="NODE",
-                   help="also keep this node float (repeatable)")
+                   help="also keep this quantised layer float (repeatable; an unknown name is "
+                        "refused with the list of valid ones)")
     p.set_defaults(func=cmd_quantize)

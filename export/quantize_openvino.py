@@ -63,6 +63,7 @@ def quantize_openvino(source: Path, output: Path, settings: "QuantizeSettings",
     import openvino as ov
 
     from irpe.artifact.openvino_ir import set_ir_props, weights_path
+    from irpe.atomic import atomic_path
     from irpe.runtime.openvino.frontend import add_irpe_ops
 
     from .quantize import SHAPES, calibration_feeds
@@ -88,15 +89,13 @@ def quantize_openvino(source: Path, output: Path, settings: "QuantizeSettings",
                   activations="calibrated by NNCF (mixed preset)",
                   engine=f"nncf {nncf.__version__}")
     set_ir_props(quantized, dict(props, **quantization_metadata("int8", record)))
-    tmp = output.with_name(f".{output.stem}.tmp-{os.getpid()}{output.suffix}")
-    try:
-        ov.save_model(quantized, os.fspath(tmp), compress_to_fp16=False)
-        os.replace(weights_path(tmp), weights_path(output))
-        os.replace(tmp, output)
-    finally:
-        for leftover in (tmp, Path(weights_path(tmp))):
-            if leftover.exists():
-                leftover.unlink()
+    with atomic_path(output) as part:  # the .xml last: a reader finds its weights in place
+        try:
+            ov.save_model(quantized, os.fspath(part), compress_to_fp16=False)
+            os.replace(weights_path(part), weights_path(output))
+        finally:
+            if os.path.exists(weights_path(part)):
+                os.unlink(weights_path(part))
     return record
 
 

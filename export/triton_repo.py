@@ -11,14 +11,16 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from irpe.artifact.contract import ENGINE_SUFFIXES, read_onnx_props, read_sidecar, sidecar_path
-from irpe.runtime.onnxruntime.session import default_library
 from irpe.artifact.triton_config import TensorInfo, model_config, onnx_io, pbtxt
+from irpe.atomic import atomic_dir
+from irpe.runtime.onnxruntime.session import default_library
 
 __all__ = ["RepoOptions", "TensorInfo", "onnx_io", "write_repository", "config_text",
            "ort_library_problem", "DEFAULT_ORT_OPS", "ENGINE_SUFFIXES"]
@@ -59,25 +61,24 @@ def write_repository(repo: os.PathLike, artifacts: Sequence[str],
                      options: RepoOptions) -> List[Path]:
     """Write one model directory per artifact under ``repo``; returns the model directories.
 
-    Every artifact is resolved and checked before the first file is written."""
+    Every artifact is resolved and checked before the first file is written; the model
+    directories and README.md are built in a staging folder beside ``repo`` and moved in
+    together (irpe.atomic.atomic_dir): an interrupted or failed run leaves ``repo`` as it was
+    (and creates no folder)."""
     repo = Path(repo)
     _check_target(repo, options.force)
     _check_options(options, len(artifacts))
-    created = not repo.exists()
-    repo.mkdir(parents=True, exist_ok=True)
-    staging = repo / f".irpe-staging-{os.getpid()}"
-    try:
-        models = [_resolve(Path(a), options, staging / str(i)) for i, a in enumerate(artifacts)]
+    with tempfile.TemporaryDirectory(prefix="irpe-triton-") as scratch:
+        models = [_resolve(Path(a), options, Path(scratch) / str(i))
+                  for i, a in enumerate(artifacts)]
         _check_names(models)
-        out = [_install(m, repo, options) for m in models]
-    except BaseException:
-        if created:  # a failed first write leaves no folder behind
-            shutil.rmtree(repo, ignore_errors=True)
-        raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    (repo / "README.md").write_text(readme_text(repo, options.mount), encoding="utf-8")
-    return out
+        with atomic_dir(repo, merge=True) as stage:
+            staged = [_install(m, stage, options) for m in models]
+            names = {m.name for m in models}
+            kept = [d for d in repo.iterdir() if d.name not in names] if repo.is_dir() else []
+            readme = readme_text(kept + staged, options.mount)
+            (stage / "README.md").write_text(readme, encoding="utf-8")
+    return [repo / m.name for m in models]
 
 
 def _check_options(options: RepoOptions, count: int) -> None:
@@ -148,7 +149,8 @@ def _ort_library(path: Path, props: Dict[str, str], choice: str) -> List[Path]:
     problem = ort_library_problem(path, DEFAULT_ORT_OPS)
     if problem:
         warnings.warn(f"not referencing {DEFAULT_ORT_OPS}: ONNX Runtime cannot load "
-                      f"{path.name} with it ({problem}); the file's local functions run instead")
+                      f"{path.name} with it ({problem}); the file's local functions run instead",
+                      stacklevel=2)
         return []
     return [DEFAULT_ORT_OPS]
 
@@ -241,11 +243,9 @@ def _batch_size(inputs: List[TensorInfo], wanted: Optional[int], limit: Optional
     return wanted or limit or 8
 
 
-def _install(model: _Model, repo: Path, options: RepoOptions) -> Path:
-    """Copy artifact, libraries and labels into ``repo/<name>`` and write config.pbtxt."""
-    final = repo / model.name
-    work = repo / f".{model.name}.partial"
-    shutil.rmtree(work, ignore_errors=True)
+def _install(model: _Model, stage: Path, options: RepoOptions) -> Path:
+    """Copy artifact, libraries and labels into ``stage/<name>`` and write config.pbtxt."""
+    work = stage / model.name
     (work / "1").mkdir(parents=True)
     filename = "model.onnx" if model.platform == "onnxruntime_onnx" else "model.plan"
     shutil.copyfile(model.artifact, work / "1" / filename)
@@ -256,10 +256,7 @@ def _install(model: _Model, repo: Path, options: RepoOptions) -> Path:
         (work / "labels.txt").write_text("\n".join(labels) + "\n", encoding="utf-8")
     (work / "config.pbtxt").write_text(config_text(model, options, bool(labels)),
                                        encoding="utf-8")
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(work, final)
-    return final
+    return work
 
 
 def _labels(model: _Model) -> List[str]:
@@ -294,11 +291,13 @@ def _mounted(model: _Model, lib: Path, options: RepoOptions) -> str:
     return f"{options.mount.rstrip('/')}/{model.name}/{lib.name}"
 
 
-def readme_text(repo: Path, mount: str) -> str:
-    """How to start tritonserver on ``repo``: every model directory in it, plugin flags included."""
+def readme_text(models: Sequence[Path], mount: str) -> str:
+    """How to start tritonserver on the repository holding ``models`` (its entries: those with
+    a config.pbtxt are model directories), plugin flags included."""
     rows, plugins = [], []
-    for cfg in sorted(repo.glob("*/config.pbtxt")):
-        text, model = cfg.read_text(encoding="utf-8"), cfg.parent
+    for model in sorted((m for m in models if (m / "config.pbtxt").is_file()),
+                        key=lambda m: m.name):
+        text = (model / "config.pbtxt").read_text(encoding="utf-8")
         platform = re.search(r'^platform: "([^"]+)"', text, re.M)
         batch = re.search(r"^max_batch_size: (\d+)", text, re.M)
         libs = sorted(p.name for p in model.glob("*.so"))

@@ -14,14 +14,15 @@ from typing import Any, Dict
 import torch
 from torch import nn
 
-__all__ = ["CheckpointError", "read_state_dict", "load_torch_file", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CheckpointError", "read_state_dict", "load_torch_file", "load_checkpoint",
+           "save_checkpoint"]
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that is missing, unsafe, or does not fit the model."""
 
 
-def _unwrap(obj) -> Dict[str, torch.Tensor]:
+def _unwrap(obj: object) -> Dict[str, torch.Tensor]:
     for key in ("model", "state_dict", "model_state"):
         if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
             obj = obj[key]
@@ -86,12 +87,6 @@ def save_checkpoint(model: nn.Module, path: str, metadata: Dict[str, str] | None
     """Write the model's state_dict as safetensors (the format this project ships)."""
     from safetensors.torch import save
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    from irpe.atomic import write_bytes
     data = save(state, metadata=metadata)  # bytes: save_file creates its file mode 0600
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "wb") as fh:  # an ordinary file (umask), replaced atomically
-            fh.write(data)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_bytes(path, data)  # an ordinary file (umask), complete or absent (irpe.atomic)

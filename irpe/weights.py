@@ -24,12 +24,12 @@ import os
 import posixpath
 import re
 import sys
-import tempfile
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from .atomic import atomic_path, write_text
 from .weights_http import CHUNK, WeightsError, stream
 
 __all__ = ["KNOWN_SHA256", "WeightsError", "Fetched", "cache_dir", "weights_dir", "download",
@@ -142,10 +142,7 @@ def _read_sidecar(path: Path) -> Optional[Dict]:
 def _write_sidecar(result: Fetched) -> None:
     meta = {"name": result.name, "url": result.url, "file": result.path.name,
             "size": result.size, "sha256": result.sha256, "verified": result.verified}
-    side = _sidecar(result.path)
-    tmp = side.with_name(side.name + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=1) + "\n")
-    os.replace(tmp, side)
+    write_text(_sidecar(result.path), json.dumps(meta, indent=1) + "\n")
 
 
 def _from_cache(name: str, url: str, path: Path, expected: Optional[str]) -> Optional[Fetched]:
@@ -195,20 +192,15 @@ def _check_checkpoint(path: Path, name: str, registered: bool, url: str) -> None
 
 def _download_new(name: str, url: str, path: Path, expected: Optional[str], registered: bool,
                   progress: bool, timeout: float) -> Fetched:
-    """Stream to ``<file>.<random>.part``, verify, move into place, check, then record."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, part = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
+    """Stream to a temporary beside the file, verify, move into place (irpe.atomic), check,
+    then record."""
+    with atomic_path(path) as part:
+        with open(part, "wb") as out:  # an ordinary file (umask), readable like any other
             digest, size = stream(url, out, timeout, progress, path.name)
         if expected is not None and digest != expected:
             raise WeightsError(f"sha256 mismatch for {url}: expected {expected}, got {digest}; "
                                "the download was deleted")
         _sidecar(path).unlink(missing_ok=True)  # an old record must never describe a new file
-        os.chmod(part, 0o644)  # mkstemp makes it private; a cache file is readable like any other
-        os.replace(part, path)
-    finally:
-        Path(part).unlink(missing_ok=True)
     _check_checkpoint(path, name, registered, url)
     result = Fetched(name, url, path, digest, size, expected is not None, cached=False)
     _write_sidecar(result)

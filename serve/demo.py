@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from pathlib import Path
 from typing import List, Optional
 
 from irpe.artifact.exporters import Exporter, get_exporter
+from irpe.atomic import atomic_path
 from irpe.models.registry import bundled_weights, model_info
 
 from .config import ModelConfig
@@ -60,16 +60,12 @@ def _exported(weights: Path, cache_dir: Optional[Path]) -> Path:
     out = onnx_cache_path(weights, cache_dir, exporter)
     if out.is_file():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.stem}.{os.getpid()}.onnx")
     log.info("exporting demo model to ONNX (first start)", extra={"weights": str(weights),
                                                                    "onnx": str(out)})
     try:
-        exporter.write(str(weights), tmp)
-        os.replace(tmp, out)
+        with atomic_path(out) as tmp:  # complete or absent, also for a concurrent start
+            exporter.write(str(weights), tmp)
     except ImportError as exc:  # the exporter's own dependencies (onnx, onnxscript)
         raise RuntimeError(f"the onnxruntime backend needs the ONNX exporter: {exc}; serve the "
                            "demo with --backend torch") from None
-    finally:
-        tmp.unlink(missing_ok=True)
     return out

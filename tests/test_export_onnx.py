@@ -12,8 +12,8 @@ import torch
 
 from export.functions import DOMAIN, GATHER, SCATTER
 from export.onnx import export_onnx
-from irpe.artifact.contract import read_onnx_props, read_onnx_spec
 from irpe import RPEConfig, create_model, randomize_tables
+from irpe.artifact.contract import read_onnx_props, read_onnx_spec
 from irpe.artifact.trained import default_spec, save_trained
 from tests.helpers import tiny_deit
 
@@ -204,5 +204,5 @@ def test_corrupt_or_foreign_onnx_files(tmp_path):
         read_onnx_spec(tmp_path / "missing.onnx")
     plain = onnx.helper.make_model(onnx.helper.make_graph([], "g", [], []))
     onnx.save(plain, tmp_path / "plain.onnx")
-    with pytest.raises(ValueError, match="not an irpe trained-model file"):
+    with pytest.raises(ValueError, match="is an ONNX file without irpe metadata"):
         read_onnx_spec(tmp_path / "plain.onnx")

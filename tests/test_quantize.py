@@ -86,7 +86,7 @@ def test_static_file_keeps_rpe_nodes_functions_and_records_the_quantisation(fp32
     assert record["mode"] == "static" and record["format"] == "QDQ"
     assert record["calibration"] == "shapes" and record["samples"] == 16
     assert record["weights"] == "int8 per-channel"
-    assert record["activations"] == "int8 calibrated"
+    assert record["activations"] == "int8 asymmetric calibrated"
     assert props["irpe.model_name"] == "deit_shapes_irpe"  # the export's own metadata stays
 
 
@@ -99,7 +99,7 @@ def test_activation_type_is_the_files_and_recorded(which, dtype, request):
     zero_points = [n.input[2] for n in model.graph.node if n.op_type == "QuantizeLinear"]
     assert zero_points and all(inits[z].dtype == dtype for z in zero_points)
     record = onnx_quantization(read_onnx_props(path))
-    assert record["activations"] == f"{np.dtype(dtype).name} calibrated"
+    assert record["activations"] == f"{np.dtype(dtype).name} asymmetric calibrated"
 
 
 def test_attention_internals_and_the_input_layer_stay_float(static):
@@ -224,6 +224,7 @@ def test_eval_runs_a_quantised_file_within_half_a_point_of_fp32(fp32, static, tm
 
 def test_eval_of_an_onnx_file_matches_pytorch_on_the_same_images(fp32):
     from torch.utils.data import DataLoader
+
     from irpe.data.datasets import ShapesClassification
     from irpe.training.cli import load_for_eval
     from irpe.training.evaluate import evaluate_classification

@@ -11,11 +11,10 @@ import os
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from irpe.checkpoint import CheckpointError
 from irpe.artifact.filecheck import check_file
 from irpe.artifact.trained import ModelSpec, spec_from_metadata
+from irpe.checkpoint import CheckpointError
 from irpe.rpe import RPEConfig
-
 
 __all__ = ["TASKS", "input_names", "output_names", "dynamic_axes", "io_spec",
            "onnx_metadata", "read_onnx_props",
@@ -107,6 +106,10 @@ def read_onnx_props(path: os.PathLike) -> Dict[str, str]:
 def read_onnx_spec(path: os.PathLike) -> "ModelSpec":
     """The :class:`irpe.artifact.trained.ModelSpec` stored in an exported ONNX file."""
     props = read_onnx_props(path)
+    if not any(key.startswith("irpe.") for key in props):
+        raise ValueError(f"{os.fspath(path)} is an ONNX file without irpe metadata (no irpe.* "
+                         "keys): only files written by `irpe export` record the model, task "
+                         "and preprocessing; export the model with `irpe export`")
     try:
         return spec_from_metadata(props)
     except CheckpointError as exc:
@@ -122,10 +125,10 @@ def sidecar_path(engine_path: os.PathLike) -> Path:
 
 
 def write_sidecar(engine_path: os.PathLike, sidecar: Dict) -> Path:
-    """Write an engine's sidecar (its ``onnx_metadata`` carries the source file's props)."""
-    path = sidecar_path(engine_path)
-    path.write_text(json.dumps(sidecar, indent=2) + "\n")
-    return path
+    """Write an engine's sidecar (its ``onnx_metadata`` carries the source file's props),
+    atomically (irpe.atomic)."""
+    from irpe.atomic import write_text
+    return write_text(sidecar_path(engine_path), json.dumps(sidecar, indent=2) + "\n")
 
 
 def read_sidecar(engine_path: os.PathLike) -> Dict:

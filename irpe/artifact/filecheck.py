@@ -78,6 +78,9 @@ def check_file(path: os.PathLike, kind: str) -> None:
     path = os.fspath(path)
     if not os.path.isfile(path):
         label = "model file" if kind == "safetensors" else _LABELS[kind]
+        if os.path.isdir(path):
+            article = "an" if label[0] in "AEIOU" else "a"
+            raise ArtifactMissing(f"{path} is a folder, not {article} {label}")
         raise ArtifactMissing(f"{label} not found: {path}")
     size = os.path.getsize(path)
     with open(path, "rb") as handle:

@@ -14,21 +14,31 @@ LAYOUT = ("train", "val", "annotations", "shapes.json")
 
 
 def _prepare(out: str, force: bool) -> Path:
-    """Refuse a non-empty ``out`` unless ``force``; then remove only the layout written here."""
-    import shutil
+    """Refuse a non-empty ``out`` unless ``force``. Nothing is removed yet: the writers stage
+    the new set beside ``out`` and swap their entries in when it is complete (irpe.atomic)."""
     root = Path(out)
     if root.exists() and not root.is_dir():
         raise CLIError(f"{out} exists and is not a directory")
-    if root.is_dir() and any(root.iterdir()):
-        if not force:
-            raise CLIError(f"{out} is not empty; pass --force to overwrite it")
-        for name in LAYOUT:
+    if root.is_dir() and any(root.iterdir()) and not force:
+        raise CLIError(f"{out} is not empty; pass --force to overwrite it")
+    return root
+
+
+def _drop_stale(root: Path, summary: Dict) -> None:
+    """After a forced write: remove the layout entries the new set did not write (a detection
+    set's annotations/ under a classification set); other files in ``root`` stay."""
+    import shutil
+
+    from ..atomic import held_interrupts
+    written = {"train", "val", "shapes.json"} | ({"annotations"} if "max_objects" in summary
+                                                  else set())
+    with held_interrupts():
+        for name in set(LAYOUT) - written:
             path = root / name
             if path.is_dir():
                 shutil.rmtree(path)
             elif path.exists():
                 path.unlink()
-    return root
 
 
 def _split_lines(summary: Dict) -> str:
@@ -53,6 +63,7 @@ def cmd_shapes_cls(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     summary = write_classification(root, args.train, args.val, args.seed, args.size,
                                    progress=True)
+    _drop_stale(root, summary)
     print(f"wrote {root} (ImageFolder, {args.size}x{args.size}, seed {args.seed}, "
           f"{len(summary['classes'])} classes) in {time.perf_counter() - start:.1f} s")
     print(_split_lines(summary))
@@ -66,6 +77,7 @@ def cmd_shapes_det(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     summary = write_detection(root, args.train, args.val, args.seed, args.size,
                               args.max_objects, progress=True)
+    _drop_stale(root, summary)
     print(f"wrote {root} (COCO, {args.size}x{args.size}, seed {args.seed}, up to "
           f"{args.max_objects} objects) in {time.perf_counter() - start:.1f} s")
     print(_split_lines(summary))

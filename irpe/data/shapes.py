@@ -8,10 +8,13 @@ so boxes are exact (the tight box of the painted pixels) and tests can check the
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
+
+from irpe.atomic import atomic_dir
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -84,7 +87,7 @@ class Scene:
     background: np.ndarray
     shapes: List[Shape]
 
-    def image(self):
+    def image(self) -> "Image.Image":
         """The RGB PIL image: the background with every shape's mask filled with its colour."""
         from PIL import Image
         pixels = self.background.copy()
@@ -254,10 +257,10 @@ def coco_ground_truth(images: List[Tuple[int, int, List[Dict]]], size: int) -> D
     """COCO detection dict from (index, image_id, annotations) of square ``size`` images."""
     out = {"info": {"description": "irpe synthetic shapes"}, "licenses": [], "images": [],
            "annotations": [], "categories": coco_categories()}
-    for index, image_id, annotations in images:
+    for index, image_id, boxes in images:
         out["images"].append({"id": image_id, "file_name": f"{index:06d}.png",
                               "width": size, "height": size})
-        for ann in annotations:
+        for ann in boxes:
             out["annotations"].append({"id": len(out["annotations"]) + 1, "image_id": image_id,
                                        "iscrowd": 0, **ann})
     return out
@@ -270,68 +273,78 @@ def check_counts(**counts: int) -> None:
             raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
 
 
-def _progress(total: int, enabled: bool, desc: str):
+def _progress(total: int, enabled: bool, desc: str) -> Any:
     from tqdm import tqdm
     return tqdm(total=total, desc=desc, unit="img", disable=not enabled, leave=False)
 
 
-def _write_json(path, data: Dict) -> None:
+def _write_json(path: os.PathLike | str, data: Dict) -> None:
     import json
-    with open(path, "w", encoding="utf-8") as f:
+    with open(path, "w", encoding="utf-8") as f:  # inside a staging folder (atomic_dir)
         json.dump(data, f)
 
 
-def write_classification(out_dir, num_train: int = 4000, num_val: int = 1000, seed: int = 0,
-                         size: int = 64, progress: bool = False) -> Dict:
-    """Write ``out_dir/{train,val}/<class>/<index:06d>.png`` (ImageFolder layout); summary."""
+def write_classification(out_dir: os.PathLike | str, num_train: int = 4000,
+                         num_val: int = 1000, seed: int = 0, size: int = 64,
+                         progress: bool = False) -> Dict:
+    """Write ``out_dir/{train,val}/<class>/<index:06d>.png`` (ImageFolder layout); summary.
+
+    The set is written into a staging folder beside ``out_dir`` and moved in when complete
+    (irpe.atomic.atomic_dir: its train/, val/ and shapes.json replace those of ``out_dir``)."""
     from pathlib import Path
     check_counts(num_train=num_train, num_val=num_val)
     check_size(size, "classification")
     make_rng(seed, 0, "train")
     root = Path(out_dir)
-    summary = {"task": "classification", "path": str(root), "seed": seed, "size": size,
-               "classes": list(SHAPE_CLASSES), "splits": {}}
-    with _progress(num_train + num_val, progress, "shapes-cls") as bar:
+    summary: Dict[str, Any] = {"task": "classification", "path": str(root), "seed": seed,
+                               "size": size, "classes": list(SHAPE_CLASSES), "splits": {}}
+    with atomic_dir(root, merge=True) as stage, \
+            _progress(num_train + num_val, progress, "shapes-cls") as bar:
         for split, num in (("train", num_train), ("val", num_val)):
             per_class = dict.fromkeys(SHAPE_CLASSES, 0)
             for name in SHAPE_CLASSES:
-                (root / split / name).mkdir(parents=True, exist_ok=True)
+                (stage / split / name).mkdir(parents=True, exist_ok=True)
             for index in range(num):
                 image, label = render_classification(seed, index, size, split)
-                image.save(root / split / SHAPE_CLASSES[label] / f"{index:06d}.png")
+                image.save(stage / split / SHAPE_CLASSES[label] / f"{index:06d}.png")
                 per_class[SHAPE_CLASSES[label]] += 1
                 bar.update()
             summary["splits"][split] = {"images": num, "per_class": per_class}
-    _write_json(root / "shapes.json", summary)
+        _write_json(stage / "shapes.json", summary)
     return summary
 
 
-def write_detection(out_dir, num_train: int = 4000, num_val: int = 500, seed: int = 0,
-                    size: int = 128, max_objects: int = 5, progress: bool = False) -> Dict:
-    """Write ``out_dir/{train,val}/<index:06d>.png`` and COCO json under annotations/; summary."""
+def write_detection(out_dir: os.PathLike | str, num_train: int = 4000, num_val: int = 500,
+                    seed: int = 0, size: int = 128, max_objects: int = 5,
+                    progress: bool = False) -> Dict:
+    """Write ``out_dir/{train,val}/<index:06d>.png`` and COCO json under annotations/; summary.
+
+    Staged beside ``out_dir`` and moved in when complete, as :func:`write_classification`."""
     from pathlib import Path
     check_counts(num_train=num_train, num_val=num_val)
     detection_scene(seed, 0, size, max_objects)  # validates every argument before writing
     root = Path(out_dir)
-    (root / "annotations").mkdir(parents=True, exist_ok=True)
-    summary = {"task": "detection", "path": str(root), "seed": seed, "size": size,
-               "max_objects": max_objects, "classes": list(SHAPE_CLASSES), "splits": {}}
-    with _progress(num_train + num_val, progress, "shapes-det") as bar:
+    summary: Dict[str, Any] = {"task": "detection", "path": str(root), "seed": seed,
+                               "size": size, "max_objects": max_objects,
+                               "classes": list(SHAPE_CLASSES), "splits": {}}
+    with atomic_dir(root, merge=True) as stage, \
+            _progress(num_train + num_val, progress, "shapes-det") as bar:
+        (stage / "annotations").mkdir()
         for split, num in (("train", num_train), ("val", num_val)):
-            (root / split).mkdir(parents=True, exist_ok=True)
+            (stage / split).mkdir(parents=True, exist_ok=True)
             records = []
             for index in range(num):
-                image, annotations = render_detection(seed, index, size, max_objects, split)
-                image.save(root / split / f"{index:06d}.png")
-                records.append((index, index + 1, annotations))
+                image, boxes = render_detection(seed, index, size, max_objects, split)
+                image.save(stage / split / f"{index:06d}.png")
+                records.append((index, index + 1, boxes))
                 bar.update()
             coco = coco_ground_truth(records, size)
             ann_path = root / "annotations" / f"instances_{split}.json"
-            _write_json(ann_path, coco)
+            _write_json(stage / "annotations" / ann_path.name, coco)
             per_class = dict.fromkeys(SHAPE_CLASSES, 0)
             for ann in coco["annotations"]:
                 per_class[SHAPE_CLASSES[ann["category_id"] - 1]] += 1
             summary["splits"][split] = {"images": num, "objects": len(coco["annotations"]),
                                         "per_class": per_class, "annotations": str(ann_path)}
-    _write_json(root / "shapes.json", summary)
+        _write_json(stage / "shapes.json", summary)
     return summary

@@ -134,7 +134,8 @@ def _report(spec: "ModelSpec", args: argparse.Namespace, metrics: Dict) -> None:
         if key != "images":
             print(f"  {key:<6} {value:8.3f}")
     if args.json:
-        with open(args.json, "w") as fh:
+        from irpe.atomic import atomic_open
+        with atomic_open(args.json) as fh:
             json.dump({"model": spec.model_name, "data": args.data, "split": args.split,
                        "metrics": metrics}, fh, indent=2)
 

@@ -295,9 +295,9 @@ class Trainer:
         """Rank 0 replaces ``last.pt`` atomically."""
         if not self.main:
             return
-        tmp = os.path.join(self.cfg.output, "last.pt.tmp")
-        torch.save(self.state(rng), tmp)
-        os.replace(tmp, os.path.join(self.cfg.output, "last.pt"))
+        from irpe.atomic import atomic_path
+        with atomic_path(os.path.join(self.cfg.output, "last.pt")) as tmp:
+            torch.save(self.state(rng), tmp)
 
 
 def _steps(loader: Iterable, accum: int) -> Iterator[List]:

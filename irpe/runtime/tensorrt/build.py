@@ -12,11 +12,17 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from irpe.artifact.contract import read_onnx_props, write_sidecar
-from irpe.runtime.tensorrt.common import (EngineBuildError, import_tensorrt, is_rtx, load_plugins,
-                                          make_logger)
+from irpe.atomic import atomic_path, refuse_same_file, write_bytes
+from irpe.runtime.tensorrt.common import (
+    EngineBuildError,
+    import_tensorrt,
+    is_rtx,
+    load_plugins,
+    make_logger,
+)
 from irpe.runtime.tensorrt.isolate import build_in_subprocess, child_main
 
 __all__ = ["build_engine", "parse_compute_capability", "default_ranges", "PRECISIONS"]
@@ -25,7 +31,7 @@ PRECISIONS = ("fp32", "tf32", "fp16")
 Range3 = Tuple[int, int, int]
 
 
-def parse_compute_capability(trt: ModuleType, text: str):
+def parse_compute_capability(trt: ModuleType, text: str) -> Any:
     """'SM89', 'sm_89', '8.9' or '89' -> trt.ComputeCapability.SM89 (TensorRT-RTX only)."""
     if not hasattr(trt, "ComputeCapability"):
         raise ValueError(f"--compute-capability needs TensorRT-RTX; {trt.__name__} builds for "
@@ -45,7 +51,7 @@ def _check_range(name: str, values: Sequence[int]) -> Range3:
     return values  # type: ignore[return-value]
 
 
-def _profiles(network, batch: Range3, height: Optional[Range3],
+def _profiles(network: Any, batch: Range3, height: Optional[Range3],
               width: Optional[Range3]) -> Dict[str, List[List[int]]]:
     """min/opt/max shape of every network input; dynamic H/W need height/width ranges."""
     shapes = {}
@@ -69,7 +75,8 @@ def _profiles(network, batch: Range3, height: Optional[Range3],
     return shapes
 
 
-def _parse(trt: ModuleType, builder, logger, onnx_path: str, override: bool):
+def _parse(trt: ModuleType, builder: Any, logger: Any, onnx_path: str,
+           override: bool) -> Tuple[Any, Any]:
     network = builder.create_network(0)
     parser = trt.OnnxParser(network, logger)
     if override:
@@ -82,14 +89,14 @@ def _parse(trt: ModuleType, builder, logger, onnx_path: str, override: bool):
     return network, parser
 
 
-def _plugin_layers(trt: ModuleType, network) -> List[str]:
+def _plugin_layers(trt: ModuleType, network: Any) -> List[str]:
     kinds = {getattr(trt.LayerType, k) for k in ("PLUGIN", "PLUGIN_V2", "PLUGIN_V3")
              if hasattr(trt.LayerType, k)}
     return [network.get_layer(i).name for i in range(network.num_layers)
             if network.get_layer(i).type in kinds]
 
 
-def _configure(trt: ModuleType, builder, precision: str, workspace_mib: Optional[int],
+def _configure(trt: ModuleType, builder: Any, precision: str, workspace_mib: Optional[int],
                compute_capability: Optional[str]):
     config = builder.create_builder_config()
     if precision not in PRECISIONS:
@@ -125,7 +132,7 @@ def _rtx_target(trt: ModuleType, compute_capability: Optional[str]):
     return trt.ComputeCapability.CURRENT
 
 
-def _timing_cache(trt: ModuleType, config, path: Optional[str]):
+def _timing_cache(trt: ModuleType, config: Any, path: Optional[str]) -> Any:
     """Load (or start) a timing cache; TensorRT-RTX has none (its timing-cache calls are no-ops)."""
     if path is None or is_rtx(trt):
         if path is not None:
@@ -148,12 +155,33 @@ def default_ranges(props: Dict[str, str]) -> Dict[str, Range3]:
     return {"batch": (1, 2, 8), "height": (32, short, long), "width": (32, opt, long)}
 
 
-def _check_fixed_size(props: Dict[str, str], onnx_path: str, height, width) -> None:
+def _check_fixed_size(props: Dict[str, str], onnx_path: str, height: Any,
+                      width: Any) -> None:
     """Refuse height/width ranges for a classifier: its input size is fixed in the file."""
     if (height is not None or width is not None) and props.get("irpe.task") != "detection":
         flags = " and ".join(f for f, v in (("--height", height), ("--width", width)) if v)
         raise ValueError(f"{flags}: {props.get('irpe.model_name', onnx_path)} takes a fixed "
                          "input size (height/width ranges are for detection models)")
+
+
+def check_parsable(props: Dict[str, str], onnx_path: os.PathLike | str) -> None:
+    """Refuse an int8 file TensorRT's ONNX parser cannot read, naming why (the parser itself
+    answers such files with bare "false" descriptions): dynamic quantisation (ConvInteger /
+    MatMulInteger / DynamicQuantizeLinear) and static QDQ made for ONNX Runtime (int32 biases,
+    non-zero activation zero points). The record is ``irpe quantize``'s (docs/quantize.md)."""
+    from irpe.artifact.contract import onnx_quantization
+    try:
+        record = onnx_quantization(props) or {}
+    except ValueError:
+        return  # an unreadable record: let the parser judge the graph
+    redo = "quantise the fp32 file with `irpe quantize --calibration DIR|shapes --target tensorrt`"
+    if record.get("mode") == "dynamic":
+        raise ValueError(f"{onnx_path} was quantised dynamically for ONNX Runtime (ConvInteger / "
+                         f"MatMulInteger / DynamicQuantizeLinear), which TensorRT cannot parse; "
+                         f"{redo}")
+    if record.get("mode") == "static" and record.get("target", "onnxruntime") != "tensorrt":
+        raise ValueError(f"{onnx_path} was quantised for ONNX Runtime (int32 biases, activation "
+                         f"zero points), which TensorRT cannot parse; {redo}")
 
 
 def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision: str = "fp32",
@@ -176,7 +204,10 @@ def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision:
             plugins=list(plugins), plugin_override=plugin_override,
             compute_capability=compute_capability, module=module, progress=progress))
     onnx_path, engine_path = os.fspath(onnx_path), Path(engine_path)
+    refuse_same_file(engine_path, onnx_path)
+    refuse_same_file(f"{engine_path}.json", onnx_path)
     props = read_onnx_props(onnx_path)
+    check_parsable(props, onnx_path)
     _check_fixed_size(props, onnx_path, height, width)
     defaults = default_ranges(props)
     batch = _check_range("batch", batch or defaults["batch"])
@@ -201,15 +232,16 @@ def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision:
     if plan is None:
         raise EngineBuildError(f"TensorRT failed to build {engine_path.name}: "
                            f"{'; '.join(logger.messages[-3:]) or 'see log above'}")
-    _write(engine_path, bytes(plan))
-    if cache is not None:
-        Path(timing_cache).write_bytes(bytes(cache.serialize()))
+    if cache is not None and timing_cache is not None:
+        write_bytes(timing_cache, bytes(cache.serialize()))
     sidecar = _sidecar(trt, props, onnx_path, engine_path, precision, shapes, target, plugins,
                        creators, plugin_override, _plugin_layers(trt, network),
                        time.perf_counter() - start)
     sidecar["timing_cache"] = os.path.abspath(timing_cache) if cache is not None else None
     sidecar["build_warnings"] = list(logger.messages)
-    write_sidecar(engine_path, sidecar)
+    with atomic_path(engine_path) as part:  # the engine appears last, its sidecar in place
+        part.write_bytes(bytes(plan))
+        write_sidecar(engine_path, sidecar)
     if progress:
         print(f"[build-engine] {engine_path} ({engine_path.stat().st_size / 1e6:.1f} MB) in "
               f"{sidecar['build_seconds']:.1f} s; rpe plugin layers: "
@@ -217,15 +249,10 @@ def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision:
     return sidecar
 
 
-def _write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def _sidecar(trt, props, onnx_path, engine_path, precision, shapes, target, plugins, creators,
-             override, plugin_layers, seconds) -> Dict:
+def _sidecar(trt: ModuleType, props: Dict[str, str], onnx_path: os.PathLike | str,
+             engine_path: Path, precision: str, shapes: Dict, target: Any,
+             plugins: Sequence[str], creators: Any, override: bool, plugin_layers: List[str],
+             seconds: float) -> Dict:
     """The sidecar's fields; ``props``: the ONNX file's metadata, read once by build_engine."""
     return {
         "engine": engine_path.name, "onnx": os.path.abspath(onnx_path),

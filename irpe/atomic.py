@@ -1,0 +1,232 @@
+"""Atomic writes of output files and folders: every writer in irpe/, export/ and serve/ uses this.
+
+The rule (docs/DECISIONS.md): an output path holds either what it held before or a complete
+result, never a part of one, whatever stops the writer (an error, Ctrl-C, a full disk):
+
+- a file is written to a temporary file beside it (``.NAME.tmp-PID``: the same folder, so
+  ``os.replace`` is a rename within one file system), everything included (an ONNX file's
+  metadata, an engine's sidecar), flushed and fsynced, then moved over the target;
+- on any exception, KeyboardInterrupt included, the temporary is removed, and so are the
+  folders the write created: an output's missing folders exist only after success;
+- the move (and the clean-up) runs with SIGINT held, so a Ctrl-C lands before or after it,
+  never half way; it is raised as KeyboardInterrupt once the step is done;
+- an output that is one of the inputs (same path, or the same file through a link) is refused
+  before any work (:func:`refuse_same_file`): a tool never destroys its own input.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Iterator, List, Optional, Sequence
+
+__all__ = ["SameFileError", "same_file", "refuse_same_file", "temp_name", "held_interrupts",
+           "atomic_path", "atomic_open", "write_bytes", "write_text", "atomic_dir"]
+
+
+class SameFileError(ValueError):
+    """The output names one of the inputs: writing it would destroy that input."""
+
+
+def same_file(a: os.PathLike | str, b: os.PathLike | str) -> bool:
+    """Whether ``a`` and ``b`` are the same path (after normalisation) or the same existing
+    file (hard or symbolic links, ``os.path.samefile``)."""
+    if os.path.abspath(a) == os.path.abspath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet): not the same file
+        return False
+
+
+def refuse_same_file(output: os.PathLike | str, *inputs: Optional[os.PathLike | str]) -> None:
+    """Raise :class:`SameFileError` when ``output`` is one of ``inputs`` (None ones skipped)."""
+    for source in inputs:
+        if source is not None and same_file(output, source):
+            raise SameFileError(f"the output {os.fspath(output)} is the input "
+                                f"{os.fspath(source)}: choose another output path (an input is "
+                                "never overwritten)")
+
+
+def temp_name(target: os.PathLike | str) -> Path:
+    """The temporary beside ``target``: hidden, and no reader's suffix (``*.onnx`` globs skip
+    it); a thread other than the main one adds its id, so two threads never share one."""
+    target = Path(target)
+    tag = str(os.getpid())
+    if threading.current_thread() is not threading.main_thread():
+        tag += f"-{threading.get_ident()}"
+    return target.with_name(f".{target.name}.tmp-{tag}")
+
+
+@contextmanager
+def held_interrupts() -> Iterator[None]:
+    """Hold SIGINT for the block (main thread; elsewhere a no-op): a Ctrl-C received meanwhile
+    is delivered when the block ends, to the handler that was there before."""
+    try:
+        previous = signal.getsignal(signal.SIGINT)
+    except ValueError:
+        previous = None
+    if previous is None or threading.current_thread() is not threading.main_thread():
+        yield  # a handler not set from Python cannot be restored: do not touch it
+        return
+    held: List[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held and previous is not signal.SIG_IGN:
+            if callable(previous):
+                previous(signal.SIGINT, None)  # default_int_handler: KeyboardInterrupt
+            else:
+                signal.raise_signal(signal.SIGINT)  # SIG_DFL: the default action
+
+
+def _make_parents(folder: Path) -> List[Path]:
+    """Create ``folder`` and its missing parents; the ones created, outermost first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    created = []
+    for path in reversed(missing):
+        try:
+            path.mkdir()
+        except FileExistsError:  # another writer made it meanwhile: not ours to remove
+            continue
+        created.append(path)
+    return created
+
+
+def _remove_created(created: Sequence[Path]) -> None:
+    for path in reversed(created):
+        try:
+            path.rmdir()  # only while empty: never what another writer put there
+        except OSError:
+            return
+
+
+def _fsync(path: Path, folder: bool = False) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if folder else 0))
+    except OSError:
+        if folder:
+            return  # a folder that cannot be opened (some platforms): its rename still stands
+        raise
+    try:
+        os.fsync(fd)
+    except OSError:
+        if not folder:
+            raise
+    finally:
+        os.close(fd)
+
+
+def _discard(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+@contextmanager
+def atomic_path(target: os.PathLike | str) -> Iterator[Path]:
+    """Yield a temporary path beside ``target`` for the block to write completely (any writer
+    that takes a path: ``onnx.save``, ``torch.save``, ONNX Runtime's quantiser); then fsync it
+    and move it over ``target``. On any exception (KeyboardInterrupt too) the temporary and the
+    folders created for it are removed and ``target`` is untouched."""
+    target = Path(target)
+    if target.is_dir():
+        raise IsADirectoryError(f"{target} is a folder, not a file to write")
+    created = _make_parents(target.parent)
+    tmp = temp_name(target)
+    try:
+        yield tmp
+        if not tmp.is_file():
+            raise FileNotFoundError(f"the writer of {target} wrote nothing to {tmp}")
+        _fsync(tmp)
+        with held_interrupts():
+            os.replace(tmp, target)
+            _fsync(target.parent, folder=True)
+    except BaseException:
+        with held_interrupts():
+            _discard(tmp)
+            _remove_created(created)
+        raise
+
+
+@contextmanager
+def atomic_open(target: os.PathLike | str, mode: str = "w",
+                encoding: Optional[str] = None) -> Iterator[IO]:
+    """``open(target, mode)`` through :func:`atomic_path`: the file appears complete when the
+    block ends, or not at all. ``mode`` is a write mode ("w", "wb")."""
+    if not mode.startswith("w"):
+        raise ValueError(f"atomic_open writes a whole file: mode 'w' or 'wb', got {mode!r}")
+    if "b" not in mode and encoding is None:
+        encoding = "utf-8"
+    with atomic_path(target) as tmp:
+        with open(tmp, mode, encoding=encoding) as handle:
+            yield handle
+
+
+def write_bytes(target: os.PathLike | str, data: bytes) -> Path:
+    """Write ``data`` to ``target`` atomically; returns the path."""
+    with atomic_open(target, "wb") as handle:
+        handle.write(data)
+    return Path(target)
+
+
+def write_text(target: os.PathLike | str, text: str, encoding: str = "utf-8") -> Path:
+    """Write ``text`` to ``target`` atomically; returns the path."""
+    with atomic_open(target, "w", encoding=encoding) as handle:
+        handle.write(text)
+    return Path(target)
+
+
+@contextmanager
+def atomic_dir(target: os.PathLike | str, merge: bool = False) -> Iterator[Path]:
+    """Yield a staging folder beside ``target`` for the block to fill; then move it into place.
+
+    ``merge=False``: the staged folder replaces ``target`` as a whole. ``merge=True``: each
+    entry staged replaces the entry of the same name in ``target`` (created if absent), the
+    other entries of ``target`` are kept. A replaced entry is renamed aside and removed after
+    the new one is in place, with SIGINT held throughout. On any exception the staging folder
+    and the folders created for it are removed."""
+    target = Path(target)
+    if target.exists() and not target.is_dir():
+        raise NotADirectoryError(f"{target} exists and is not a folder")
+    created = _make_parents(target.parent)
+    stage = temp_name(target)
+    _discard(stage)
+    try:
+        stage.mkdir()
+        yield stage
+        with held_interrupts():
+            if merge and target.is_dir():
+                for entry in sorted(stage.iterdir()):
+                    _swap(entry, target / entry.name)
+                stage.rmdir()
+            else:
+                _swap(stage, target)
+            _fsync(target.parent, folder=True)
+    except BaseException:
+        with held_interrupts():
+            _discard(stage)
+            _remove_created(created)
+        raise
+
+
+def _swap(new: Path, old: Path) -> None:
+    """Put ``new`` at ``old``'s path; an existing ``old`` is renamed aside, then removed."""
+    aside = old.with_name(f".{old.name}.old-{os.getpid()}")
+    if old.exists() or old.is_symlink():
+        _discard(aside)
+        os.replace(old, aside)
+    os.replace(new, old)
+    _discard(aside)
