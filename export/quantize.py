@@ -346,7 +346,7 @@ def quantize(model_path: os.PathLike | str, output: os.PathLike | str,
 
 
 def _openvino(source: Path, output: Path, settings: QuantizeSettings, props: Dict[str, str],
-              spec) -> Dict:
+              spec: ModelSpec) -> Dict:
     """``--target openvino``: NNCF, an OpenVINO IR; options that mean nothing there refused."""
     from irpe.artifact.openvino_ir import IR_SUFFIX
 

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List
 
@@ -89,13 +90,14 @@ def quantize_openvino(source: Path, output: Path, settings: "QuantizeSettings",
                   activations="calibrated by NNCF (mixed preset)",
                   engine=f"nncf {nncf.__version__}")
     set_ir_props(quantized, dict(props, **quantization_metadata("int8", record)))
-    with atomic_path(output) as part:  # the .xml last: a reader finds its weights in place
-        try:
-            ov.save_model(quantized, os.fspath(part), compress_to_fp16=False)
-            os.replace(weights_path(part), weights_path(output))
-        finally:
-            if os.path.exists(weights_path(part)):
-                os.unlink(weights_path(part))
+    # staged in a hidden folder beside the output (OpenVINO names its files by the .xml);
+    # the weights move first, the .xml last (irpe.atomic): a reader finds its weights in place
+    with atomic_path(output) as part, \
+            tempfile.TemporaryDirectory(dir=part.parent, prefix=".ir-stage-") as stage:
+        staged = os.path.join(stage, "model.xml")
+        ov.save_model(quantized, staged, compress_to_fp16=False)
+        os.replace(weights_path(staged), weights_path(output))
+        os.replace(staged, part)
     return record
 
 
