@@ -16,10 +16,17 @@ from typing import Dict, List, Literal, Optional, Tuple, get_args
 import torch
 from torch import nn
 
-from ..bucket import (bucket_ids, bucket_ids_traceable, coefficients, ids_from_offsets,
-                      num_buckets, piecewise_index, piecewise_index_traceable)
+from ..bucket import (
+    bucket_ids,
+    bucket_ids_traceable,
+    coefficients,
+    ids_from_offsets,
+    num_buckets,
+    piecewise_index,
+    piecewise_index_traceable,
+)
 from ..idcache import BUCKET_IDS
-from ..rpe import iRPE, iRPECross
+from ..rpe import Encoding, GridSize, attention_grid, iRPE, rpe_parts
 from .launch import MAX_BUCKETS_V, MAX_HEAD_DIM, kernel_available
 from .op import fused_rpe_attention
 
@@ -73,12 +80,6 @@ def fused_mode() -> FusedMode:
     return _override if _override is not None else _ENV_MODE
 
 
-def _parts(module) -> List[iRPE]:
-    if module is None:
-        return []
-    return [module.rp_rows, module.rp_cols] if isinstance(module, iRPECross) else [module]
-
-
 def exporting() -> bool:
     """True while torch.onnx / jit tracing / torch.export record a graph (keep the manual ops)."""
     return (torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
@@ -95,7 +96,8 @@ def _capability(device: torch.device) -> Tuple[int, int]:
     return _CAPABILITY[index]
 
 
-def fused_supported(q: Tensor, k: Tensor, rpe_q, rpe_k, rpe_v, height, width,
+def fused_supported(q: Tensor, k: Tensor, rpe_q: Optional[Encoding], rpe_k: Optional[Encoding],
+                    rpe_v: Optional[Encoding], height: GridSize, width: GridSize,
                     dropout: Optional[nn.Module]) -> bool:
     """Whether this call may take the fused kernel (mode, device, shapes, no export/dropout)."""
     mode = fused_mode()
@@ -112,13 +114,13 @@ def fused_supported(q: Tensor, k: Tensor, rpe_q, rpe_k, rpe_v, height, width,
         return False  # Triton's dot: sm_75+ (fp16/fp32), bf16 from sm_80
     if dropout is not None and dropout.training and dropout.p > 0:
         return False
-    parts = _parts(rpe_q) + _parts(rpe_k) + _parts(rpe_v)
-    if any(m.traceable or m.fixed_grid for m in parts):
+    if any(m.traceable or m.fixed_grid for m in rpe_parts(rpe_q, rpe_k, rpe_v)):
         return False
-    return sum(m.num_buckets for m in _parts(rpe_v)) <= MAX_BUCKETS_V
+    return sum(m.num_buckets for m in rpe_parts(rpe_v)) <= MAX_BUCKETS_V
 
 
-def cpu_supported(q: Tensor, k: Tensor, rpe_q, rpe_k, rpe_v, height,
+def cpu_supported(q: Tensor, k: Tensor, rpe_q: Optional[Encoding], rpe_k: Optional[Encoding],
+                  rpe_v: Optional[Encoding], height: GridSize,
                   dropout: Optional[nn.Module]) -> bool:
     """Whether this call may take the CPU path (irpe.fused.cpu): CPU self-attention with iRPE,
     mode auto/fused (fused with the Triton interpreter on means the kernel), no export/dropout."""
@@ -131,7 +133,7 @@ def cpu_supported(q: Tensor, k: Tensor, rpe_q, rpe_k, rpe_v, height,
         return False
     if dropout is not None and dropout.training and dropout.p > 0:
         return False
-    parts = _parts(rpe_q) + _parts(rpe_k) + _parts(rpe_v)
+    parts = rpe_parts(rpe_q, rpe_k, rpe_v)
     return bool(parts) and not any(m.traceable or m.fixed_grid for m in parts)
 
 
@@ -162,7 +164,8 @@ def _offset_ids(m: iRPE, height: int, width: int, skip: int, traceable: bool) ->
     return torch.cat([ids.reshape(-1), ids.new_full((1,), extra)])
 
 
-def _build_ids(parts: List[iRPE], grid: Tuple[int, int, int], device, traceable: bool) -> Tensor:
+def _build_ids(parts: List[iRPE], grid: Tuple[int, int, int], device: torch.device,
+               traceable: bool) -> Tensor:
     height, width, skip = grid
     planes, offset = [], 0
     for m in parts:
@@ -177,7 +180,7 @@ def _build_ids(parts: List[iRPE], grid: Tuple[int, int, int], device, traceable:
     return torch.stack(planes).to(device)
 
 
-def _ids_stack(parts: List[iRPE], grid: Tuple[int, int, int], device) -> Tensor:
+def _ids_stack(parts: List[iRPE], grid: Tuple[int, int, int], device: torch.device) -> Tensor:
     """int32 ids on ``device`` (relative-offset tables or (L, L) matrices, one plane per part,
     offset by the previous parts' bucket counts), shared by all layers through the process's
     bucket-id cache (irpe.idcache: bounded by bytes, counted in serve's metrics). Under
@@ -191,23 +194,19 @@ def _ids_stack(parts: List[iRPE], grid: Tuple[int, int, int], device) -> Tensor:
 
 
 @torch.inference_mode(False)  # a normal tensor even if first built under inference_mode,
-def _build_cached(parts: List[iRPE], grid: Tuple[int, int, int], device) -> Tensor:
+def _build_cached(parts: List[iRPE], grid: Tuple[int, int, int], device: torch.device
+                  ) -> Tensor:
     return _build_ids(parts, grid, device, traceable=False)  # so autograd may save it later
 
 
-def _term(module, x: Optional[Tensor], length: int, grid: Tuple[int, int, int], device
+def _term(module: Optional[Encoding], x: Optional[Tensor], length: int,
+          grid: Tuple[int, int, int], device: torch.device
           ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
     """(table (B|1,H|1,L,K_total), int32 ids) of a K or Q term; cross is concatenated."""
-    parts = _parts(module)
-    if not parts:
+    parts = rpe_parts(module)
+    if x is None or not parts:
         return None, None
-    tables = []
-    for m in parts:
-        if m.mode == "bias":
-            bias = m.lookup_table_bias.to(x.dtype)
-            tables.append(bias.view(1, bias.shape[0], 1, -1).expand(1, -1, length, -1))
-        else:
-            tables.append(m._table(x))
+    tables = [m.table(x) for m in parts]
     if len(tables) > 1:
         heads = max(t.shape[1] for t in tables)
         tables = [t.expand(t.shape[0], heads, length, -1) for t in tables]
@@ -215,17 +214,16 @@ def _term(module, x: Optional[Tensor], length: int, grid: Tuple[int, int, int], 
     return table, _ids_stack(parts, grid, device)
 
 
-def fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q, rpe_k, rpe_v,
-                    height, width, key_padding_mask: Optional[Tensor]) -> Tensor:
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q: Optional[Encoding],
+                    rpe_k: Optional[Encoding], rpe_v: Optional[Encoding], height: Optional[int],
+                    width: Optional[int], key_padding_mask: Optional[Tensor]) -> Tensor:
     """rpe_attention's result through the fused op (q, k, v (B, H, L, D))."""
     length, device = q.shape[2], q.device
-    first = (_parts(rpe_k) + _parts(rpe_q) + _parts(rpe_v))[0]
-    grid = first.grid(length, height, width)
-    first._skip(grid[2])
+    grid = attention_grid(rpe_q, rpe_k, rpe_v, length, height, width)
     qs = q * scale
     table_k, ids_k = _term(rpe_k, qs, length, grid, device)
     table_q, ids_q = _term(rpe_q, k * scale if rpe_q is not None else None, length, grid, device)
-    parts_v = _parts(rpe_v)
+    parts_v = rpe_parts(rpe_v)
     ids_v = _ids_stack(parts_v, grid, device) if parts_v else None
     nbv = sum(m.num_buckets for m in parts_v)
     out, s = fused_rpe_attention(qs, k, v, table_k, ids_k, table_q, ids_q, ids_v, nbv,
