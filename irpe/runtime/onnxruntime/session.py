@@ -32,7 +32,7 @@ from irpe.plugin_files import BUILD_DIR
 from irpe.runtime.onnxruntime.rewrites import STAGES, parse_stages
 
 __all__ = ["MODES", "MODE_ALIASES", "MODE_ENV", "LIBRARY_ENV", "FUSE_ENV", "CustomOpsError",
-           "OpsPath",
+           "GPU_PROVIDERS", "OpsPath",
            "OrtOptions", "default_library", "resolve_mode", "find_library", "share_thread_pool",
            "session_options", "create_session"]
 
@@ -44,7 +44,10 @@ MODE_ENV = "IRPE_ORT_CUSTOM_OPS"
 LIBRARY_ENV = "IRPE_ORT_OPS_LIBRARY"
 FUSE_ENV = "IRPE_ORT_FUSE"  # "0": no load-time rewrite; else stages (rewrites.parse_stages)
 _CPU_LIB, _CUDA_LIB = "libirpe_ort_ops.so", "libirpe_ort_ops_cuda.so"
-_GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+# onnxruntime's GPU execution providers, in the priority order a session lists them (ORT's
+# usual order: the TensorRT EP first, the CUDA EP for what it does not take); a session whose
+# first provider is one of them gets the CUDA build of the custom-op library
+GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 _shared_pool: Optional[int] = None  # intra-op threads of the process-wide pool, once made
 
 
@@ -141,7 +144,7 @@ class OrtOptions:
 
 def _wants_cuda(providers: Sequence[Union[str, tuple]]) -> bool:
     names = [p if isinstance(p, str) else p[0] for p in providers or ()]
-    return bool(names) and names[0] in _GPU_PROVIDERS
+    return bool(names) and names[0] in GPU_PROVIDERS
 
 
 def _wanted(library: Optional[os.PathLike], cuda: bool) -> Union[os.PathLike, str]:
