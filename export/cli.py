@@ -7,8 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import List, Tuple
+from typing import List, Optional, TextIO, Tuple
 
+from irpe.artifact.contract import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET
 from irpe.errors import CLIError
 
 __all__ = ["add_parser", "cmd_export", "cmd_validate", "cmd_build_engine"]
@@ -18,22 +19,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     """Export a model to ONNX; prints the output path, size and RPE node counts."""
     import warnings
 
-    from .onnx import export_source, prepare_source
+    from .onnx import export_model
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = _warn_line
-        src = prepare_source(args.source, args.checkpoint, opset=args.opset,
-                             progress=not args.quiet)
-        path, props = export_source(src, _output(args.source, args.output), inline=args.inline,
-                                    opset=args.opset, progress=not args.quiet,
-                                    optimize=not args.no_optimize)
+        path, props = export_model(args.source, _output(args.source, args.output),
+                                   args.checkpoint, inline=args.inline, opset=args.opset,
+                                   progress=not args.quiet, optimize=not args.no_optimize)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB): {props['irpe.model_name']}, "
           f"opset {props['irpe.opset']}, rpe nodes {props['irpe.rpe_nodes']}"
           f"{' (inlined)' if args.inline else ''}, weights {props['irpe.weights']}")
     return 0
 
 
-def _warn_line(message, category, filename, lineno, file=None, line=None) -> None:
+def _warn_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+               file: Optional[TextIO] = None, line: Optional[str] = None) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
@@ -42,7 +42,7 @@ def _default_output(source: str) -> str:
     return Path(source).stem + ".onnx"
 
 
-def _output(source: str, output) -> str:
+def _output(source: str, output: Optional[str]) -> str:
     """``-o``: a file, or an existing folder to write ``<source>.onnx`` into (default: here)."""
     import os
     if output and os.path.isdir(output):
@@ -53,6 +53,7 @@ def _output(source: str, output) -> str:
 def cmd_validate(args: argparse.Namespace) -> int:
     """Compare the file with PyTorch; exit status 1 when any output is out of tolerance."""
     from irpe.runtime.onnxruntime.session import CustomOpsError, OrtOptions
+
     from .validate import validate, write_report
     ort_options = OrtOptions.from_env().with_(args.custom_ops, args.ops_library, args.rewrites)
     try:
@@ -150,7 +151,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", help="weights for a registered name (.pth / .safetensors)")
     p.add_argument("--inline", action="store_true",
                    help="inline the RPE functions: plain ONNX without irpe-domain nodes")
-    p.add_argument("--opset", type=int, default=18, help="ONNX opset, 17..20 (default 18)")
+    p.add_argument("--opset", type=int, default=DEFAULT_OPSET,
+                   help=f"ONNX opset, {MIN_OPSET}..{MAX_OPSET} (default {DEFAULT_OPSET})")
     p.add_argument("--no-optimize", action="store_true", help="skip constant folding/pruning")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-step timing on stderr")
     p.set_defaults(func=cmd_export)
@@ -191,7 +193,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plugin", action="append", default=[],
                    help="plugin library to load (repeatable), e.g. "
                         "build/plugins/libirpe_trt_plugins.so; the build then runs in a child "
-                        "process (TensorRT-RTX: with a libtensorrt_rtx.so link on its library path)")
+                        "process (TensorRT-RTX: with a libtensorrt_rtx.so link on its library "
+                        "path)")
     p.add_argument("--plugin-override", action="store_true",
                    help="set the parser flag ENABLE_PLUGIN_OVERRIDE")
     p.add_argument("--compute-capability",

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from irpe.artifact.contract import MIN_OPSET
 from irpe.cli import main
 from irpe.runtime.onnxruntime.rewrites import STAGES
 from irpe.runtime.onnxruntime.session import OrtOptions, create_session
@@ -25,7 +26,8 @@ def _identity() -> bytes:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", MIN_OPSET)])
+    return model.SerializeToString()
 
 
 @pytest.fixture
