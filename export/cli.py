@@ -11,6 +11,7 @@ from typing import List, Optional, TextIO, Tuple
 
 from irpe.artifact.contract import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET
 from irpe.errors import CLIError
+from irpe.switch import SWITCHES
 
 __all__ = ["add_parser", "cmd_export", "cmd_validate", "cmd_build_engine"]
 
@@ -169,7 +170,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rtol", type=float, help="relative tolerance (default per precision)")
     p.add_argument("--sizes", type=_sizes, help="detection input sizes, e.g. 480x640,640x480")
     p.add_argument("--json", help="write the full report to this JSON file")
-    p.add_argument("--custom-ops", choices=["auto", "on", "off"], default=None,
+    p.add_argument("--custom-ops", choices=SWITCHES, default=None,
                    help="ONNX Runtime iRPE custom-op library (plugins/onnxruntime): auto (default, "
                         "$IRPE_ORT_CUSTOM_OPS), on (required) or off (the file's functions)")
     p.add_argument("--ops-library", metavar="FILE", help="the custom-op library file (default "

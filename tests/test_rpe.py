@@ -136,7 +136,7 @@ def test_traceable_mode_gives_same_outputs():
     attn = RPEAttention(32, 4, qkv_bias=True, rpe_config=cfg)
     _randomize(attn)
     x = torch.randn(2, 15, 32)
-    set_fused_attention("unfused")  # traceable modules run the unfused path: the same order
+    set_fused_attention("off")  # traceable modules run the unfused path: the same order
     try:
         ref = attn(x, 3, 5)
     finally:

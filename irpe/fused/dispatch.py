@@ -1,17 +1,18 @@
 """Dispatch of rpe_attention to the fused paths: mode switch, support checks, op inputs.
 
-Mode (:data:`FusedMode`): ``set_fused_attention("auto"|"fused"|"unfused")`` (``irpe serve``:
-the ``fused_attention`` setting) or the env var IRPE_FUSED_ATTENTION (auto, 1/fused, 0/unfused),
-read ONCE when this module is imported (:func:`mode_from_env`; the function wins). auto and
-fused = the Triton kernel on CUDA when supported and the SDPA-based CPU path (irpe.fused.cpu) on
-CPU; fused runs the Triton kernel on CPU tensors instead when TRITON_INTERPRET=1 (tests);
-unfused = the manual path everywhere. Unsupported cases take the unfused path, never an error.
+Mode, an :data:`irpe.switch.Switch`: ``set_fused_attention("auto"|"on"|"off")`` (``irpe serve``:
+the ``fused_attention`` setting) or the env var IRPE_FUSED_ATTENTION (auto, on, off; the older
+spellings of irpe.switch.SWITCH_ALIASES too), read ONCE when this module is imported
+(:func:`mode_from_env`; the function wins). auto and on = the Triton kernel on CUDA when
+supported and the SDPA-based CPU path (irpe.fused.cpu) on CPU; on runs the Triton kernel on CPU
+tensors instead when TRITON_INTERPRET=1 (tests); off = the unfused (manual) path everywhere.
+Unsupported cases take the unfused path, never an error.
 """
 from __future__ import annotations
 
 import os
 import warnings
-from typing import Dict, List, Literal, Optional, Tuple, get_args
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -27,54 +28,43 @@ from ..bucket import (
 )
 from ..idcache import BUCKET_IDS
 from ..rpe import Encoding, GridSize, attention_grid, iRPE, rpe_parts
+from ..switch import SWITCHES, Switch, parse_switch
 from .launch import MAX_BUCKETS_V, MAX_HEAD_DIM, kernel_available
 from .op import fused_rpe_attention
 
-__all__ = ["FusedMode", "MODE_SPELLINGS", "ENV", "set_fused_attention", "set_fused_ids",
-           "fused_mode", "mode_from_env", "parse_mode", "fused_supported", "cpu_supported",
-           "fused_attention"]
+__all__ = ["ENV", "set_fused_attention", "set_fused_ids", "fused_mode", "mode_from_env",
+           "fused_supported", "cpu_supported", "fused_attention"]
 
-FusedMode = Literal["auto", "fused", "unfused"]
-MODE_SPELLINGS: Dict[str, FusedMode] = {"auto": "auto", "1": "fused", "fused": "fused",
-                                        "0": "unfused", "unfused": "unfused"}
 ENV = "IRPE_FUSED_ATTENTION"
-_override: Optional[FusedMode] = None
+_override: Optional[Switch] = None
 Tensor = torch.Tensor
 
 
-def parse_mode(text: str) -> FusedMode:
-    """A mode from its setting text (auto, 1/fused, 0/unfused; any case); ValueError else."""
-    mode = MODE_SPELLINGS.get(text.strip().lower())
-    if mode is None:
-        raise ValueError(f"fused attention mode must be auto, fused (1) or unfused (0), "
-                         f"got {text!r}")
-    return mode
-
-
-def mode_from_env() -> FusedMode:
+def mode_from_env() -> Switch:
     """``$IRPE_FUSED_ATTENTION`` (unset: auto); a bad value warns and gives auto, since an
     import must not fail on a variable (``irpe serve`` refuses it at start-up instead)."""
     text = os.environ.get(ENV, "")
     try:
-        return parse_mode(text) if text.strip() else "auto"
+        return parse_switch(text, "fused attention mode") if text.strip() else "auto"
     except ValueError as exc:
         warnings.warn(f"{ENV}: {exc}; using auto", stacklevel=2)
         return "auto"
 
 
-_ENV_MODE: FusedMode = mode_from_env()  # the process's default, read once
+_ENV_MODE: Switch = mode_from_env()  # the process's default, read once
 
 
-def set_fused_attention(mode: Optional[FusedMode]) -> None:
-    """Force the fused ("fused") or unfused ("unfused") path, or "auto"; None = the env var's
-    mode again (as read at import)."""
+def set_fused_attention(mode: Optional[Switch]) -> None:
+    """Force the fused paths ("on") or the unfused one ("off"), or "auto"; None = the env
+    var's mode again (as read at import). Only the three words (the older spellings are for
+    settings and the variable)."""
     global _override
-    if mode is not None and mode not in get_args(FusedMode):
-        raise ValueError(f"unknown fused attention mode {mode!r}; expected auto, fused, unfused")
+    if mode is not None and mode not in SWITCHES:
+        raise ValueError(f"unknown fused attention mode {mode!r}; expected auto, on or off")
     _override = mode
 
 
-def fused_mode() -> FusedMode:
+def fused_mode() -> Switch:
     """The effective mode: the function's override, else IRPE_FUSED_ATTENTION as read at
     import, else auto."""
     return _override if _override is not None else _ENV_MODE
@@ -101,9 +91,9 @@ def fused_supported(q: Tensor, k: Tensor, rpe_q: Optional[Encoding], rpe_k: Opti
                     dropout: Optional[nn.Module]) -> bool:
     """Whether this call may take the fused kernel (mode, device, shapes, no export/dropout)."""
     mode = fused_mode()
-    if mode == "unfused" or exporting() or q.shape != k.shape or q.dim() != 4:
+    if mode == "off" or exporting() or q.shape != k.shape or q.dim() != 4:
         return False
-    if q.device.type != "cuda" and mode != "fused":
+    if q.device.type != "cuda" and mode != "on":
         return False
     if not kernel_available(q.device) or q.dtype not in (torch.float16, torch.bfloat16,
                                                          torch.float32):
@@ -123,11 +113,11 @@ def cpu_supported(q: Tensor, k: Tensor, rpe_q: Optional[Encoding], rpe_k: Option
                   rpe_v: Optional[Encoding], height: GridSize,
                   dropout: Optional[nn.Module]) -> bool:
     """Whether this call may take the CPU path (irpe.fused.cpu): CPU self-attention with iRPE,
-    mode auto/fused (fused with the Triton interpreter on means the kernel), no export/dropout."""
+    mode auto/on (on with the Triton interpreter on means the kernel), no export/dropout."""
     mode = fused_mode()
-    if mode == "unfused" or q.device.type != "cpu" or exporting() or q.dim() != 4:
+    if mode == "off" or q.device.type != "cpu" or exporting() or q.dim() != 4:
         return False
-    if mode == "fused" and kernel_available(q.device):
+    if mode == "on" and kernel_available(q.device):
         return False  # TRITON_INTERPRET=1 and the kernel forced: the kernel runs
     if q.shape[:3] != k.shape[:3] or isinstance(height, torch.Tensor):
         return False
