@@ -29,7 +29,8 @@ GridSize = Optional[IntOrTensor]
 
 @dataclass(frozen=True)
 class RPEConfig:
-    """Where and how iRPE is applied; one config describes the Q, K and V encodings."""
+    """Where and how iRPE is applied; one config describes the Q, K and V encodings (the C++
+    ``RPEConfig`` structs of plugins/ hold one exported node's share: method, ratio, skip)."""
 
     ratio: float = 1.9
     method: Method = Method.PRODUCT

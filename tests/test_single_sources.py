@@ -54,6 +54,17 @@ def test_no_other_c_source_keeps_a_method_name_table():
     assert tables == ["kernels/irpe_methods.h"]
 
 
+def test_the_config_of_an_irpe_node_has_one_name():
+    """irpe.rpe.RPEConfig's C++ counterparts (a TensorRT plugin's fields, an ONNX Runtime node's
+    attributes) are RPEConfig too, whatever else differs between them."""
+    sources = [p for p in PLUGINS.rglob("*") if p.suffix in (".h", ".cpp", ".cu")
+               and "third_party" not in p.parts]
+    structs = {str(p.relative_to(PLUGINS)) for p in sources
+               if re.search(r"\bstruct\s+RPEConfig\b", p.read_text())}
+    assert structs == {"tensorrt/rpe_plugin.h", "onnxruntime/rpe_ort.h"}
+    assert not [p for p in sources if re.search(r"\bRpeConfig\b", p.read_text())]
+
+
 def test_official_numeric_ids_parse():
     assert {parse_method(v) for v in METHOD_IDS.values()} == set(Method)
     with pytest.raises(ValueError, match="unknown iRPE method 2"):
