@@ -63,8 +63,8 @@ def layer_cases(dtype: torch.dtype, device: str, terms: List[str], layers: Dict)
                 cfg, d, h, initializer=lambda p: torch.nn.init.normal_(p, std=0.02))]
             def fn(q=q, k=k, v=v, d=d, mods=mods, gh=gh, gw=gw):
                 return rpe_attention(q, k, v, d ** -0.5, *mods, gh, gw)
-            fns[f"irpe_{on}_unfused"] = _mode_call("unfused", fn)
-            fns[f"irpe_{on}_fused"] = _mode_call("fused", fn)
+            fns[f"irpe_{on}_unfused"] = _mode_call("off", fn)
+            fns[f"irpe_{on}_fused"] = _mode_call("on", fn)
         cases.append(("layer", name, fns, b, "sdpa_no_rpe"))
     return cases
 
@@ -84,17 +84,17 @@ def model_cases(dtype: torch.dtype, device: str, deit_batch: int,
         if key == "plain":
             fns["plain"] = _mode_call(None, lambda net=net: net(x))
             continue
-        fns[f"{key}_unfused"] = _mode_call("unfused", lambda net=net: net(x))
-        fns[f"{key}_fused"] = _mode_call("fused", lambda net=net: net(x))
+        fns[f"{key}_unfused"] = _mode_call("off", lambda net=net: net(x))
+        fns[f"{key}_fused"] = _mode_call("on", lambda net=net: net(x))
     cases = [("model", f"deit_s_bs{deit_batch}", fns, deit_batch, "plain")]
     plain, irpe = _net("detr_resnet50", device, dtype), _net("detr_resnet50_irpe", device, dtype)
     for size, batch in detr_sizes.items():
         hh, ww = (int(s) for s in size.split("x"))
         img = torch.randn(batch, 3, hh, ww, device=device, dtype=dtype)
         cases.append(("model", f"detr_r50_{size}_bs{batch}", {
-            "plain": _mode_call(None, lambda: plain(img)),
-            "irpe_k_unfused": _mode_call("unfused", lambda img=img: irpe(img)),
-            "irpe_k_fused": _mode_call("fused", lambda img=img: irpe(img))}, batch, "plain"))
+            "plain": _mode_call(None, lambda img=img: plain(img)),
+            "irpe_k_unfused": _mode_call("off", lambda img=img: irpe(img)),
+            "irpe_k_fused": _mode_call("on", lambda img=img: irpe(img))}, batch, "plain"))
     return cases
 
 

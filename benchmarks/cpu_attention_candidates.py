@@ -56,7 +56,7 @@ def candidates(batch: int, compiled: bool) -> Dict[str, Call]:
     onehot = torch.zeros(*ids.shape, nb).scatter_(2, ids.unsqueeze(-1), 1.0)
 
     def gather_mask() -> torch.Tensor:  # torch.gather instead of index_select on flat ids
-        table = rk._table(q * scale)
+        table = rk.table(q * scale)
         b, h, length, _ = table.shape
         mask = torch.gather(table, 3, ids.expand(b, h, length, length))
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
@@ -108,7 +108,7 @@ def report(times: Dict[str, List[float]]) -> List[str]:
     lines = ["| candidate | median ms | best ms | median of round ratios (time / plain) |",
              "|---|---|---|---|"]
     for name, ts in times.items():
-        rounds = statistics.median(t / p for t, p in zip(ts, plain))
+        rounds = statistics.median(t / p for t, p in zip(ts, plain, strict=True))
         lines.append(f"| {name} | {statistics.median(ts) * 1e3:.2f} | {min(ts) * 1e3:.2f} | "
                      f"{rounds:.2f} |")
     return lines

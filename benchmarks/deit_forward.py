@@ -57,7 +57,7 @@ def _path(key: str) -> str:
 
 def _forward(model: torch.nn.Module, x: torch.Tensor, path: str) -> None:
     """One forward on ``path``: "" (the default dispatch), "_unfused" or "_sdpa"."""
-    set_fused_attention("unfused" if path == "_unfused" else None)
+    set_fused_attention("off" if path == "_unfused" else None)
     set_cpu_library(None if path == "_sdpa" else True)
     try:
         model(x)
@@ -141,7 +141,8 @@ def main(argv=None) -> int:
     if args.quick:
         args.batch, args.repeats, args.warmup = 1, 1, 1
     models = QUICK_MODELS if args.quick else MODELS
-    models = with_paths(models, [s for s, on in zip(PATHS, (args.unfused, args.sdpa)) if on])
+    wanted = (args.unfused, args.sdpa)
+    models = with_paths(models, [s for s, on in zip(PATHS, wanted, strict=True) if on])
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"DeiT forward benchmark: batch {args.batch}, {args.threads} threads, "

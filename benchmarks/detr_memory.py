@@ -28,7 +28,7 @@ SIZE, QUICK_SIZE = (800, 1216), (128, 192)
 
 def peak_bytes(model: torch.nn.Module, images: torch.Tensor, unfused: bool) -> int:
     """Largest net CPU bytes allocated during one forward (profiler memory events, in order)."""
-    set_fused_attention("unfused" if unfused else None)
+    set_fused_attention("off" if unfused else None)
     try:
         with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU],
                                              profile_memory=True) as prof:

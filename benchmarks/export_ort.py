@@ -7,10 +7,10 @@ Each model is exported with ``export.onnx.export_onnx`` (RPE nodes + local funct
 weights, non-zero iRPE tables), loaded into ``--sessions`` CPU sessions of its own, warmed up and
 then timed round-robin (one run of each session per round; a row's round time is the mean of its
 sessions) so machine drift hits all alike and no row hangs on one session's memory placement.
-All sessions share ONE intra-op thread pool (``irpe.runtime.onnxruntime.session.share_thread_pool``): with a
-pool each, the idle workers of the session that ran last spin on the cores for tens of ms and
-slow the next one, which skewed the ratios by several hundredths (docs/export.md;
-``--own-pools`` times it that way). Where the
+All sessions share ONE intra-op thread pool
+(``irpe.runtime.onnxruntime.session.share_thread_pool``): with a pool each, the idle workers of
+the session that ran last spin on the cores for tens of ms and slow the next one, which skewed
+the ratios by several hundredths (docs/export.md; ``--own-pools`` times it that way). Where the
 custom-op library (plugins/onnxruntime) is built, each iRPE file also gets a second session with
 it registered (rows ``*_ops``), timed in the same rounds with the same threads. Reports the
 median / p90 per run, images/s and the throughput ratio to the plain model against the goals
@@ -40,8 +40,13 @@ from benchmarks import deit_forward
 from benchmarks.common import device_name
 from benchmarks.deit_forward import MODELS
 from benchmarks.report import write_json_md
-from irpe.runtime.onnxruntime.session import (OrtOptions, create_session, find_library,
-                                               share_thread_pool)
+from irpe.artifact.contract import DEFAULT_OPSET
+from irpe.runtime.onnxruntime.session import (
+    OrtOptions,
+    create_session,
+    find_library,
+    share_thread_pool,
+)
 
 GOALS = {"irpe_k": 0.95, "irpe_qkv": 0.90, "irpe_k_ops": 0.98, "irpe_qkv_ops": 0.95}
 OPS_SUFFIX = "_ops"  # rows of the sessions with the custom-op library
@@ -55,7 +60,7 @@ BLOCK_IO = ("/model/blocks.0/attn/Reshape_output_0", "/model/blocks.0/attn/Trans
 SESSION4_STAGES = "qlayout,gather,scatter,softmax"  # the fused ops without RPEAttention
 
 
-def _graph(nodes, inputs, opset: int = 18, functions=()):
+def _graph(nodes, inputs, opset: int = DEFAULT_OPSET, functions=()):
     from onnx import TensorProto, helper
     value_infos = [helper.make_tensor_value_info(n, TensorProto.FLOAT if f else TensorProto.INT64,
                                                  None) for n, f in inputs]
@@ -71,14 +76,16 @@ def _graph(nodes, inputs, opset: int = 18, functions=()):
 def formulations() -> Dict[str, bytes]:
     """Gather / Q term / scatter as ONNX graphs: ours (the local functions) and alternatives."""
     from onnx import helper
+
     from export.functions import gather_function, scatter_function
     n = helper.make_node
     tbl, att, idx = ("table", True), ("attn", True), ("index", False)
+    gather, scatter = gather_function(DEFAULT_OPSET), scatter_function(DEFAULT_OPSET)
     attrs = dict(domain="irpe", plugin_namespace="irpe", plugin_version="1",
                  num_buckets=LAYER["K"])
     return {
         "gather: rows Gather (ours)": _graph([n("RPEGather", ["table", "index"], ["out"], **attrs)],
-                                             [tbl, idx], functions=[gather_function(18)]),
+                                             [tbl, idx], functions=[gather]),
         "gather: GatherElements + expanded index": _graph(
             [n("Expand", ["index", "out_shape"], ["big"]),
              n("GatherElements", ["table", "big"], ["out"], axis=3)],
@@ -92,14 +99,14 @@ def formulations() -> Dict[str, bytes]:
             [n("Reshape", ["table", "row_shape"], ["row"]),
              n("RPEGather", ["row", "index_t"], ["out"],
                **dict(attrs, num_buckets=LAYER["L"] * LAYER["K"]))],
-            [tbl, ("row_shape", False), ("index_t", False)], functions=[gather_function(18)]),
+            [tbl, ("row_shape", False), ("index_t", False)], functions=[gather]),
         "q term: gather + Transpose (as traced)": _graph(
             [n("RPEGather", ["table", "index"], ["picked"], **attrs),
              n("Transpose", ["picked"], ["out"], perm=[0, 1, 3, 2])],
-            [tbl, idx], functions=[gather_function(18)]),
+            [tbl, idx], functions=[gather]),
         "scatter: one-hot MatMul (ours)": _graph(
             [n("RPEScatter", ["attn", "index"], ["out"], **attrs)], [att, idx],
-            functions=[scatter_function(18)]),
+            functions=[scatter]),
         "scatter: ScatterElements add (not parsed by TensorRT)": _graph(
             [n("Expand", ["index", "attn_shape"], ["big"]),
              n("ScatterElements", ["zeros", "big", "attn"], ["out"], axis=3, reduction="add")],
@@ -252,7 +259,8 @@ def summarize(times: Dict[str, List[float]], models: Dict[str, str], batch: int)
     plain, plain_ops = times["plain"], times.get("plain" + OPS_SUFFIX)
     for key, row in rows.items():
         ratio = 1.0 / row.pop("ratio_to_plain")
-        rounds = [p / t for p, t in zip(plain, times[key])]  # same round: same machine state
+        # same round: same machine state
+        rounds = [p / t for p, t in zip(plain, times[key], strict=True)]
         row.update(throughput_ratio=ratio, goal=GOALS.get(key),
                    meets_goal=ratio >= GOALS[key] if key in GOALS else None,
                    ratio_round_median=statistics.median(rounds),

@@ -8,9 +8,11 @@ import argparse
 import json
 import os
 import sys
-from typing import List, Optional, Tuple
+from typing import List, Optional, TextIO, Tuple
 
+from irpe.artifact.contract import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET
 from irpe.errors import CLIError
+from irpe.switch import SWITCHES
 
 __all__ = ["add_parser", "cmd_export", "cmd_validate", "cmd_build_engine"]
 
@@ -19,25 +21,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     """Export a model to ONNX; prints the output path, size and RPE node counts."""
     import warnings
 
-    from .onnx import export_source, prepare_source, refuse_input_as_output
-    output = _output(args.source, args.output)
-    refuse_input_as_output(output, args.source, args.checkpoint)
+    from .onnx import export_model
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = _warn_line
-        src = prepare_source(args.source, args.checkpoint, opset=args.opset,
-                             progress=not args.quiet)
-        path, props = export_source(src, output, inline=args.inline,
-                                    opset=args.opset, progress=not args.quiet,
-                                    optimize=not args.no_optimize)
+        path, props = export_model(args.source, _output(args.source, args.output),
+                                   args.checkpoint, inline=args.inline, opset=args.opset,
+                                   progress=not args.quiet, optimize=not args.no_optimize)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB): {props['irpe.model_name']}, "
           f"opset {props['irpe.opset']}, rpe nodes {props['irpe.rpe_nodes']}"
           f"{' (inlined)' if args.inline else ''}, weights {props['irpe.weights']}")
     return 0
 
 
-def _warn_line(message: Warning | str, category: type, filename: str, lineno: int,
-               file: object = None, line: Optional[str] = None) -> None:
+def _warn_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+               file: Optional[TextIO] = None, line: Optional[str] = None) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
@@ -159,7 +157,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", help="weights for a registered name (.pth / .safetensors)")
     p.add_argument("--inline", action="store_true",
                    help="inline the RPE functions: plain ONNX without irpe-domain nodes")
-    p.add_argument("--opset", type=int, default=18, help="ONNX opset, 17..20 (default 18)")
+    p.add_argument("--opset", type=int, default=DEFAULT_OPSET,
+                   help=f"ONNX opset, {MIN_OPSET}..{MAX_OPSET} (default {DEFAULT_OPSET})")
     p.add_argument("--no-optimize", action="store_true", help="skip constant folding/pruning")
     p.add_argument("-q", "--quiet", action="store_true", help="no per-step timing on stderr")
     p.set_defaults(func=cmd_export)
@@ -176,7 +175,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rtol", type=float, help="relative tolerance (default per precision)")
     p.add_argument("--sizes", type=_sizes, help="detection input sizes, e.g. 480x640,640x480")
     p.add_argument("--json", help="write the full report to this JSON file")
-    p.add_argument("--custom-ops", choices=["auto", "on", "off"], default=None,
+    p.add_argument("--custom-ops", choices=SWITCHES, default=None,
                    help="ONNX Runtime iRPE custom-op library (plugins/onnxruntime): auto (default, "
                         "$IRPE_ORT_CUSTOM_OPS), on (required) or off (the file's functions)")
     p.add_argument("--ops-library", metavar="FILE", help="the custom-op library file (default "

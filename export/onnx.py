@@ -14,14 +14,14 @@ import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Dict, Iterator, List, NamedTuple, Optional, Tuple, Union
 
 import onnx
 import torch
 from torch import nn
 
 import irpe
-from irpe.artifact.contract import io_spec, onnx_metadata
+from irpe.artifact.contract import DEFAULT_OPSET, check_opset, io_spec, onnx_metadata
 from irpe.artifact.trained import ModelSpec
 from irpe.atomic import refuse_same_file, write_bytes
 from irpe.rpe import iRPE, set_traceable
@@ -30,7 +30,8 @@ from . import symbolic
 from .functions import GATHER, attach_functions, count_rpe_nodes, inline_functions, rpe_nodes
 from .source import Source, SourceLike, load_source
 
-__all__ = ["export_onnx", "export_source", "prepare_source", "Exported", "output_module"]
+__all__ = ["export_onnx", "export_model", "export_source", "prepare_source", "Exported",
+           "output_module"]
 
 MAX_IR_VERSION = 10  # onnxruntime 1.31 reads <= 13, TensorRT parsers expect <= 10
 
@@ -136,7 +137,7 @@ def _trace(src: Source, opset: int) -> onnx.ModelProto:
 def _static_output_dims(model: onnx.ModelProto, shapes: List[Tuple[int, ...]],
                         dynamic: Dict[str, Dict[int, str]]) -> None:
     """Write fixed sizes (queries, classes) into output dims the exporter left symbolic."""
-    for output, shape in zip(model.graph.output, shapes, strict=False):
+    for output, shape in zip(model.graph.output, shapes, strict=True):
         dims = output.type.tensor_type.shape.dim
         for axis, dim in enumerate(dims):
             if axis not in dynamic.get(output.name, {}) and axis < len(shape):
@@ -199,17 +200,19 @@ def _finalize(model: onnx.ModelProto, src: Source, opset: int, inline: bool) -> 
     return model
 
 
-def _check_opset(opset: int) -> None:
-    if not symbolic.MIN_OPSET <= opset <= symbolic.MAX_OPSET:
-        raise ValueError(f"opset {opset} is not supported; choose {symbolic.MIN_OPSET}.."
-                         f"{symbolic.MAX_OPSET}")
-
-
-def export_source(src: Source, output: os.PathLike, *, inline: bool = False, opset: int = 18,
-                  progress: bool = False, optimize: bool = True) -> Exported:
+def export_source(src: Source, output: Union[str, os.PathLike], *, inline: bool = False,
+                  opset: int = DEFAULT_OPSET, progress: bool = False, optimize: bool = True
+                  ) -> Exported:
     """Export an already resolved :class:`Source` (model + spec) to ``output``; the file and
-    the metadata written into it."""
-    _check_opset(opset)
+    the metadata written into it. ``opset``: irpe.artifact.contract's MIN_OPSET..MAX_OPSET
+    (ValueError else, before any work)."""
+    check_opset(opset)
+    return _write(src, output, inline, opset, progress, optimize)
+
+
+def _write(src: Source, output: Union[str, os.PathLike], inline: bool, opset: int, progress: bool,
+           optimize: bool) -> Exported:
+    """export_source's work, for an opset already checked."""
     log = _Progress(progress)
     with log.step(f"trace + convert (opset {opset})"):
         model = _trace(src, opset)
@@ -239,10 +242,8 @@ def refuse_input_as_output(output: os.PathLike | str, source: object,
 
 
 def prepare_source(source: SourceLike, checkpoint: Optional[str] = None,
-                   spec: Optional[ModelSpec] = None, *, opset: int = 18,
-                   progress: bool = False) -> Source:
-    """Check ``opset``, then resolve the model to export (timed on stderr with ``progress``)."""
-    _check_opset(opset)
+                   spec: Optional[ModelSpec] = None, *, progress: bool = False) -> Source:
+    """Resolve the model to export (timed on stderr with ``progress``)."""
     log = _Progress(progress)
     with log.step("load model"):
         src = load_source(source, checkpoint, spec)
@@ -252,11 +253,23 @@ def prepare_source(source: SourceLike, checkpoint: Optional[str] = None,
     return src
 
 
-def export_onnx(source: SourceLike, output: os.PathLike, checkpoint: Optional[str] = None, *,
-                inline: bool = False, opset: int = 18, progress: bool = False,
-                spec: Optional[ModelSpec] = None, optimize: bool = True) -> Path:
-    """Export a registry name (+ checkpoint), a trained-model file or a module (+ spec) to ONNX."""
+def export_model(source: SourceLike, output: Union[str, os.PathLike],
+                 checkpoint: Optional[str] = None, *, inline: bool = False,
+                 opset: int = DEFAULT_OPSET, progress: bool = False,
+                 spec: Optional[ModelSpec] = None, optimize: bool = True) -> Exported:
+    """Export a registry name (+ checkpoint), a trained-model file or a module (+ spec) to ONNX:
+    the opset checked (before the model loads), :func:`prepare_source`, then the export; the
+    file and the metadata written into it."""
     refuse_input_as_output(output, source, checkpoint)
-    src = prepare_source(source, checkpoint, spec, opset=opset, progress=progress)
-    return export_source(src, output, inline=inline, opset=opset, progress=progress,
-                         optimize=optimize).path
+    check_opset(opset)
+    src = prepare_source(source, checkpoint, spec, progress=progress)
+    return _write(src, output, inline, opset, progress, optimize)
+
+
+def export_onnx(source: SourceLike, output: Union[str, os.PathLike],
+                checkpoint: Optional[str] = None, *, inline: bool = False,
+                opset: int = DEFAULT_OPSET, progress: bool = False,
+                spec: Optional[ModelSpec] = None, optimize: bool = True) -> Path:
+    """:func:`export_model`'s file path."""
+    return export_model(source, output, checkpoint, inline=inline, opset=opset,
+                        progress=progress, spec=spec, optimize=optimize).path

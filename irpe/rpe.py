@@ -9,24 +9,28 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple, Union
+from typing import Callable, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
-from .bucket import Method, bucket_ids, bucket_ids_traceable, num_buckets, parse_method
+from .bucket import IntOrTensor, Method, bucket_ids, bucket_ids_traceable, num_buckets, parse_method
 from .idcache import BUCKET_IDS
 from .ops import rpe_gather, rpe_scatter
 
-__all__ = ["RPEConfig", "get_rpe_config", "build_rpe", "iRPE", "iRPECross", "set_traceable",
-           "randomize_tables"]
+__all__ = ["RPEConfig", "get_rpe_config", "build_rpe", "iRPE", "iRPECross", "Encoding",
+           "GridSize", "rpe_parts", "attention_grid", "set_traceable", "randomize_tables"]
 
 _MODES = {"bias": "bias", "contextual": "contextual", "ctx": "contextual"}
+# a grid height or width: an int, a traced size (dynamic-resolution export) or None (the
+# square grid of the sequence length)
+GridSize = Optional[IntOrTensor]
 
 
 @dataclass(frozen=True)
 class RPEConfig:
-    """Where and how iRPE is applied; one config describes the Q, K and V encodings."""
+    """Where and how iRPE is applied; one config describes the Q, K and V encodings (the C++
+    ``RPEConfig`` structs of plugins/ hold one exported node's share: method, ratio, skip)."""
 
     ratio: float = 1.9
     method: Method = Method.PRODUCT
@@ -142,32 +146,50 @@ class iRPE(nn.Module):
             for p in self.parameters():
                 initializer(p)
 
-    def grid(self, length: int, height=None, width=None) -> Tuple[int, int, int]:
+    def grid(self, length: int, height: Optional[int] = None, width: Optional[int] = None
+             ) -> Tuple[int, int, int]:
         """(height, width, skip) for a sequence; without H/W the grid is floor(sqrt(L)) square."""
         if height is None or width is None:
-            if height is not None or width is not None:
-                raise ValueError("give both height and width, or neither")
+            _both_or_neither(height, width)
             height = width = int(math.isqrt(length))
         skip = length - height * width
         if skip < 0:
-            raise ValueError(f"sequence of {length} tokens is shorter than the {height}x{width} grid")
+            raise ValueError(f"sequence of {length} tokens is shorter than the {height}x{width} "
+                             "grid")
         return height, width, skip
 
-    def bucket_ids(self, length: int, height=None, width=None,
+    def check_grid(self, length: int, height: Optional[int] = None,
+                   width: Optional[int] = None) -> Tuple[int, int, int]:
+        """:meth:`grid` checked against this module: ValueError when the sequence has skip
+        tokens and the module was built without (or the reverse), as :meth:`forward` raises."""
+        height, width, skip = self.grid(length, height, width)
+        return height, width, self._skip(skip)
+
+    @property
+    def parts(self) -> List["iRPE"]:
+        """The single-table encodings this module is made of: itself (cross: rows, cols)."""
+        return [self]
+
+    def bucket_ids(self, length: int, height: GridSize = None, width: GridSize = None,
                    device: Optional[torch.device] = None) -> torch.Tensor:
         """Bucket ids (L, L) for this module's method; cached unless tracing dynamic sizes."""
         if self.fixed_grid:  # exporting one static size: the ids become a graph constant
             length = int(length)
-            height, width = (None, None) if height is None else (int(height), int(width))
-        elif self.traceable or isinstance(height, torch.Tensor) or torch.compiler.is_compiling():
+            height = None if height is None else int(height)
+            width = None if width is None else int(width)
+        elif (self.traceable or isinstance(height, torch.Tensor) or isinstance(width, torch.Tensor)
+              or torch.compiler.is_compiling()):
             # torch.compile: ids in-graph (the locked id cache would break the graph)
-            if height is None:
+            if height is None or width is None:
+                _both_or_neither(height, width)
                 height, width, _ = self.grid(length)
-            skip = self.skip if isinstance(height, torch.Tensor) else length - height * width
-            return bucket_ids_traceable(self.method, self.ratio, height, width, self._skip(skip),
+            if isinstance(height, torch.Tensor) or isinstance(width, torch.Tensor):
+                skip = self.skip  # traced sizes: the module's skip
+            else:
+                skip = self._skip(length - height * width)
+            return bucket_ids_traceable(self.method, self.ratio, height, width, skip,
                                         device=device)
-        height, width, skip = self.grid(length, height, width)
-        skip = self._skip(skip)
+        height, width, skip = self.check_grid(length, height, width)
         device = None if device is None else torch.device(device)
         if device is None or device.type == "cpu":  # CPU ids: cached by bucket_ids
             return bucket_ids(self.method, self.ratio, height, width, skip)
@@ -176,13 +198,14 @@ class iRPE(nn.Module):
         return BUCKET_IDS.get_or_build(key, lambda: _to_device(
             bucket_ids(self.method, self.ratio, height, width, skip), device))  # one LRU by bytes
 
-    def _skip(self, skip):
+    def _skip(self, skip: int) -> int:
         if isinstance(skip, int) and (skip > 0) != (self.skip > 0):
             raise ValueError(f"input has {skip} skip tokens but the module was built with "
                              f"skip={self.skip} ({self.num_buckets} buckets)")
         return skip
 
-    def forward(self, x: torch.Tensor, height=None, width=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, height: GridSize = None, width: GridSize = None
+                ) -> torch.Tensor:
         """Encoding for x (B,H,L,D) on Q/K -> (B|1,H,L,L); for attn (B,H,L,L) on V -> (B,H,L,D)."""
         ids = self.bucket_ids(x.shape[2], height, width, device=x.device)
         if not self.transposed:
@@ -191,13 +214,19 @@ class iRPE(nn.Module):
         if self.mode == "bias":
             lq, lk = ids.shape
             return self.lookup_table_bias[:, ids.reshape(-1)].view(1, -1, lq, lk).to(x.dtype)
-        return rpe_gather(self._table(x), ids)
+        return rpe_gather(self.table(x), ids)
 
-    def _table(self, x: torch.Tensor) -> torch.Tensor:
-        """Contextual lookup table x @ W: (B,H,L,D) -> (B,H,L,K) per-token bucket values."""
+    def table(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-token lookup table of x (B,H,L,D) on Q/K: contextual x @ W -> (B,H|1,L,K); bias:
+        the (H|1, K) table broadcast to (1,H|1,L,K). Entry [.., i, c] is bucket c's value for
+        token i, which the bucket ids gather from."""
+        if self.mode == "bias":
+            bias = self.lookup_table_bias.to(x.dtype)
+            return bias.view(1, bias.shape[0], 1, -1).expand(1, -1, x.shape[2], -1)
         return torch.matmul(x, self.lookup_table_weight.unsqueeze(0).to(x.dtype))
 
-    def forward_transposed(self, x: torch.Tensor, height=None, width=None) -> torch.Tensor:
+    def forward_transposed(self, x: torch.Tensor, height: GridSize = None,
+                           width: GridSize = None) -> torch.Tensor:
         """``forward(x).transpose(2, 3)`` for Q/K (the iRPE-Q logits term), layout-free on export.
 
         When exporting one static grid size (``set_traceable(m, fixed_grid=True)``), the table
@@ -209,7 +238,7 @@ class iRPE(nn.Module):
             return self(x, height, width).transpose(2, 3)
         heads, length = int(x.shape[1]), int(x.shape[2])  # static: constants in the graph
         ids = self.bucket_ids(length, height, width, device=x.device)
-        table = self._table(x)
+        table = self.table(x)
         rows = torch.arange(length, device=x.device).unsqueeze(1) * self.num_buckets
         flat = (ids.to(torch.long) + rows).transpose(0, 1)
         return rpe_gather(table.reshape(-1, heads, 1, length * self.num_buckets), flat)
@@ -233,27 +262,63 @@ class iRPECross(nn.Module):
     def num_buckets(self) -> int:
         return self.rp_rows.num_buckets
 
-    def forward(self, x: torch.Tensor, height=None, width=None) -> torch.Tensor:
+    @property
+    def parts(self) -> List[iRPE]:
+        """The two single-table encodings: rows, then columns."""
+        return [self.rp_rows, self.rp_cols]
+
+    def check_grid(self, length: int, height: Optional[int] = None,
+                   width: Optional[int] = None) -> Tuple[int, int, int]:
+        """:meth:`iRPE.check_grid` (both halves share grid and skip)."""
+        return self.rp_rows.check_grid(length, height, width)
+
+    def forward(self, x: torch.Tensor, height: GridSize = None, width: GridSize = None
+                ) -> torch.Tensor:
         return self.rp_rows(x, height, width) + self.rp_cols(x, height, width)
 
-    def forward_transposed(self, x: torch.Tensor, height=None, width=None) -> torch.Tensor:
+    def forward_transposed(self, x: torch.Tensor, height: GridSize = None,
+                           width: GridSize = None) -> torch.Tensor:
         """``forward(x).transpose(2, 3)``, see :meth:`iRPE.forward_transposed`."""
         return (self.rp_rows.forward_transposed(x, height, width)
                 + self.rp_cols.forward_transposed(x, height, width))
 
 
+Encoding = Union[iRPE, iRPECross]  # one of build_rpe's modules
+
+
+def _both_or_neither(height: GridSize, width: GridSize) -> None:
+    if (height is None) != (width is None):
+        raise ValueError("give both height and width, or neither")
+
+
+def rpe_parts(*modules: Optional[Encoding]) -> List[iRPE]:
+    """The single-table encodings of ``modules`` in order (cross: rows, cols; None: none)."""
+    return [part for m in modules if m is not None for part in m.parts]
+
+
+def attention_grid(rpe_q: Optional[Encoding], rpe_k: Optional[Encoding],
+                   rpe_v: Optional[Encoding], length: int, height: Optional[int] = None,
+                   width: Optional[int] = None) -> Tuple[int, int, int]:
+    """(height, width, skip) of an attention call with these encodings (at least one given),
+    checked by the first one the unfused path evaluates (K, then Q, then V), so every path
+    raises the same error before any work."""
+    first = next(m for m in (rpe_k, rpe_q, rpe_v) if m is not None)
+    return first.check_grid(length, height, width)
+
+
 @torch.inference_mode(False)  # cached ids must stay usable by autograd
-def _to_device(ids: torch.Tensor, device) -> torch.Tensor:
+def _to_device(ids: torch.Tensor, device: torch.device) -> torch.Tensor:
     return ids.to(device)
 
 
 def build_rpe(config: Optional[RPEConfig], head_dim: int, num_heads: int,
-              initializer: Optional[Callable[[torch.Tensor], None]] = None):
+              initializer: Optional[Callable[[torch.Tensor], None]] = None
+              ) -> Tuple[Optional[Encoding], Optional[Encoding], Optional[Encoding]]:
     """Build (rpe_q, rpe_k, rpe_v) modules for a config; absent encodings are None."""
     if config is None:
         return None, None, None
 
-    def one(on: str, transposed: bool):
+    def one(on: str, transposed: bool) -> Optional[Encoding]:
         if on not in config.on:
             return None
         cls = iRPECross if config.method == Method.CROSS else iRPE

@@ -13,16 +13,25 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Union
+from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Type, Union
 
-from pydantic import (AfterValidator, AliasChoices, BaseModel, BeforeValidator, ConfigDict,
-                      Field, SecretStr, field_validator, model_validator)
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from irpe.fused.dispatch import MODE_SPELLINGS, FusedMode
 from irpe.runtime.onnxruntime.rewrites import STAGES, parse_stages
-from irpe.runtime.onnxruntime.session import MODE_ALIASES
+from irpe.switch import Switch, normalize_switch
 
 from .registry import backend_names
 
@@ -32,15 +41,13 @@ _PATH_KEYS = ("path", "metadata", "ort_ops_library")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
-def _spelled(aliases: Dict[str, str]):
-    """A before-validator: a string setting lower-cased, with the older spellings the variables
-    always took (``aliases``: 1/true/yes -> on, 1 -> fused, ...) mapped to the current names."""
-    def normalise(value: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-        text = value.strip().lower()
-        return aliases.get(text, text)
-    return normalise
+def _switch(value: Any) -> Any:
+    """A before-validator of an auto/on/off setting (irpe.switch): a string lower-cased with
+    the older spellings (1/true/yes, 0/false/no, fused/unfused) mapped to on/off; a boolean
+    (YAML reads an unquoted on/off/yes/no as one) as on/off."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return normalize_switch(value) if isinstance(value, str) else value
 
 
 def _rewrites(value: str) -> str:
@@ -50,9 +57,8 @@ def _rewrites(value: str) -> str:
     return ",".join(s for s in STAGES if s in stages) or "0"
 
 
-CustomOps = Annotated[Literal["auto", "on", "off"], BeforeValidator(_spelled(MODE_ALIASES))]
+SwitchSetting = Annotated[Switch, BeforeValidator(_switch)]
 Rewrites = Annotated[str, AfterValidator(_rewrites)]
-FusedAttention = Annotated[FusedMode, BeforeValidator(_spelled(MODE_SPELLINGS))]
 
 
 def _env(name: str, *older: str) -> AliasChoices:
@@ -82,7 +88,7 @@ class ModelConfig(BaseModel):
     providers: Optional[List[str]] = Field(
         None, description="onnxruntime execution providers in priority order; default by device")
     plugins: List[Path] = Field(default_factory=list, description="tensorrt plugin libraries")
-    ort_custom_ops: Optional[CustomOps] = Field(
+    ort_custom_ops: Optional[SwitchSetting] = Field(
         None, description="onnxruntime: iRPE custom-op library (plugins/onnxruntime) auto/on/off; "
         "default: the server's ort_custom_ops")
     ort_rewrites: Optional[Rewrites] = Field(
@@ -172,7 +178,7 @@ class ServeSettings(BaseSettings):
         "`threads` threads, so one model's idle workers never spin beside another's run; "
         "per_model: a pool each. Only `irpe serve` makes the shared pool (ONNX Runtime's "
         "global pool is process-wide); an app built in another process keeps pools per model")
-    ort_custom_ops: CustomOps = Field(
+    ort_custom_ops: SwitchSetting = Field(
         "auto", validation_alias=_env("ort_custom_ops", "IRPE_ORT_CUSTOM_OPS"),
         description="onnxruntime models: the iRPE custom-op library auto (when found), on "
         "(required) or off (the file's ONNX functions); a model's ort_custom_ops wins")
@@ -185,10 +191,11 @@ class ServeSettings(BaseSettings):
         description="onnxruntime with the library: load-time graph rewrite stages, 1 (all), 0 "
         "(none) or a comma list of qlayout, gather, scatter, softmax, attention; a model's "
         "ort_rewrites wins")
-    fused_attention: Optional[FusedAttention] = Field(
+    fused_attention: Optional[SwitchSetting] = Field(
         None, validation_alias=_env("fused_attention", "IRPE_FUSED_ATTENTION"),
-        description="torch models: iRPE attention on the fused paths (auto: Triton on CUDA, "
-        "SDPA on CPU), forced (fused) or off (unfused); process-wide (irpe.fused)")
+        description="torch models: the fused iRPE attention paths auto (Triton on CUDA, SDPA "
+        "on CPU, where supported), on (forced where supported) or off (the unfused path); "
+        "process-wide (irpe.fused)")
     decode_threads: int = Field(0, ge=0, description="image decode threads, process-wide; "
                                 "0 = the CPUs this process may run on")
     gc_freeze: bool = Field(True, description="once a model has loaded, freeze the process's "
@@ -204,8 +211,11 @@ class ServeSettings(BaseSettings):
         "(default: $IRPE_BUCKET_CACHE_MIB or 64)")
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings,
-                                   dotenv_settings, file_secret_settings
+    def settings_customise_sources(cls, settings_cls: Type[BaseSettings],
+                                   init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource
                                    ) -> Tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, FieldNames(settings_cls, env_settings), RepositorySource(settings_cls)
 
@@ -236,11 +246,12 @@ class FieldNames(PydanticBaseSettingsSource):
     are: a field read from ``IRPE_SERVE_X`` or an older variable then replaces the file's
     value instead of sitting beside it (an extra key to pydantic)."""
 
-    def __init__(self, settings_cls, source: PydanticBaseSettingsSource) -> None:
+    def __init__(self, settings_cls: Type[BaseSettings],
+                 source: PydanticBaseSettingsSource) -> None:
         super().__init__(settings_cls)
         self.source = source
 
-    def get_field_value(self, field, field_name: str) -> Tuple[Any, str, bool]:
+    def get_field_value(self, field: FieldInfo, field_name: str) -> Tuple[Any, str, bool]:
         return None, field_name, False
 
     def __call__(self) -> Dict[str, Any]:
@@ -255,7 +266,7 @@ class FieldNames(PydanticBaseSettingsSource):
 class RepositorySource(PydanticBaseSettingsSource):
     """Lowest-priority source: the repository file named by a higher-priority source."""
 
-    def get_field_value(self, field, field_name: str) -> Tuple[Any, str, bool]:
+    def get_field_value(self, field: FieldInfo, field_name: str) -> Tuple[Any, str, bool]:
         return None, field_name, False
 
     def __call__(self) -> Dict[str, Any]:

@@ -26,7 +26,7 @@ def interpret(monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("GPU machine: the kernels run compiled in tests/gpu, not interpreted")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    set_fused_attention("fused")
+    set_fused_attention("on")
     yield
     set_fused_attention(None)
     set_fused_ids("table")
@@ -71,10 +71,10 @@ def count_launches():
             return getter(*args, **kwargs)
         return fetch
 
-    for (module, name, field), original in zip(getters, originals):
+    for (module, name, field), original in zip(getters, originals, strict=True):
         setattr(module, name, counted(original, field))
     try:
         yield seen
     finally:
-        for (module, name, _), original in zip(getters, originals):
+        for (module, name, _), original in zip(getters, originals, strict=True):
             setattr(module, name, original)

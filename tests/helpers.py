@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Tupl
 import numpy as np
 import torch
 
+from irpe.artifact.contract import DEFAULT_OPSET
 from irpe.artifact.trained import ModelSpec, default_spec, save_trained
 from irpe.data.shapes import SHAPE_CLASSES, render_classification
 from irpe.models import create_model
@@ -107,6 +108,7 @@ def serve_batches(cfg, *batches) -> Tuple[ServedModel, list]:
     """Start a ServedModel (one thread), infer each batch (list of arrays), stop: (model,
     outputs per batch; none when the model did not become ready)."""
     import asyncio
+
     from serve.metrics import Metrics
     from serve.model import ServedModel
     model = ServedModel(cfg, Metrics(), threads=1)
@@ -150,6 +152,7 @@ def running_server(settings: ServeSettings, ready: bool = True,
     """Serve ``settings`` in a thread on a free port; yields the base URL (listening; ready
     when ``ready``), stops (draining) on exit."""
     import uvicorn
+
     from serve.app import create_app
     from serve.net import listen_socket
     from serve.server import socket_url
@@ -218,6 +221,7 @@ def start_cli(repo, env, faults: Optional[Dict[str, Dict]] = None
 def metric(url: str, name: str, **labels: str) -> float:
     """One sample of the server's /metrics (0 when absent)."""
     import re
+
     import httpx
     text = httpx.get(f"{url}/metrics", timeout=30).text
     want = ",".join(f'{k}="{v}"' for k, v in labels.items())
@@ -248,6 +252,7 @@ def ort_op_model(op: str, dtype: Optional[int] = None, index: Optional[int] = No
     """One irpe node (x, index) -> out with its local function, as a serialized model
     (dtype / index: onnx TensorProto types, default FLOAT / INT64)."""
     from onnx import TensorProto, helper
+
     from export.functions import gather_function, scatter_function
     dtype = TensorProto.FLOAT if dtype is None else dtype
     index = TensorProto.INT64 if index is None else index
@@ -255,9 +260,10 @@ def ort_op_model(op: str, dtype: Optional[int] = None, index: Optional[int] = No
     graph = helper.make_graph([node], "op", [helper.make_tensor_value_info("x", dtype, None),
                                              helper.make_tensor_value_info("index", index, None)],
                               [helper.make_tensor_value_info("out", dtype, None)])
-    functions = {"RPEGather": [gather_function(18)], "RPEScatter": [scatter_function(18)]}
+    functions = {"RPEGather": [gather_function(DEFAULT_OPSET)],
+                 "RPEScatter": [scatter_function(DEFAULT_OPSET)]}
     model = helper.make_model(graph, functions=functions.get(op, []), opset_imports=[
-        helper.make_opsetid("", 18), helper.make_opsetid("irpe", 1)])
+        helper.make_opsetid("", DEFAULT_OPSET), helper.make_opsetid("irpe", 1)])
     model.ir_version = 9
     return model.SerializeToString()
 
@@ -278,6 +284,7 @@ def build_ort_library(out: Path, *extra: str) -> Path:
     except under CI=true, where it fails."""
     import os
     import shutil
+
     import pytest
     root = ort_headers()
     if root is None or shutil.which("cmake") is None:

@@ -6,6 +6,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from irpe import bucket_ids
+from irpe.artifact.contract import DEFAULT_OPSET
 from tests.helpers import ORT_ATTRS
 
 __all__ = ["layer", "gather_graph_model", "add_model"]
@@ -22,8 +23,8 @@ def layer(b=2, h=3, lq=26, k=50, skip=1, seed=0):
 def gather_graph_model(graph) -> bytes:
     """``graph`` (RPEGather nodes + Adds) with the gather's local function, serialized."""
     from export.functions import gather_function
-    model = helper.make_model(graph, functions=[gather_function(18)], opset_imports=[
-        helper.make_opsetid("", 18), helper.make_opsetid("irpe", 1)])
+    model = helper.make_model(graph, functions=[gather_function(DEFAULT_OPSET)], opset_imports=[
+        helper.make_opsetid("", DEFAULT_OPSET), helper.make_opsetid("irpe", 1)])
     model.ir_version = 9
     return model.SerializeToString()
 

@@ -100,7 +100,7 @@ def test_cpu_path_gradients_match_unfused(case):
     for fn in (rpe_attention, unfused_attention):
         out = fn(q, k, v, 0.25, *mods, h, w, mask)
         grads.append(torch.autograd.grad((out * out).sum(), [q, k, v] + params))
-    for got, ref in zip(*grads):
+    for got, ref in zip(*grads, strict=True):
         _close(got, ref, 5e-5)
 
 
@@ -111,7 +111,7 @@ def test_k_only_runs_inside_sdpa_and_switch_restores_unfused(monkeypatch):
     q, k, v = _inputs(2, 2, 10, 16)
     ref = unfused_attention(q, k, v, 0.25, *mods, 3, 3)
     assert FLASH in _ops(lambda: rpe_attention(q, k, v, 0.25, *mods, 3, 3))
-    set_fused_attention("unfused")
+    set_fused_attention("off")
     assert not cpu_supported(q, k, *mods, 3, None)
     assert FLASH not in _ops(lambda: rpe_attention(q, k, v, 0.25, *mods, 3, 3))
     assert torch.equal(rpe_attention(q, k, v, 0.25, *mods, 3, 3), ref)
@@ -140,7 +140,7 @@ def test_unsupported_cases_take_unfused_path():
 def test_bad_grid_raises_like_unfused():
     mods = _modules("product", "k", "ctx", 0, True)
     q, k, v = _inputs(1, 2, 10, 16)
-    for mode in ("auto", "unfused"):
+    for mode in ("auto", "off"):
         set_fused_attention(mode)
         with pytest.raises(ValueError, match="skip tokens"):
             rpe_attention(q, k, v, 0.25, *mods, 3, 3)
@@ -154,7 +154,7 @@ def test_deit_block_and_bf16():
     x = torch.randn(2, 17, 32)
     with torch.no_grad():
         fast, fast_bf16 = attn(x), half(x.bfloat16()).float()
-        set_fused_attention("unfused")
+        set_fused_attention("off")
         ref, ref_bf16 = attn(x), half(x.bfloat16()).float()
     _close(fast, ref)
     _close(fast_bf16, ref, 3e-2)
@@ -169,7 +169,7 @@ def test_detr_padded_batch_matches_unfused():
     with torch.inference_mode():
         ops = _ops(lambda: net(x, sizes))
         fast = net(x, sizes)
-        set_fused_attention("unfused")
+        set_fused_attention("off")
         ref = net(x, sizes)
     assert FLASH in ops
     _close(fast["pred_logits"], ref["pred_logits"])

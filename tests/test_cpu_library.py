@@ -93,7 +93,7 @@ def test_model_forward_matches_and_result_does_not_depend_on_threads():
     x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1))
     threads = torch.get_num_threads()
     with torch.inference_mode():
-        set_fused_attention("unfused")
+        set_fused_attention("off")
         ref = model(x)
         set_fused_attention(None)
         outs = []

@@ -9,6 +9,7 @@ import pytest
 
 from export.onnx import export_onnx
 from irpe import RPEConfig
+from irpe.artifact.contract import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET
 from irpe.artifact.trained import save_trained
 from irpe.cli import main
 from irpe.models import model_info
@@ -33,15 +34,16 @@ def test_export_prints_progress_and_summary(trained, tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out.startswith(f"wrote {out} (")
     assert 'rpe nodes {"RPEGather": 8}, weights trained:' in captured.out
-    assert "[export] trace + convert (opset 18)" in captured.err
+    assert f"[export] trace + convert (opset {DEFAULT_OPSET})" in captured.err
     assert "[export] total" in captured.err and out.is_file()
 
 
 def test_export_inline_quiet_default_output(trained, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert main(["export", str(trained), "--inline", "-q", "--opset", "17"]) == 0
+    assert main(["export", str(trained), "--inline", "-q", "--opset", str(MIN_OPSET)]) == 0
     captured = capsys.readouterr()
-    assert "tiny.onnx" in captured.out and "(inlined)" in captured.out and "opset 17" in captured.out
+    assert "tiny.onnx" in captured.out and "(inlined)" in captured.out
+    assert f"opset {MIN_OPSET}" in captured.out
     assert captured.err == "" and (tmp_path / "tiny.onnx").is_file()
 
 
@@ -55,8 +57,9 @@ def _error(capsys, argv):
 def test_export_errors(capsys, tmp_path):
     err = _error(capsys, ["export", "deit_nope", "-o", str(tmp_path / "x.onnx")])
     assert err.startswith("irpe export: error: unknown model 'deit_nope'")
-    err = _error(capsys, ["export", "deit_tiny_patch16_224", "--opset", "16"])
-    assert "opset 16 is not supported; choose 17..20" in err
+    err = _error(capsys, ["export", "deit_tiny_patch16_224", "--opset", str(MAX_OPSET + 1)])
+    assert err.startswith(f"irpe export: error: opset {MAX_OPSET + 1} is not supported; choose "
+                          f"{MIN_OPSET}..{MAX_OPSET}")
     err = _error(capsys, ["export", "detr_tiny_irpe", "--checkpoint", str(tmp_path / "no.pth")])
     assert "checkpoint not found" in err
     err = _error(capsys, ["export", str(tmp_path / "missing.safetensors")])
@@ -150,6 +153,7 @@ def _detector_stub(path: Path, queries: int) -> dict:
     """A real (tiny) ONNX file with a DETR's tensor names and dims, and its irpe metadata."""
     import onnx
     from onnx import TensorProto, helper
+
     from irpe.artifact.trained import default_spec
     x = helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, "h", "w"])
     logits = helper.make_tensor_value_info("pred_logits", TensorProto.FLOAT,

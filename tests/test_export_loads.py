@@ -9,7 +9,7 @@ import onnx
 import pytest
 import torch
 
-from irpe.artifact.contract import read_onnx_props
+from irpe.artifact.contract import MIN_OPSET, read_onnx_props
 from irpe.artifact.trained import default_spec
 from irpe.cli import main
 from irpe.models import registry
@@ -72,10 +72,11 @@ def test_export_name_with_checkpoint_one_lookup(lookups, loads, tmp_path, capsys
     lookups.clear()
     out = tmp_path / "ckpt.onnx"
     assert main(["export", "deit_shapes_irpe", "--checkpoint", str(weights), "-o", str(out),
-                 "--opset", "17", "--inline", "-q"]) == 0
+                 "--opset", str(MIN_OPSET), "--inline", "-q"]) == 0
     assert lookups == ["deit_shapes_irpe"] and loads == []
     props = read_onnx_props(out)
-    assert props["irpe.weights"] == f"checkpoint:{weights}" and props["irpe.opset"] == "17"
+    assert props["irpe.weights"] == f"checkpoint:{weights}"
+    assert props["irpe.opset"] == str(MIN_OPSET)
     assert capsys.readouterr().out == _summary(out, props, inline=True)
 
 

@@ -13,7 +13,13 @@ import torch
 from export.functions import DOMAIN, GATHER, SCATTER
 from export.onnx import export_onnx
 from irpe import RPEConfig, create_model, randomize_tables
-from irpe.artifact.contract import read_onnx_props, read_onnx_spec
+from irpe.artifact.contract import (
+    DEFAULT_OPSET,
+    MAX_OPSET,
+    MIN_OPSET,
+    read_onnx_props,
+    read_onnx_spec,
+)
 from irpe.artifact.trained import default_spec, save_trained
 from tests.helpers import tiny_deit
 
@@ -84,7 +90,7 @@ def test_rpe_nodes_carry_plugin_attributes(qkv_files):
     assert sorted(buckets) == sorted([(GATHER, 50), (GATHER, 26 * 50), (SCATTER, 50)] * 2)
     assert any(o.domain == DOMAIN and o.version == 1 for o in proto.opset_import)
     onnx.checker.check_model(proto, full_check=True)
-    assert proto.ir_version <= 10 and proto.opset_import[0].version >= 17
+    assert proto.ir_version <= 10 and proto.opset_import[0].version >= MIN_OPSET
 
 
 def test_no_attention_sized_transpose_after_a_gather(qkv_files):
@@ -129,13 +135,13 @@ def test_dynamic_batch_and_metadata(qkv_files):
     assert set(spec.metadata()) <= set(props)
     assert json.loads(props["irpe.rpe_config"])["config"] == "rpe-1.9-product-ctx-1-qkv"
     assert json.loads(props["irpe.rpe_nodes"]) == {GATHER: 4, SCATTER: 2}
-    assert props["irpe.weights"] == "module" and props["irpe.opset"] == "18"
+    assert props["irpe.weights"] == "module" and props["irpe.opset"] == str(DEFAULT_OPSET)
     inputs = onnx.load(path).graph.input
     dims = [d.dim_param or d.dim_value for d in inputs[0].type.tensor_type.shape.dim]
     assert [i.name for i in inputs] == ["images"] and dims == ["batch", 3, 40, 40]
 
 
-@pytest.mark.parametrize("opset", [17, 20])
+@pytest.mark.parametrize("opset", [MIN_OPSET, MAX_OPSET])
 def test_other_opsets(tmp_path, opset):
     cfg = RPEConfig(ratio=1.9, method="euc", mode="ctx", shared_head=False, skip=1, on="kv")
     model, spec = tiny_deit(cfg)
@@ -176,9 +182,10 @@ def test_unknown_model_is_a_key_error(tmp_path):
         export_onnx("deit_nope", tmp_path / "x.onnx")
 
 
-@pytest.mark.parametrize("opset", [16, 21])
+@pytest.mark.parametrize("opset", [MIN_OPSET - 1, MAX_OPSET + 1])
 def test_unsupported_opset(tmp_path, opset):
-    with pytest.raises(ValueError, match=f"opset {opset} is not supported; choose 17..20"):
+    with pytest.raises(ValueError, match=f"opset {opset} is not supported; choose "
+                                         f"{MIN_OPSET}..{MAX_OPSET}"):
         export_onnx("deit_tiny_patch16_224", tmp_path / "x.onnx", opset=opset)
 
 

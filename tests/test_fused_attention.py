@@ -14,13 +14,17 @@ import pytest
 import torch
 
 from irpe.attention import RPEAttention, rpe_attention, unfused_attention
-from irpe.fused import (fused_rpe_attention, fused_supported, reference_forward,
-                        set_fused_attention, set_fused_ids)
+from irpe.fused import (
+    fused_rpe_attention,
+    fused_supported,
+    reference_forward,
+    set_fused_attention,
+    set_fused_ids,
+)
 from irpe.fused.op import check_inputs
 from irpe.models.transformer import RPEMultiheadAttention
 from irpe.rpe import get_rpe_config, set_traceable
-from tests.fused_common import (check, count_launches, inputs, interpret,  # noqa: F401
-                                modules, needs_triton)
+from tests.fused_common import check, count_launches, inputs, interpret, modules, needs_triton  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +47,8 @@ CASES = [
 
 @needs_triton
 @pytest.mark.parametrize("method,on,mode,skip,h,w,shared", CASES)
-def test_fused_matches_unfused_fp32(interpret, method, on, mode, skip, h, w, shared):
+@pytest.mark.usefixtures("interpret")
+def test_fused_matches_unfused_fp32(method, on, mode, skip, h, w, shared):
     mods = modules(method, on, mode, skip, shared=shared)
     q, k, v = inputs(2, 2, skip + h * w, 16)
     assert fused_supported(q, k, *mods, h, w, None)
@@ -53,7 +58,8 @@ def test_fused_matches_unfused_fp32(interpret, method, on, mode, skip, h, w, sha
 
 @needs_triton
 @pytest.mark.parametrize("case", [CASES[0], CASES[6], CASES[8]])
-def test_fused_id_matrix_mode(interpret, case):
+@pytest.mark.usefixtures("interpret")
+def test_fused_id_matrix_mode(case):
     """The second id mode: (L, L) id matrices read per tile instead of offset tables."""
     method, on, mode, skip, h, w, shared = case
     set_fused_ids("matrix")
@@ -82,7 +88,8 @@ def test_offset_tables_expand_to_exact_ids(method, ratio, traceable):
 
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_fused_low_precision_with_padding(interpret, dtype):
+@pytest.mark.usefixtures("interpret")
+def test_fused_low_precision_with_padding(dtype):
     """fp16/bf16 inputs (fp32 accumulation) vs the fp32 unfused path on the same values."""
     mods = modules("product", "qkv", skip=0)
     q, k, v = inputs(2, 2, 15, 16, dtype)
@@ -95,7 +102,8 @@ def test_fused_low_precision_with_padding(interpret, dtype):
 
 
 @needs_triton
-def test_detr_layer_padding_after_rpe(interpret):
+@pytest.mark.usefixtures("interpret")
+def test_detr_layer_padding_after_rpe():
     """DETR encoder self-attention: key padding masked after the iRPE-K term, non-square grid,
     more keys than one tile (L = 40 > BLOCK_N), two images padded differently."""
     torch.manual_seed(1)
@@ -108,12 +116,13 @@ def test_detr_layer_padding_after_rpe(interpret):
     mask[1, 3:, :] = True
     mask = mask.flatten(1)
     fused = layer(x, x, x, mask, hw=(5, 8))
-    set_fused_attention("unfused")
+    set_fused_attention("off")
     check(fused, layer(x, x, x, mask, hw=(5, 8)), torch.float32)
 
 
 @needs_triton
-def test_model_block_uses_fused_and_matches(interpret):
+@pytest.mark.usefixtures("interpret")
+def test_model_block_uses_fused_and_matches():
     """RPEAttention (DeiT block, cls token, grid inferred from L) through the dispatch."""
     attn = RPEAttention(32, 2, rpe_config=get_rpe_config(1.9, "product", "ctx", True, 1,
                                                          "qkv")).eval()
@@ -123,12 +132,13 @@ def test_model_block_uses_fused_and_matches(interpret):
     with count_launches() as launches:
         fused = attn(x)
     assert launches.forward == 1
-    set_fused_attention("unfused")
+    set_fused_attention("off")
     check(fused, attn(x), torch.float32)
 
 
 @needs_triton
-def test_backward_matches_unfused(interpret):
+@pytest.mark.usefixtures("interpret")
+def test_backward_matches_unfused():
     """Gradients by the Triton backward kernel equal autograd of the unfused path (cross with
     V term and both id planes; bias mode with broadcast tables; padding)."""
     mods = modules("cross", "qkv", skip=1)
@@ -140,12 +150,12 @@ def test_backward_matches_unfused(interpret):
         mask[0, -2:] = True
         grads = []
         with count_launches() as launches:
-            for mode in ("fused", "unfused"):
+            for mode in ("on", "off"):
                 set_fused_attention(mode)
                 out = rpe_attention(q, k, v, 0.25, *mods_i, 3, 4, mask)
                 grads.append(torch.autograd.grad((out * out).sum(), [q, k, v] + params))
         assert launches.backward == 1  # the Triton backward kernel ran
-        for g_fused, g_ref in zip(*grads):
+        for g_fused, g_ref in zip(*grads, strict=True):
             check(g_fused, g_ref, torch.float32)
 
 
@@ -170,12 +180,13 @@ def test_reference_in_row_chunks_matches_one_chunk(monkeypatch):
         monkeypatch.setattr(ref, "CHUNK_ELEMS", 5 * 2 * 2 * 13)
         parts = ref.reference_forward(*args), ref.reference_backward(args, g_out, g_s)
         monkeypatch.setattr(ref, "CHUNK_ELEMS", 1 << 24)
-        for a, b in zip([*whole[0], *whole[1]], [*parts[0], *parts[1]]):
+        for a, b in zip([*whole[0], *whole[1]], [*parts[0], *parts[1]], strict=True):
             assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
 
 
 @needs_triton
-def test_op_direct_and_reference(interpret):
+@pytest.mark.usefixtures("interpret")
+def test_op_direct_and_reference():
     """The op on the interpreter equals its torch reference (broadcast tables, two id planes)."""
     from irpe.bucket import bucket_ids
     rows = bucket_ids("cross_rows", 1.9, 3, 4, 0).to(torch.int32)
@@ -218,13 +229,13 @@ def test_op_rejects_bad_input():
 
 
 def test_cpu_without_interpreter_takes_cpu_path(monkeypatch):
-    """On CPU without the interpreter, auto and even forced "fused" launch no Triton kernel:
+    """On CPU without the interpreter, auto and even forced ("on") launch no Triton kernel:
     they take the CPU path (irpe.fused.cpu; tests/test_attention_cpu_fused.py), same values."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     mods = modules("product", "qk", skip=1)
     q, k, v = inputs(1, 2, 10, 16)
     ref = unfused_attention(q, k, v, 0.25, *mods, 3, 3)
-    for mode in ("auto", "fused"):
+    for mode in ("auto", "on"):
         set_fused_attention(mode)
         try:
             assert not fused_supported(q, k, *mods, 3, 3, None)
@@ -236,7 +247,8 @@ def test_cpu_without_interpreter_takes_cpu_path(monkeypatch):
 
 
 @needs_triton
-def test_unsupported_cases_fall_back_identically(interpret):
+@pytest.mark.usefixtures("interpret")
+def test_unsupported_cases_fall_back_identically():
     """Dropout in training, traceable (export) modules and cross-attention shapes: unfused."""
     mods = modules("product", "k")
     q, k, v = inputs(1, 2, 9, 16)
@@ -251,8 +263,9 @@ def test_unsupported_cases_fall_back_identically(interpret):
 
 def test_env_switch_values(monkeypatch):
     from irpe.fused.dispatch import mode_from_env
-    for value, mode in (("0", "unfused"), ("fused", "fused"), ("1", "fused"), (" Auto ", "auto"),
-                        ("", "auto")):
+    """auto / on / off in any case; the older spellings (irpe.switch.SWITCH_ALIASES) too."""
+    for value, mode in (("off", "off"), (" ON ", "on"), (" Auto ", "auto"), ("", "auto"),
+                        ("0", "off"), ("unfused", "off"), ("1", "on"), ("fused", "on")):
         monkeypatch.setenv("IRPE_FUSED_ATTENTION", value)
         assert mode_from_env() == mode
     monkeypatch.setenv("IRPE_FUSED_ATTENTION", "junk")
@@ -261,19 +274,20 @@ def test_env_switch_values(monkeypatch):
 
 
 def test_env_switch_read_once_at_import_and_the_function_wins():
-    """A process started with IRPE_FUSED_ATTENTION=0 runs unfused; changing the variable later
-    changes nothing (read once); set_fused_attention wins over it; None gives it back."""
+    """A process started with IRPE_FUSED_ATTENTION=off runs unfused; changing the variable
+    later changes nothing (read once); set_fused_attention wins over it; None gives it back."""
     code = ("import os; from irpe.fused import fused_mode, set_fused_attention as s;"
-            "a = fused_mode(); os.environ['IRPE_FUSED_ATTENTION'] = 'fused'; b = fused_mode();"
+            "a = fused_mode(); os.environ['IRPE_FUSED_ATTENTION'] = 'on'; b = fused_mode();"
             "s('auto'); c = fused_mode(); s(None); print(a, b, c, fused_mode())")
-    env = dict(os.environ, IRPE_FUSED_ATTENTION="0", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, IRPE_FUSED_ATTENTION="off", PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120, check=True).stdout.split()
-    assert out == ["unfused", "unfused", "auto", "unfused"]
+    assert out == ["off", "off", "auto", "off"]
 
 
 @needs_triton
-def test_detr_model_fused_matches_unfused(interpret):
+@pytest.mark.usefixtures("interpret")
+def test_detr_model_fused_matches_unfused():
     """Whole detr_tiny_irpe, two images padded differently: the models dispatch to the kernel
     (grid from the feature map, padding mask after the iRPE-K term) with unchanged logits."""
     from irpe import create_model, randomize_tables
@@ -283,7 +297,7 @@ def test_detr_model_fused_matches_unfused(interpret):
         with count_launches() as launches:
             fused = net(x, sizes)
         assert launches.forward > 0  # the encoder layers ran the kernel
-        set_fused_attention("unfused")
+        set_fused_attention("off")
         ref = net(x, sizes)
     check(fused["pred_logits"], ref["pred_logits"], torch.float32)
     check(fused["pred_boxes"], ref["pred_boxes"], torch.float32)

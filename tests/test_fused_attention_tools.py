@@ -8,8 +8,7 @@ import torch
 from irpe.attention import RPEAttention, rpe_attention, unfused_attention
 from irpe.fused import set_fused_attention
 from irpe.rpe import get_rpe_config
-from tests.fused_common import (HAVE_TRITON, check, inputs, interpret,  # noqa: F401
-                                needs_triton)
+from tests.fused_common import HAVE_TRITON, check, inputs, interpret, needs_triton  # noqa: F401
 
 
 def test_plain_path_is_sdpa_and_matches_manual():
@@ -36,11 +35,11 @@ def test_export_trace_keeps_manual_plain_path():
     assert "scaled_dot_product_attention" in eager_graph  # the check above can see SDPA
 
 
-@pytest.mark.parametrize("mode", ["unfused", "fused"])
+@pytest.mark.parametrize("mode", ["off", "on"])
 def test_compile_fullgraph_no_graph_breaks(monkeypatch, mode):
     """torch.compile traces the unfused path and the fused op (custom op + fake) without
     breaks, even with cold id caches; the compiled (eager backend) output equals eager."""
-    if mode == "fused":
+    if mode == "on":
         if not HAVE_TRITON and os.environ.get("CI") != "true":
             pytest.skip("triton not installed")
         if torch.cuda.is_available():
@@ -114,7 +113,8 @@ def test_kernel_lowers_to_cubin_without_gpu(tmp_path):
 
 
 @needs_triton
-def test_compile_training_step_through_fused_ops(interpret):
+@pytest.mark.usefixtures("interpret")
+def test_compile_training_step_through_fused_ops():
     """torch.compile(fullgraph, aot_eager) of forward + backward through both custom ops (the
     fakes must match the real output layouts) equals eager; DeiT block with a permuted q."""
     torch._dynamo.reset()
@@ -130,6 +130,6 @@ def test_compile_training_step_through_fused_ops(interpret):
     eager = torch.autograd.grad(step(x), params)
     compiled = torch.autograd.grad(torch.compile(step, backend="aot_eager", fullgraph=True)(x),
                                    params)
-    for a, b in zip(compiled, eager):
+    for a, b in zip(compiled, eager, strict=True):
         check(a, b, torch.float32)
     torch._dynamo.reset()

@@ -174,7 +174,7 @@ def test_non_square_input_uses_true_grid():
     x = torch.randn(2, 3, 48, 80)
     with torch.inference_mode():
         fast = model(x)  # CPU path (irpe.fused.cpu): the module's forward is not called
-        set_fused_attention("unfused")
+        set_fused_attention("off")
         try:
             y = model(x)
         finally:

@@ -11,6 +11,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from irpe import bucket_ids
+from irpe.artifact.contract import DEFAULT_OPSET
 from irpe.runtime.onnxruntime.session import CustomOpsError
 from tests.helpers import env_session
 
@@ -81,7 +82,7 @@ def _model(x, constant=True, **attrs) -> bytes:
                                             for n in feeds],
                               [helper.make_tensor_value_info("out", F32, None)],
                               initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET),
                                                     helper.make_opsetid("irpe", 1)])
     model.ir_version = 9
     return model.SerializeToString()

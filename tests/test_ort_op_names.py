@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from export import functions
+from irpe.artifact.contract import DEFAULT_OPSET
 from irpe.runtime.onnxruntime import op_names
 from irpe.runtime.onnxruntime.op_names import LIBRARY_OPS
 from tests.helpers import ROOT
@@ -91,7 +92,7 @@ def _one_node(op: str) -> bytes:
         helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 4]),
         helper.make_tensor_value_info("index", TensorProto.INT64, [2, 2])],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET),
                                                     helper.make_opsetid(op_names.DOMAIN, 1)])
     model.ir_version = 9
     return model.SerializeToString()

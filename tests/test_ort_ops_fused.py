@@ -1,6 +1,7 @@
-"""Load-time fusions of the ORT custom-op library (irpe/runtime/onnxruntime/rewrites.py): the iRPE-V chain
-RPEScatter -> MatMul(W) -> Add(base) as one RPEScatterMatMulAdd against the unfused custom ops,
-the files' functions and PyTorch; the AVX2 gather+Add rows with ids outside [0, K); the switch.
+"""Load-time fusions of the ORT custom-op library (irpe/runtime/onnxruntime/rewrites.py): the
+iRPE-V chain RPEScatter -> MatMul(W) -> Add(base) as one RPEScatterMatMulAdd against the unfused
+custom ops, the files' functions and PyTorch; the AVX2 gather+Add rows with ids outside [0, K);
+the switch.
 Gather+Add basics: tests/test_ort_ops.py."""
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from irpe import bucket_ids, rpe_scatter
+from irpe.artifact.contract import DEFAULT_OPSET
 from tests.helpers import ORT_ATTRS as ATTRS
 from tests.helpers import env_session
 from tests.ort_cases import add_model, layer
@@ -45,8 +47,8 @@ def v_model(weight: np.ndarray, base_rank: int = 4, weight_input: bool = False,
         outputs.append(helper.make_tensor_value_info("s", f32, None))
     graph = helper.make_graph(nodes, "v", inputs, outputs, initializer=inits, value_info=[
         helper.make_tensor_value_info(n, f32, None) for n in ("s", "m")])
-    model = helper.make_model(graph, functions=[scatter_function(18)], opset_imports=[
-        helper.make_opsetid("", 18), helper.make_opsetid("irpe", 1)])
+    model = helper.make_model(graph, functions=[scatter_function(DEFAULT_OPSET)], opset_imports=[
+        helper.make_opsetid("", DEFAULT_OPSET), helper.make_opsetid("irpe", 1)])
     model.ir_version = 9
     return model.SerializeToString()
 
@@ -105,7 +107,7 @@ def test_v_chain_ids_outside_the_buckets_are_dropped(ort_library):
     assert path.fused_v == 1
     keep = (ids >= 0) & (ids < K)
     s = np.zeros(attn.shape[:3] + (K,), np.float64)
-    for i, j in zip(*np.nonzero(keep)):
+    for i, j in zip(*np.nonzero(keep), strict=True):
         s[:, :, i, ids[i, j]] += attn[:, :, i, j]
     expect = base + (s @ weight.astype(np.float64))
     assert np.abs(session.run(None, {"attn": attn, "base": base})[0] - expect).max() <= 1e-6

@@ -1,8 +1,8 @@
-"""Stage ``qlayout`` of the load-time rewrite (irpe/runtime/onnxruntime/rewrite_qlayout.py): the iRPE-Q table is
-computed bucket-major, MatMul(W^T, k^T), and its index rewritten to match. Same outputs as the
-ONNX functions and PyTorch (shared and per-head tables), a clean graph (no dangling Mul, no
-unused initializers, one shared index), and no rewrite where the pattern is not exactly the Q
-form."""
+"""Stage ``qlayout`` of the load-time rewrite (irpe/runtime/onnxruntime/rewrite_qlayout.py): the
+iRPE-Q table is computed bucket-major, MatMul(W^T, k^T), and its index rewritten to match. Same
+outputs as the ONNX functions and PyTorch (shared and per-head tables), a clean graph (no
+dangling Mul, no unused initializers, one shared index), and no rewrite where the pattern is
+not exactly the Q form."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,10 +13,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from export.onnx import export_onnx
 from irpe import RPEConfig
+from irpe.artifact.contract import DEFAULT_OPSET
 from irpe.runtime.onnxruntime.rewrites import fuse_model
 from tests.helpers import ORT_ATTRS as ATTRS
-from tests.helpers import env_session
-from tests.helpers import tiny_deit
+from tests.helpers import env_session, tiny_deit
 
 pytestmark = pytest.mark.usefixtures("ort_library_env")  # fixtures: tests/conftest.py
 
@@ -76,8 +76,8 @@ def _q_graph(ids: np.ndarray, k: int, index_is_input: bool = False) -> onnx.Mode
                               initializer=inits,
                               value_info=[helper.make_tensor_value_info("t", TensorProto.FLOAT,
                                                                         [1, 2, n, k])])
-    model = helper.make_model(graph, functions=[gather_function(18)], opset_imports=[
-        helper.make_opsetid("", 18), helper.make_opsetid("irpe", 1)])
+    model = helper.make_model(graph, functions=[gather_function(DEFAULT_OPSET)], opset_imports=[
+        helper.make_opsetid("", DEFAULT_OPSET), helper.make_opsetid("irpe", 1)])
     model.ir_version = 9
     return model
 

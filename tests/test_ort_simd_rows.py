@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from irpe.artifact.contract import DEFAULT_OPSET
 from irpe.runtime.onnxruntime.rewrites import fuse_gather_add
 from tests.helpers import ORT_ATTRS as ATTRS
 from tests.helpers import env_session
@@ -35,8 +36,8 @@ def _model(terms: int, k: int, n: int, index_type) -> bytes:
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
                               value_info=[helper.make_tensor_value_info(g, TensorProto.FLOAT, None)
                                           for g in ("g1", "g2")[:terms]])
-    model = helper.make_model(graph, functions=[gather_function(18)], opset_imports=[
-        helper.make_opsetid("", 18), helper.make_opsetid("irpe", 1)])
+    model = helper.make_model(graph, functions=[gather_function(DEFAULT_OPSET)], opset_imports=[
+        helper.make_opsetid("", DEFAULT_OPSET), helper.make_opsetid("irpe", 1)])
     model.ir_version = 9
     fused, count = fuse_gather_add(model.SerializeToString())
     assert count == terms

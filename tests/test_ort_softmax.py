@@ -1,7 +1,8 @@
 """The Softmax fusion of the ORT custom-op library: RPEGatherAdd*Softmax(Scatter) and
 RPEBucketMatMulAdd on hand-made graphs against PyTorch, on every SIMD level
 ($IRPE_ORT_SIMD), thread counts, masked rows, bad attributes / shapes, and the load-time
-rewrite (irpe/runtime/onnxruntime/rewrites.py) of Softmax(Add(x, RPEGather)) with and without the V chain."""
+rewrite (irpe/runtime/onnxruntime/rewrites.py) of Softmax(Add(x, RPEGather)) with and without
+the V chain."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from irpe import bucket_ids, rpe_scatter
+from irpe.artifact.contract import DEFAULT_OPSET
 from irpe.runtime.onnxruntime.rewrites import parse_stages
 from tests.helpers import ORT_ATTRS as ATTRS
 from tests.helpers import env_session
@@ -27,8 +29,9 @@ def _model(nodes, inputs, outputs, inits=()) -> bytes:
                                            for n in inputs],
                               [helper.make_tensor_value_info(n, F32, None) for n in outputs],
                               initializer=list(inits))
-    model = helper.make_model(graph, functions=[gather_function(18), scatter_function(18)],
-                              opset_imports=[helper.make_opsetid("", 18),
+    model = helper.make_model(graph, functions=[gather_function(DEFAULT_OPSET),
+                                                scatter_function(DEFAULT_OPSET)],
+                              opset_imports=[helper.make_opsetid("", DEFAULT_OPSET),
                                              helper.make_opsetid("irpe", 1)])
     model.ir_version = 9
     return model.SerializeToString()
@@ -107,9 +110,9 @@ def test_sums_are_rpe_scatter_of_the_probabilities_bit_for_bit(ort_library):
 def test_thread_count_and_index_type_do_not_change_bits(ort_library):
     x = _layer(3, 3, size=6)
     one = _run(x, 2, scatter=True, threads=1)
-    assert all(np.array_equal(a, b) for a, b in zip(one, _run(x, 2, True, threads=2)))
+    assert all(np.array_equal(a, b) for a, b in zip(one, _run(x, 2, True, threads=2), strict=True))
     assert all(np.array_equal(a, b) for a, b in
-               zip(one, _run(x, 2, True, threads=2, index_type=np.int32)))
+               zip(one, _run(x, 2, True, threads=2, index_type=np.int32), strict=True))
 
 
 @pytest.mark.parametrize("simd", SIMD)
@@ -210,7 +213,7 @@ def test_left_unfused(ort_library, case):
     assert path.fused_softmax == 0
     ref, _ = env_session(data, custom_ops="off", quiet=True)
     feeds = {"t1": x["t1"], "base": x["base"]}
-    for got, want in zip(session.run(None, feeds), ref.run(None, feeds)):
+    for got, want in zip(session.run(None, feeds), ref.run(None, feeds), strict=True):
         assert np.array_equal(got, want)
 
 

@@ -1,5 +1,6 @@
-"""irpe.runtime.onnxruntime.session.share_thread_pool: one process-wide ONNX Runtime pool that every session
-made afterwards shares. Run in fresh processes: the pool is process-wide and made once."""
+"""irpe.runtime.onnxruntime.session.share_thread_pool: one process-wide ONNX Runtime pool that
+every session made afterwards shares. Run in fresh processes: the pool is process-wide and made
+once."""
 import textwrap
 
 from tests.helpers import run_python
@@ -9,6 +10,7 @@ SCRIPT = textwrap.dedent("""
     import numpy as np
     import onnxruntime as ort
     from onnx import TensorProto, helper
+    from irpe.artifact.contract import DEFAULT_OPSET
     from irpe.runtime.onnxruntime.session import create_session, session_options, share_thread_pool
 
     def threads():
@@ -18,7 +20,7 @@ SCRIPT = textwrap.dedent("""
         [helper.make_node("MatMul", ["x", "x"], ["y"])], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)])
     model.ir_version = 8
     data = model.SerializeToString()
     x = np.eye(64, dtype=np.float32)

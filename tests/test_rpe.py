@@ -3,11 +3,12 @@ import itertools
 
 import pytest
 import torch
+from reference import naive_rpe
 
 from irpe import RPEConfig, build_rpe, get_rpe_config, iRPECross, set_traceable
 from irpe.attention import RPEAttention
 from irpe.fused import set_fused_attention
-from reference import naive_rpe
+from irpe.rpe import attention_grid, rpe_parts
 
 METHODS = {"euc": 2.5, "quant": 2.0, "cross": 1.9, "product": 1.9}
 
@@ -48,7 +49,7 @@ def test_efficient_equals_naive(method, mode, shared, on, grid):
     cfg = get_rpe_config(ratio=METHODS[method], method=method, mode=mode, shared_head=shared,
                          skip=min(skip, 1), rpe_on=on)
     heads, head_dim, batch = 3, 8, 2
-    module = _randomize(dict(zip("qkv", build_rpe(cfg, head_dim, heads)))[on]).double()
+    module = _randomize(dict(zip("qkv", build_rpe(cfg, head_dim, heads), strict=True))[on]).double()
     length = skip + height * width
     if on == "v":
         x = torch.rand(batch, heads, length, length, dtype=torch.float64).softmax(-1)
@@ -110,12 +111,32 @@ def test_default_grid_is_sqrt_and_skip_mismatch_is_an_error():
         k0(torch.randn(1, 2, 10, 4), 4, 4)
 
 
+def test_parts_grid_check_and_table_are_the_modules_own():
+    """What the fused paths read of a module: its parts (cross: rows, cols), the checked grid
+    of a call (the unfused path's errors) and the per-token table the ids gather from."""
+    cross = build_rpe(get_rpe_config(method="cross", skip=1, rpe_on="qkv"), 4, 2)
+    q, k, v = cross
+    assert rpe_parts(q, None, v) == [q.rp_rows, q.rp_cols, v.rp_rows, v.rp_cols]
+    assert attention_grid(q, k, v, 13, 3, 4) == (3, 4, 1)
+    with pytest.raises(ValueError, match="skip"):
+        attention_grid(None, k, None, 12, 3, 4)  # no cls token, module built with skip=1
+    x = torch.randn(2, 2, 10, 4)
+    for mode in ("contextual", "bias"):
+        _, m, _ = build_rpe(get_rpe_config(mode=mode, skip=1, shared_head=False), 4, 2)
+        _randomize(m)
+        table = m.table(x)
+        assert table.shape[-2:] == (10, m.num_buckets)
+        ids = m.bucket_ids(10, 3, 3)
+        gathered = table.expand(2, -1, -1, -1).gather(-1, ids.expand(2, 2, -1, -1))
+        torch.testing.assert_close(gathered, m(x, 3, 3).expand(2, -1, -1, -1))
+
+
 def test_traceable_mode_gives_same_outputs():
     cfg = get_rpe_config(ratio=2.0, method="product", skip=0, rpe_on="qkv")
     attn = RPEAttention(32, 4, qkv_bias=True, rpe_config=cfg)
     _randomize(attn)
     x = torch.randn(2, 15, 32)
-    set_fused_attention("unfused")  # traceable modules run the unfused path: the same order
+    set_fused_attention("off")  # traceable modules run the unfused path: the same order
     try:
         ref = attn(x, 3, 5)
     finally:

@@ -145,9 +145,15 @@ def test_cli_prepare_loads_and_warms_up(capsys, tmp_path, cls_file):
 
 
 def test_onnxruntime_providers_by_device():
+    """GPU devices get irpe.runtime.onnxruntime.session.GPU_PROVIDERS (TensorRT EP, then CUDA
+    EP: ORT's usual priority), those the build has, then the CPU EP."""
+    from irpe.runtime.onnxruntime.session import GPU_PROVIDERS
     from serve.backends.onnxruntime_backend import providers_for
-    gpu = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert GPU_PROVIDERS == ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+    gpu = ["CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"]
     assert providers_for(None, "cpu", gpu) == ["CPUExecutionProvider"]
+    assert providers_for(None, "cuda", gpu[:2]) == [("CUDAExecutionProvider", {"device_id": 0}),
+                                                    "CPUExecutionProvider"]
     assert providers_for(None, "cuda:1", gpu) == [
         ("TensorrtExecutionProvider", {"device_id": 1}), ("CUDAExecutionProvider",
                                                           {"device_id": 1}),

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from irpe.artifact.contract import MIN_OPSET
 from irpe.cli import main
 from irpe.runtime.onnxruntime.rewrites import STAGES
 from irpe.runtime.onnxruntime.session import OrtOptions, create_session
@@ -25,7 +26,8 @@ def _identity() -> bytes:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", MIN_OPSET)])
+    return model.SerializeToString()
 
 
 @pytest.fixture
@@ -92,7 +94,7 @@ def test_serve_ort_settings_sources_and_model_overrides(clean_env, tmp_path):
     clean_env.setenv("IRPE_FUSED_ATTENTION", "0")
     s = ServeSettings(repository=repo)
     assert (s.ort_rewrites, s.ort_custom_ops, s.fused_attention) == ("qlayout,softmax", "on",
-                                                                     "unfused")
+                                                                     "off")
     assert s.models[0].ort_rewrites == "qlayout,softmax" and s.models[1].ort_rewrites == "0"
     clean_env.setenv("IRPE_SERVE_ORT_REWRITES", "attention")
     clean_env.setenv("IRPE_SERVE_DECODE_THREADS", "3")
@@ -101,6 +103,20 @@ def test_serve_ort_settings_sources_and_model_overrides(clean_env, tmp_path):
     assert ServeSettings(repository=repo, ort_rewrites="1").ort_rewrites == ",".join(STAGES)
     demo = ModelConfig(name="c", path=tmp_path / "c.onnx", backend="onnxruntime")
     assert s.with_models(s.models + [demo]).models[2].ort_rewrites == "attention"
+
+
+def test_switches_take_one_vocabulary_and_the_older_spellings(clean_env, tmp_path):
+    """auto/on/off (docs/settings.md): YAML's unquoted on/off (booleans to YAML) read as on/off;
+    the older spellings of irpe.switch.SWITCH_ALIASES still accepted, stored as on/off."""
+    repo = tmp_path / "models.yaml"
+    repo.write_text("fused_attention: off\nort_custom_ops: on\nmodels:\n"
+                    "  - {name: a, path: a.onnx, backend: onnxruntime, ort_custom_ops: no}\n")
+    s = ServeSettings(repository=repo)
+    assert (s.fused_attention, s.ort_custom_ops, s.models[0].ort_custom_ops) == ("off", "on",
+                                                                                 "off")
+    for old, new in (("fused", "on"), ("UNFUSED", "off"), ("true", "on"), ("0", "off")):
+        assert ServeSettings(fused_attention=old, ort_custom_ops=old).fused_attention == new
+        assert ServeSettings(ort_custom_ops=old).ort_custom_ops == new
 
 
 @pytest.mark.parametrize("env,message", [
@@ -166,9 +182,9 @@ def test_fused_attention_setting_applies_at_app_start(clean_env, files):
     from serve.app import create_app
     models = [{"name": "m", "path": files["cls"]}]
     try:
-        create_app(ServeSettings(fused_attention="unfused", models=models))
-        assert fused_mode() == "unfused"
+        create_app(ServeSettings(fused_attention="off", models=models))
+        assert fused_mode() == "off"
         create_app(ServeSettings(models=models))  # not set: the process's mode stays
-        assert fused_mode() == "unfused"
+        assert fused_mode() == "off"
     finally:
         set_fused_attention(None)

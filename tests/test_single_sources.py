@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import irpe
 from irpe.bucket import METHOD_IDS, Method, parse_method
 from irpe.models import list_models
 from irpe.models.deit import _deit_config
@@ -53,6 +54,17 @@ def test_no_other_c_source_keeps_a_method_name_table():
     assert tables == ["kernels/irpe_methods.h"]
 
 
+def test_the_config_of_an_irpe_node_has_one_name():
+    """irpe.rpe.RPEConfig's C++ counterparts (a TensorRT plugin's fields, an ONNX Runtime node's
+    attributes) are RPEConfig too, whatever else differs between them."""
+    sources = [p for p in PLUGINS.rglob("*") if p.suffix in (".h", ".cpp", ".cu")
+               and "third_party" not in p.parts]
+    structs = {str(p.relative_to(PLUGINS)) for p in sources
+               if re.search(r"\bstruct\s+RPEConfig\b", p.read_text())}
+    assert structs == {"tensorrt/rpe_plugin.h", "onnxruntime/rpe_ort.h"}
+    assert not [p for p in sources if re.search(r"\bRpeConfig\b", p.read_text())]
+
+
 def test_official_numeric_ids_parse():
     assert {parse_method(v) for v in METHOD_IDS.values()} == set(Method)
     with pytest.raises(ValueError, match="unknown iRPE method 2"):
@@ -91,7 +103,8 @@ def _tracked_copy(dest: Path) -> Path:
 
 
 def test_wheel_ships_irpe_export_serve_and_not_benchmarks(tmp_path):
-    """`pip wheel .` (no build isolation: the installed setuptools) lists only the product."""
+    """`pip wheel .` (no build isolation: the installed setuptools) lists only the product, under
+    irpe.__version__ (pyproject.toml reads it: dynamic)."""
     if importlib.util.find_spec("setuptools") is None and os.environ.get("CI") != "true":
         pytest.skip("setuptools is not installed (pip install setuptools)")
     src = _tracked_copy(tmp_path / "src")
@@ -99,11 +112,23 @@ def test_wheel_ships_irpe_export_serve_and_not_benchmarks(tmp_path):
                     "--no-build-isolation", "-w", str(tmp_path / "dist")], check=True, timeout=300)
     (wheel,) = (tmp_path / "dist").glob("irpe_deploy-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
+    (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+    assert f"\nVersion: {irpe.__version__}\n" in zipfile.ZipFile(wheel).read(metadata).decode()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"irpe", "export", "serve"}
     for shipped in ("irpe/demo/deit_shapes_irpe.safetensors", "irpe/artifact/contract.py",
                     "export/onnx.py", "serve/app.py"):
         assert shipped in names
+
+
+def test_the_version_is_written_once():
+    """pyproject.toml takes the version from irpe/__init__.py (read without importing irpe, so
+    a wheel, an editable install and a checkout agree)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "irpe.__version__"}
+    assert re.search(r'^__version__ = "[^"]+"', (ROOT / "irpe" / "__init__.py").read_text(), re.M)
 
 
 def test_a_foreign_serve_package_is_reported_not_silently_dropped(tmp_path):

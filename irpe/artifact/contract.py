@@ -1,8 +1,9 @@
 """The artifact contract: what export/ writes and serve/ reads, defined once.
 
-Tensor names and dynamic axes per task, the ``irpe.*`` metadata of ONNX files (written by
-``irpe export``, read by serving, validation and engine building), the JSON sidecar next to a
-TensorRT engine. onnx is imported inside the functions that parse a file.
+Tensor names and dynamic axes per task, the ONNX opsets an export may have, the ``irpe.*``
+metadata of ONNX files (written by ``irpe export``, read by serving, validation and engine
+building), the JSON sidecar next to a TensorRT engine. onnx is imported inside the functions
+that parse a file.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from irpe.artifact.trained import ModelSpec, spec_from_metadata
 from irpe.checkpoint import CheckpointError
 from irpe.rpe import RPEConfig
 
-__all__ = ["TASKS", "input_names", "output_names", "dynamic_axes", "io_spec",
+__all__ = ["TASKS", "MIN_OPSET", "DEFAULT_OPSET", "MAX_OPSET", "check_opset", "input_names",
+           "output_names", "dynamic_axes", "io_spec",
            "onnx_metadata", "read_onnx_props",
            "read_onnx_spec", "ENGINE_SUFFIXES", "sidecar_path", "write_sidecar", "read_sidecar",
            "engine_spec", "PRECISION_KEY", "QUANTIZATION_KEY", "quantization_metadata",
@@ -28,6 +30,19 @@ _OUTPUTS = {"classification": ("logits",), "detection": ("pred_logits", "pred_bo
 _AXES = {"images": {0: "batch"}, "sizes": {0: "batch"}, "logits": {0: "batch"},
          "pred_logits": {0: "batch"}, "pred_boxes": {0: "batch"}}
 TASKS = tuple(_INPUTS)
+
+# ONNX opsets of an exported file: MIN_OPSET (the iRPE symbolics are registered from it) to
+# MAX_OPSET (the highest of torch's TorchScript-based exporter); DEFAULT_OPSET unless asked
+MIN_OPSET = 17
+DEFAULT_OPSET = 18
+MAX_OPSET = 20
+
+
+def check_opset(opset: int) -> int:
+    """``opset`` when an export may have it, else ValueError naming the range."""
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ValueError(f"opset {opset} is not supported; choose {MIN_OPSET}..{MAX_OPSET}")
+    return opset
 
 
 def _task(task: str) -> str:

@@ -11,28 +11,23 @@ in place, then P v and the bucket sums of the same P. The gathers index a flatte
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from ..idcache import BUCKET_IDS
 from ..ops import rpe_scatter
-from ..rpe import iRPE, iRPECross
-from .cpu_library import library_attention, library_supported
+from ..rpe import Encoding, attention_grid, iRPE, rpe_parts
+from .cpu_library import library_attention, library_supported, records_grad
 
 __all__ = ["cpu_attention", "attention_logits", "term_mask"]
 
 Tensor = torch.Tensor
 
 
-def _parts(module) -> List[iRPE]:
-    if module is None:
-        return []
-    return [module.rp_rows, module.rp_cols] if isinstance(module, iRPECross) else [module]
-
-
-def _flat_ids(m: iRPE, length: int, height, width, transposed: bool) -> Tensor:
+def _flat_ids(m: iRPE, length: int, height: Optional[int], width: Optional[int],
+              transposed: bool) -> Tensor:
     """int64 (L*L,) positions in the flattened (L*K) table: row*K + id(row, col), where the
     row is the query (K term) or the key (Q term, ``transposed``: the term comes out as Q^T)."""
     def build() -> Tensor:
@@ -51,7 +46,8 @@ def _flat_ids(m: iRPE, length: int, height, width, transposed: bool) -> Tensor:
     return BUCKET_IDS.get_or_build(key, torch.inference_mode(False)(build))
 
 
-def _gather(m: iRPE, x: Tensor, height, width, transposed: bool, scale: float = 1.0) -> Tensor:
+def _gather(m: iRPE, x: Tensor, height: Optional[int], width: Optional[int], transposed: bool,
+            scale: float = 1.0) -> Tensor:
     """One part's term (B|1, H|1, L, L) (transposed for the Q term): the contextual table is
     x @ (W * scale), i.e. (x * scale) @ W up to rounding."""
     length = x.shape[2]
@@ -71,16 +67,17 @@ def _gather(m: iRPE, x: Tensor, height, width, transposed: bool, scale: float = 
     return table.reshape(b * h, -1).index_select(1, flat).view(b, h, length, length)
 
 
-def term_mask(qs: Tensor, k: Tensor, scale: float, rpe_q, rpe_k, height, width,
+def term_mask(qs: Tensor, k: Tensor, scale: float, rpe_q: Optional[Encoding],
+              rpe_k: Optional[Encoding], height: Optional[int], width: Optional[int],
               key_padding_mask: Optional[Tensor]) -> Optional[Tensor]:
     """rpe_k(qs) + rpe_q(k*scale)^T with padded keys at -inf: SDPA's float mask (B|1,H|1,L,L)."""
     mask = None
     for module, x, transposed, factor in ((rpe_k, qs, False, 1.0), (rpe_q, k, True, scale)):
-        for m in _parts(module):
+        for m in rpe_parts(module):
             term = _gather(m, x, height, width, transposed, factor)
             if mask is None:
                 mask = term
-            elif _grad(mask, term):
+            elif records_grad(mask, term):
                 mask = mask + term
             elif mask.shape == torch.broadcast_shapes(mask.shape, term.shape):
                 mask.add_(term)
@@ -94,43 +91,35 @@ def term_mask(qs: Tensor, k: Tensor, scale: float, rpe_q, rpe_k, height, width,
     return mask
 
 
-def _add_v_term(out: Tensor, attn: Tensor, rpe_v, height, width) -> Tensor:
+def _add_v_term(out: Tensor, attn: Tensor, rpe_v: Optional[Encoding], height: Optional[int],
+                width: Optional[int]) -> Tensor:
     """out + rpe_v(attn): bucket sums of the probabilities (fp32), then @ the V tables (one
     in-place addmm per part for shared tables when autograd is off)."""
-    for m in _parts(rpe_v):
+    for m in rpe_parts(rpe_v):
         ids = m.bucket_ids(attn.shape[2], height, width)
         sums = rpe_scatter(attn, ids, m.num_buckets)
         weight = m.lookup_table_weight.to(attn.dtype)
-        if weight.shape[0] == 1 and not _grad(out, sums, weight) and out.is_contiguous():
+        if (weight.shape[0] == 1 and not records_grad(out, sums, weight)
+                and out.is_contiguous()):
             out.view(-1, out.shape[-1]).addmm_(sums.reshape(-1, m.num_buckets), weight[0])
         else:
             out = out + torch.matmul(sums, weight.unsqueeze(0))
     return out
 
 
-def _grad(*tensors: Tensor) -> bool:
-    """Whether autograd records ops on these tensors (then no in-place / out= shortcuts)."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-
-
 def _scaled(x: Tensor, scale: float) -> Tensor:
     """x * scale as a contiguous (B, H, L, D) tensor, in one pass when autograd is off (the
     views of the qkv projection are strided; bmm and the table GEMM want them contiguous)."""
-    if _grad(x):
+    if records_grad(x):
         return (x * scale).contiguous()
     return torch.mul(x, scale, out=torch.empty(x.shape, dtype=x.dtype, device=x.device))
 
 
-def _grid_check(rpe_q, rpe_k, rpe_v, length: int, height, width) -> None:
-    """The unfused path's grid / skip errors, raised before any work."""
-    first = (_parts(rpe_k) + _parts(rpe_q) + _parts(rpe_v))[0]
-    first._skip(first.grid(length, height, width)[2])
-
-
-def cpu_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q, rpe_k, rpe_v,
-                  height, width, key_padding_mask: Optional[Tensor]) -> Tensor:
+def cpu_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q: Optional[Encoding],
+                  rpe_k: Optional[Encoding], rpe_v: Optional[Encoding], height: Optional[int],
+                  width: Optional[int], key_padding_mask: Optional[Tensor]) -> Tensor:
     """rpe_attention's result (q, k, v (B, H, L, D), self-attention, no active dropout)."""
-    _grid_check(rpe_q, rpe_k, rpe_v, q.shape[2], height, width)
+    attention_grid(rpe_q, rpe_k, rpe_v, q.shape[2], height, width)  # its errors before any work
     if library_supported(q, k, v, rpe_q, rpe_k, rpe_v, key_padding_mask):
         return library_attention(q, k, v, scale, rpe_q, rpe_k, rpe_v, height, width)
     qs = _scaled(q, scale)
@@ -139,7 +128,7 @@ def cpu_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q, rpe_k, r
     if rpe_v is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     attn, shape = attention_logits(qs, kc, mask)
-    if _grad(attn):
+    if records_grad(attn):
         attn = attn.softmax(-1)
     else:  # in place: the row kernel reads each row whole before writing it
         attn = torch.ops.aten._softmax.out(attn, -1, False, out=attn)
@@ -156,6 +145,6 @@ def attention_logits(qs: Tensor, k: Tensor, mask: Optional[Tensor]
     k3 = k.reshape(b * h, length, d).transpose(1, 2)
     if mask is None:
         return torch.bmm(q3, k3), shape
-    if mask.shape == shape and not _grad(mask, q3, k3):  # a fresh mask: add into it
+    if mask.shape == shape and not records_grad(mask, q3, k3):  # a fresh mask: add into it
         return mask.view(b * h, length, length).baddbmm_(q3, k3), shape
     return torch.baddbmm(mask.expand(shape).reshape(b * h, length, length), q3, k3), shape

@@ -21,10 +21,10 @@ import torch
 
 from ..idcache import BUCKET_IDS
 from ..plugin_files import BUILD_DIR
-from ..rpe import iRPE
+from ..rpe import Encoding, iRPE
 
 __all__ = ["LIBRARY_FILE", "ENV", "default_path", "set_cpu_library", "cpu_library",
-           "library_supported", "library_attention"]
+           "records_grad", "library_supported", "library_attention"]
 
 LIBRARY_FILE = "libirpe_cpu_attention.so"
 ENV = "IRPE_CPU_ATTENTION_LIBRARY"  # the file; empty: none (the SDPA path); unset: the build's
@@ -114,12 +114,19 @@ def _load(path: Path) -> Optional[_Library]:
         return None
 
 
-def library_supported(q: Tensor, k: Tensor, v: Tensor, rpe_q, rpe_k, rpe_v,
+def records_grad(*tensors: Tensor) -> bool:
+    """Whether autograd records ops on these tensors: then no in-place / out= shortcuts on CPU
+    (irpe.fused.cpu) and no native kernel (it has no backward)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def library_supported(q: Tensor, k: Tensor, v: Tensor, rpe_q: Optional[Encoding],
+                      rpe_k: Optional[Encoding], rpe_v: Optional[Encoding],
                       key_padding_mask: Optional[Tensor]) -> bool:
     """Whether a CPU call (already past irpe.fused.cpu_supported) can run in the kernel."""
     if key_padding_mask is not None or torch.compiler.is_compiling() or cpu_library() is None:
         return False  # torch.compile traces fake tensors: no pointers to hand to C
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if records_grad(q, k, v):
         return False
     if any(t.dtype != torch.float32 or t.stride(-1) != 1 for t in (q, k, v)):
         return False
@@ -128,12 +135,13 @@ def library_supported(q: Tensor, k: Tensor, v: Tensor, rpe_q, rpe_k, rpe_v,
     for m in (x for x in (rpe_q, rpe_k, rpe_v) if x is not None):
         if type(m) is not iRPE or m.mode != "contextual" or m.lookup_table_weight.shape[0] != 1:
             return False
-        if torch.is_grad_enabled() and m.lookup_table_weight.requires_grad:
+        if records_grad(m.lookup_table_weight):
             return False
     return True
 
 
-def _ids(lib: _Library, m: iRPE, length: int, height, width, kind: str) -> Tensor:
+def _ids(lib: _Library, m: iRPE, length: int, height: Optional[int], width: Optional[int],
+         kind: str) -> Tensor:
     """The kernel's int32 table [L, pad(L)] of a term, cached per method, ratio, grid and
     kind."""
     def build() -> Tensor:
@@ -150,14 +158,24 @@ def _ids(lib: _Library, m: iRPE, length: int, height, width, kind: str) -> Tenso
     return BUCKET_IDS.get_or_build(key, torch.inference_mode(False)(build))
 
 
-def library_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q, rpe_k, rpe_v,
-                      height, width) -> Tensor:
+def _single(m: Optional[Encoding]) -> Optional[iRPE]:
+    """``m`` as the single-table encoding the kernel takes (library_supported checks it)."""
+    if m is not None and not isinstance(m, iRPE):
+        raise TypeError(f"the native iRPE attention kernel takes iRPE encodings, not "
+                        f"{type(m).__name__}; library_supported() says when it runs")
+    return m
+
+
+def library_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q: Optional[Encoding],
+                      rpe_k: Optional[Encoding], rpe_v: Optional[Encoding],
+                      height: Optional[int], width: Optional[int]) -> Tensor:
     """rpe_attention's result (B, H, L, D) from the kernel: a (B, L, H, D) buffer seen as
     (B, H, L, D), so the caller's transpose back is free."""
     lib = cpu_library()
     if lib is None:
         raise RuntimeError(f"the native iRPE attention kernel is not loaded ({LIBRARY_FILE}: "
                            f"make ort-ops, or ${ENV}); library_supported() says when it is")
+    rpe_q, rpe_k, rpe_v = _single(rpe_q), _single(rpe_k), _single(rpe_v)
     b, h, length, d = q.shape
     out = torch.empty((b, length, h, d), dtype=torch.float32)
     args = _Args(batch=b, heads=h, l=length, d=d, scale=scale, q=q.data_ptr(), k=k.data_ptr(),

@@ -1,82 +1,73 @@
 """Dispatch of rpe_attention to the fused paths: mode switch, support checks, op inputs.
 
-Mode (:data:`FusedMode`): ``set_fused_attention("auto"|"fused"|"unfused")`` (``irpe serve``:
-the ``fused_attention`` setting) or the env var IRPE_FUSED_ATTENTION (auto, 1/fused, 0/unfused),
-read ONCE when this module is imported (:func:`mode_from_env`; the function wins). auto and
-fused = the Triton kernel on CUDA when supported and the SDPA-based CPU path (irpe.fused.cpu) on
-CPU; fused runs the Triton kernel on CPU tensors instead when TRITON_INTERPRET=1 (tests);
-unfused = the manual path everywhere. Unsupported cases take the unfused path, never an error.
+Mode, an :data:`irpe.switch.Switch`: ``set_fused_attention("auto"|"on"|"off")`` (``irpe serve``:
+the ``fused_attention`` setting) or the env var IRPE_FUSED_ATTENTION (auto, on, off; the older
+spellings of irpe.switch.SWITCH_ALIASES too), read ONCE when this module is imported
+(:func:`mode_from_env`; the function wins). auto and on = the Triton kernel on CUDA when
+supported and the SDPA-based CPU path (irpe.fused.cpu) on CPU; on runs the Triton kernel on CPU
+tensors instead when TRITON_INTERPRET=1 (tests); off = the unfused (manual) path everywhere.
+Unsupported cases take the unfused path, never an error.
 """
 from __future__ import annotations
 
 import os
 import warnings
-from typing import Dict, List, Literal, Optional, Tuple, get_args
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
-from ..bucket import (bucket_ids, bucket_ids_traceable, coefficients, ids_from_offsets,
-                      num_buckets, piecewise_index, piecewise_index_traceable)
+from ..bucket import (
+    bucket_ids,
+    bucket_ids_traceable,
+    coefficients,
+    ids_from_offsets,
+    num_buckets,
+    piecewise_index,
+    piecewise_index_traceable,
+)
 from ..idcache import BUCKET_IDS
-from ..rpe import iRPE, iRPECross
+from ..rpe import Encoding, GridSize, attention_grid, iRPE, rpe_parts
+from ..switch import SWITCHES, Switch, parse_switch
 from .launch import MAX_BUCKETS_V, MAX_HEAD_DIM, kernel_available
 from .op import fused_rpe_attention
 
-__all__ = ["FusedMode", "MODE_SPELLINGS", "ENV", "set_fused_attention", "set_fused_ids",
-           "fused_mode", "mode_from_env", "parse_mode", "fused_supported", "cpu_supported",
-           "fused_attention"]
+__all__ = ["ENV", "set_fused_attention", "set_fused_ids", "fused_mode", "mode_from_env",
+           "fused_supported", "cpu_supported", "fused_attention"]
 
-FusedMode = Literal["auto", "fused", "unfused"]
-MODE_SPELLINGS: Dict[str, FusedMode] = {"auto": "auto", "1": "fused", "fused": "fused",
-                                        "0": "unfused", "unfused": "unfused"}
 ENV = "IRPE_FUSED_ATTENTION"
-_override: Optional[FusedMode] = None
+_override: Optional[Switch] = None
 Tensor = torch.Tensor
 
 
-def parse_mode(text: str) -> FusedMode:
-    """A mode from its setting text (auto, 1/fused, 0/unfused; any case); ValueError else."""
-    mode = MODE_SPELLINGS.get(text.strip().lower())
-    if mode is None:
-        raise ValueError(f"fused attention mode must be auto, fused (1) or unfused (0), "
-                         f"got {text!r}")
-    return mode
-
-
-def mode_from_env() -> FusedMode:
+def mode_from_env() -> Switch:
     """``$IRPE_FUSED_ATTENTION`` (unset: auto); a bad value warns and gives auto, since an
     import must not fail on a variable (``irpe serve`` refuses it at start-up instead)."""
     text = os.environ.get(ENV, "")
     try:
-        return parse_mode(text) if text.strip() else "auto"
+        return parse_switch(text, "fused attention mode") if text.strip() else "auto"
     except ValueError as exc:
         warnings.warn(f"{ENV}: {exc}; using auto", stacklevel=2)
         return "auto"
 
 
-_ENV_MODE: FusedMode = mode_from_env()  # the process's default, read once
+_ENV_MODE: Switch = mode_from_env()  # the process's default, read once
 
 
-def set_fused_attention(mode: Optional[FusedMode]) -> None:
-    """Force the fused ("fused") or unfused ("unfused") path, or "auto"; None = the env var's
-    mode again (as read at import)."""
+def set_fused_attention(mode: Optional[Switch]) -> None:
+    """Force the fused paths ("on") or the unfused one ("off"), or "auto"; None = the env
+    var's mode again (as read at import). Only the three words (the older spellings are for
+    settings and the variable)."""
     global _override
-    if mode is not None and mode not in get_args(FusedMode):
-        raise ValueError(f"unknown fused attention mode {mode!r}; expected auto, fused, unfused")
+    if mode is not None and mode not in SWITCHES:
+        raise ValueError(f"unknown fused attention mode {mode!r}; expected auto, on or off")
     _override = mode
 
 
-def fused_mode() -> FusedMode:
+def fused_mode() -> Switch:
     """The effective mode: the function's override, else IRPE_FUSED_ATTENTION as read at
     import, else auto."""
     return _override if _override is not None else _ENV_MODE
-
-
-def _parts(module) -> List[iRPE]:
-    if module is None:
-        return []
-    return [module.rp_rows, module.rp_cols] if isinstance(module, iRPECross) else [module]
 
 
 def exporting() -> bool:
@@ -95,13 +86,14 @@ def _capability(device: torch.device) -> Tuple[int, int]:
     return _CAPABILITY[index]
 
 
-def fused_supported(q: Tensor, k: Tensor, rpe_q, rpe_k, rpe_v, height, width,
+def fused_supported(q: Tensor, k: Tensor, rpe_q: Optional[Encoding], rpe_k: Optional[Encoding],
+                    rpe_v: Optional[Encoding], height: GridSize, width: GridSize,
                     dropout: Optional[nn.Module]) -> bool:
     """Whether this call may take the fused kernel (mode, device, shapes, no export/dropout)."""
     mode = fused_mode()
-    if mode == "unfused" or exporting() or q.shape != k.shape or q.dim() != 4:
+    if mode == "off" or exporting() or q.shape != k.shape or q.dim() != 4:
         return False
-    if q.device.type != "cuda" and mode != "fused":
+    if q.device.type != "cuda" and mode != "on":
         return False
     if not kernel_available(q.device) or q.dtype not in (torch.float16, torch.bfloat16,
                                                          torch.float32):
@@ -112,26 +104,26 @@ def fused_supported(q: Tensor, k: Tensor, rpe_q, rpe_k, rpe_v, height, width,
         return False  # Triton's dot: sm_75+ (fp16/fp32), bf16 from sm_80
     if dropout is not None and dropout.training and dropout.p > 0:
         return False
-    parts = _parts(rpe_q) + _parts(rpe_k) + _parts(rpe_v)
-    if any(m.traceable or m.fixed_grid for m in parts):
+    if any(m.traceable or m.fixed_grid for m in rpe_parts(rpe_q, rpe_k, rpe_v)):
         return False
-    return sum(m.num_buckets for m in _parts(rpe_v)) <= MAX_BUCKETS_V
+    return sum(m.num_buckets for m in rpe_parts(rpe_v)) <= MAX_BUCKETS_V
 
 
-def cpu_supported(q: Tensor, k: Tensor, rpe_q, rpe_k, rpe_v, height,
+def cpu_supported(q: Tensor, k: Tensor, rpe_q: Optional[Encoding], rpe_k: Optional[Encoding],
+                  rpe_v: Optional[Encoding], height: GridSize,
                   dropout: Optional[nn.Module]) -> bool:
     """Whether this call may take the CPU path (irpe.fused.cpu): CPU self-attention with iRPE,
-    mode auto/fused (fused with the Triton interpreter on means the kernel), no export/dropout."""
+    mode auto/on (on with the Triton interpreter on means the kernel), no export/dropout."""
     mode = fused_mode()
-    if mode == "unfused" or q.device.type != "cpu" or exporting() or q.dim() != 4:
+    if mode == "off" or q.device.type != "cpu" or exporting() or q.dim() != 4:
         return False
-    if mode == "fused" and kernel_available(q.device):
+    if mode == "on" and kernel_available(q.device):
         return False  # TRITON_INTERPRET=1 and the kernel forced: the kernel runs
     if q.shape[:3] != k.shape[:3] or isinstance(height, torch.Tensor):
         return False
     if dropout is not None and dropout.training and dropout.p > 0:
         return False
-    parts = _parts(rpe_q) + _parts(rpe_k) + _parts(rpe_v)
+    parts = rpe_parts(rpe_q, rpe_k, rpe_v)
     return bool(parts) and not any(m.traceable or m.fixed_grid for m in parts)
 
 
@@ -162,7 +154,8 @@ def _offset_ids(m: iRPE, height: int, width: int, skip: int, traceable: bool) ->
     return torch.cat([ids.reshape(-1), ids.new_full((1,), extra)])
 
 
-def _build_ids(parts: List[iRPE], grid: Tuple[int, int, int], device, traceable: bool) -> Tensor:
+def _build_ids(parts: List[iRPE], grid: Tuple[int, int, int], device: torch.device,
+               traceable: bool) -> Tensor:
     height, width, skip = grid
     planes, offset = [], 0
     for m in parts:
@@ -177,7 +170,7 @@ def _build_ids(parts: List[iRPE], grid: Tuple[int, int, int], device, traceable:
     return torch.stack(planes).to(device)
 
 
-def _ids_stack(parts: List[iRPE], grid: Tuple[int, int, int], device) -> Tensor:
+def _ids_stack(parts: List[iRPE], grid: Tuple[int, int, int], device: torch.device) -> Tensor:
     """int32 ids on ``device`` (relative-offset tables or (L, L) matrices, one plane per part,
     offset by the previous parts' bucket counts), shared by all layers through the process's
     bucket-id cache (irpe.idcache: bounded by bytes, counted in serve's metrics). Under
@@ -191,23 +184,19 @@ def _ids_stack(parts: List[iRPE], grid: Tuple[int, int, int], device) -> Tensor:
 
 
 @torch.inference_mode(False)  # a normal tensor even if first built under inference_mode,
-def _build_cached(parts: List[iRPE], grid: Tuple[int, int, int], device) -> Tensor:
+def _build_cached(parts: List[iRPE], grid: Tuple[int, int, int], device: torch.device
+                  ) -> Tensor:
     return _build_ids(parts, grid, device, traceable=False)  # so autograd may save it later
 
 
-def _term(module, x: Optional[Tensor], length: int, grid: Tuple[int, int, int], device
+def _term(module: Optional[Encoding], x: Optional[Tensor], length: int,
+          grid: Tuple[int, int, int], device: torch.device
           ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
     """(table (B|1,H|1,L,K_total), int32 ids) of a K or Q term; cross is concatenated."""
-    parts = _parts(module)
-    if not parts:
+    parts = rpe_parts(module)
+    if x is None or not parts:
         return None, None
-    tables = []
-    for m in parts:
-        if m.mode == "bias":
-            bias = m.lookup_table_bias.to(x.dtype)
-            tables.append(bias.view(1, bias.shape[0], 1, -1).expand(1, -1, length, -1))
-        else:
-            tables.append(m._table(x))
+    tables = [m.table(x) for m in parts]
     if len(tables) > 1:
         heads = max(t.shape[1] for t in tables)
         tables = [t.expand(t.shape[0], heads, length, -1) for t in tables]
@@ -215,17 +204,16 @@ def _term(module, x: Optional[Tensor], length: int, grid: Tuple[int, int, int], 
     return table, _ids_stack(parts, grid, device)
 
 
-def fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q, rpe_k, rpe_v,
-                    height, width, key_padding_mask: Optional[Tensor]) -> Tensor:
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q: Optional[Encoding],
+                    rpe_k: Optional[Encoding], rpe_v: Optional[Encoding], height: Optional[int],
+                    width: Optional[int], key_padding_mask: Optional[Tensor]) -> Tensor:
     """rpe_attention's result through the fused op (q, k, v (B, H, L, D))."""
     length, device = q.shape[2], q.device
-    first = (_parts(rpe_k) + _parts(rpe_q) + _parts(rpe_v))[0]
-    grid = first.grid(length, height, width)
-    first._skip(grid[2])
+    grid = attention_grid(rpe_q, rpe_k, rpe_v, length, height, width)
     qs = q * scale
     table_k, ids_k = _term(rpe_k, qs, length, grid, device)
     table_q, ids_q = _term(rpe_q, k * scale if rpe_q is not None else None, length, grid, device)
-    parts_v = _parts(rpe_v)
+    parts_v = rpe_parts(rpe_v)
     ids_v = _ids_stack(parts_v, grid, device) if parts_v else None
     nbv = sum(m.num_buckets for m in parts_v)
     out, s = fused_rpe_attention(qs, k, v, table_k, ids_k, table_q, ids_q, ids_v, nbv,

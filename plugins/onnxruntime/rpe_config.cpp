@@ -82,7 +82,7 @@ std::string expect_string(const OrtApi& api, const OrtKernelInfo* info, const ch
     return {};
 }
 
-std::string check(const RpeConfig& c)
+std::string check(const RPEConfig& c)
 {
     if (c.on_the_fly()) {
         if (c.method_id() < 0) {
@@ -129,12 +129,12 @@ char const* op_name(Op op, bool grid, int adds, Fused fused)
     return grid ? "RPEScatterGrid" : "RPEScatter";
 }
 
-int RpeConfig::method_id() const
+int RPEConfig::method_id() const
 {
     return irpe_method_id(method.c_str());
 }
 
-std::string read_config(const OrtApi& api, const OrtKernelInfo* info, RpeConfig& c)
+std::string read_config(const OrtApi& api, const OrtKernelInfo* info, RPEConfig& c)
 {
     std::string error = expect_string(api, info, "plugin_namespace", "irpe");
     if (error.empty()) {
@@ -178,7 +178,7 @@ std::string read_config(const OrtApi& api, const OrtKernelInfo* info, RpeConfig&
     return error;
 }
 
-std::string grid_params(const RpeConfig& c, int64_t height, int64_t width, irpe_bucket_params& p)
+std::string grid_params(const RPEConfig& c, int64_t height, int64_t width, irpe_bucket_params& p)
 {
     if (irpe_bucket_params_init(&p, c.method_id(), c.ratio, height, width, c.skip) != IRPE_OK) {
         return "no bucket parameters for a " + std::to_string(height) + "x" +
@@ -201,7 +201,7 @@ std::shared_ptr<const std::vector<int32_t>> GridIdCache::get(const irpe_bucket_p
     return ids;
 }
 
-Problem make_problem(const RpeConfig& c, const std::vector<int64_t>& in,
+Problem make_problem(const RPEConfig& c, const std::vector<int64_t>& in,
                      const std::vector<int64_t>& index)
 {
     Problem p;

@@ -72,13 +72,13 @@ std::string broadcast(AddJob& job, const std::vector<int64_t>& base_dims)
 }  // namespace
 
 // Inputs (table, index) at `first` as one term; "" or what is wrong.
-std::string read_term(const RpeConfig& c, Ort::KernelContext& ctx, size_t first, Term& term,
+std::string read_term(const RPEConfig& c, Ort::KernelContext& ctx, size_t first, Term& term,
                       ONNXTensorElementDataType& index_type)
 {
     auto table = ctx.GetInput(first);
     auto index = ctx.GetInput(first + 1);
     const auto info = index.GetTensorTypeAndShapeInfo();
-    RpeConfig plain = c;
+    RPEConfig plain = c;
     plain.num_buckets = first == 0 ? c.num_buckets : 0;  // the 2nd table's K is its own
     term.p = make_problem(plain, table.GetTensorTypeAndShapeInfo().GetShape(), info.GetShape());
     index_type = info.GetElementType();
@@ -91,7 +91,7 @@ std::string read_term(const RpeConfig& c, Ort::KernelContext& ctx, size_t first,
     return term.p.error;
 }
 
-std::string read_add_job(const RpeConfig& c, Ort::KernelContext& ctx, AddJob& job)
+std::string read_add_job(const RPEConfig& c, Ort::KernelContext& ctx, AddJob& job)
 {
     job.terms = c.adds == 2 ? 2 : 1;
     ONNXTensorElementDataType types[2] = {ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64,
@@ -170,7 +170,7 @@ bool use_avx2(AddJob& job, NarrowedIds* cache, Simd simd)
     return true;
 }
 
-OrtStatusPtr gather_add_cpu(const RpeConfig& c, NarrowedIds& ids, Ort::KernelContext& ctx)
+OrtStatusPtr gather_add_cpu(const RPEConfig& c, NarrowedIds& ids, Ort::KernelContext& ctx)
 {
     GatherAddJob job;
     const std::string error = read_add_job(c, ctx, job.add);

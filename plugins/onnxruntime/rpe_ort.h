@@ -29,7 +29,10 @@ enum class Fused { kNone, kSoftmax, kSoftmaxScatter, kBucketMatMulAdd };
 // The node's attributes: exactly the fields the TensorRT creator of the same name advertises
 // (plugins/tensorrt/README.md): RPEGather/RPEScatter num_buckets; the *Grid forms (ids computed
 // on the fly from input 1's last two dims) method, ratio, skip and an optional num_buckets.
-struct RpeConfig {
+// One name for the concept: irpe_trt::RPEConfig (plugins/tensorrt/rpe_plugin.h) holds the same
+// plugin fields as TensorRT serializes them (int32); this one has ONNX's int64 attributes and the
+// forms fused at session load (grid, adds, fused, simd, scatter_buckets), so they stay two types.
+struct RPEConfig {
     Op op = Op::kGather;
     bool grid = false;
     int adds = 0;  // RPEGatherAdd (1): input 2 + gather; RPEGatherAdd2 (2): + a 2nd gather of
@@ -48,10 +51,10 @@ struct RpeConfig {
 char const* op_name(Op op, bool grid = false, int adds = 0, Fused fused = Fused::kNone);
 
 // Reads and checks the node's attributes; returns "" or what is wrong with them.
-std::string read_config(const OrtApi& api, const OrtKernelInfo* info, RpeConfig& config);
+std::string read_config(const OrtApi& api, const OrtKernelInfo* info, RPEConfig& config);
 
 // Bucket parameters of an on-the-fly node for an H x W grid.
-std::string grid_params(const RpeConfig& c, int64_t height, int64_t width, irpe_bucket_params& p);
+std::string grid_params(const RPEConfig& c, int64_t height, int64_t width, irpe_bucket_params& p);
 
 // Per-kernel cache of on-the-fly id tables (one per grid size seen).
 class GridIdCache {
@@ -70,7 +73,7 @@ struct Problem {
     std::string error;
 };
 
-Problem make_problem(const RpeConfig& c, const std::vector<int64_t>& in,
+Problem make_problem(const RPEConfig& c, const std::vector<int64_t>& in,
                      const std::vector<int64_t>& index);
 
 // Rows per ParallelFor task for `rows` output rows of `width` elements, and the call itself
@@ -121,19 +124,20 @@ class BucketListCache {
 class NarrowedIds;  // rpe_terms.h
 
 // CPU compute of RPEGather / RPEScatter (rpe_ort_rows.cpp): every output row on ORT's pool.
-OrtStatusPtr rows_cpu(const RpeConfig& c, GridIdCache& cache, Ort::KernelContext& ctx);
+OrtStatusPtr rows_cpu(const RPEConfig& c, GridIdCache& cache, Ort::KernelContext& ctx);
 
 // CPU compute of RPEGatherAdd / RPEGatherAdd2 (rpe_gather_add.cpp), float32.
-OrtStatusPtr gather_add_cpu(const RpeConfig& c, NarrowedIds& ids, Ort::KernelContext& ctx);
+OrtStatusPtr gather_add_cpu(const RPEConfig& c, NarrowedIds& ids, Ort::KernelContext& ctx);
 
 // CPU compute of RPEGatherAdd*Softmax* (rpe_softmax.cpp), float32.
-OrtStatusPtr softmax_cpu(const RpeConfig& c, NarrowedIds& ids, BucketListCache& lists,
+OrtStatusPtr softmax_cpu(const RPEConfig& c, NarrowedIds& ids, BucketListCache& lists,
                          Ort::KernelContext& ctx);
 
-// RpeConfig::adds of RPEScatterMatMulAdd (base + RPEScatter @ weight; rpe_scatter_matmul_add.cpp, fp32 CPU).
+// RPEConfig::adds of RPEScatterMatMulAdd (base + RPEScatter @ weight; rpe_scatter_matmul_add.cpp,
+// fp32 CPU).
 constexpr int kScatterMatMulAdd = 3;
 constexpr const char* kScatterMatMulAddName = "RPEScatterMatMulAdd";
-OrtStatusPtr scatter_matmul_add_cpu(const RpeConfig& c, Ort::KernelContext& ctx);
+OrtStatusPtr scatter_matmul_add_cpu(const RPEConfig& c, Ort::KernelContext& ctx);
 
 // RPEBucketMatMulAdd(sums, weight, base) = base + sums @ weight (rpe_scatter_matmul_add.cpp, fp32 CPU):
 // the iRPE-V term when RPEGatherAdd*SoftmaxScatter already gave the bucket sums.
@@ -152,7 +156,7 @@ void run_attention(Ort::KernelContext& ctx, const AttnProblem& p, Simd simd);
 
 #ifdef IRPE_ORT_WITH_CUDA
 // CUDA EP compute (rpe_ort_cuda.cpp): runs the plugins/kernels kernels on ORT's stream.
-OrtStatusPtr cuda_compute(const OrtApi& api, const RpeConfig& c, Ort::KernelContext& ctx);
+OrtStatusPtr cuda_compute(const OrtApi& api, const RPEConfig& c, Ort::KernelContext& ctx);
 #endif
 
 }  // namespace irpe_ort

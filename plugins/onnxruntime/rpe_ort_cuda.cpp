@@ -44,7 +44,7 @@ irpe_problem kernel_problem(const Problem& p, const std::vector<int64_t>& dims, 
 
 }  // namespace
 
-OrtStatusPtr cuda_compute(const OrtApi& api, const RpeConfig& c, Ort::KernelContext& ctx)
+OrtStatusPtr cuda_compute(const OrtApi& api, const RPEConfig& c, Ort::KernelContext& ctx)
 {
     auto in = ctx.GetInput(0);
     auto index = ctx.GetInput(1);

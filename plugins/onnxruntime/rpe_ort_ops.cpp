@@ -65,7 +65,7 @@ bool constant_input(const OrtApi& api, const OrtKernelInfo* info, size_t index)
 namespace {
 
 struct RpeKernel {
-    RpeConfig config;
+    RPEConfig config;
     bool cuda = false;
     GridIdCache grid_cache;
     NarrowedIds narrowed;    // fused gather terms: constant ids narrowed to int32 once

@@ -206,7 +206,7 @@ void dispatch(Ort::KernelContext& ctx, Op op, Job& job, ONNXTensorElementDataTyp
 
 }  // namespace
 
-OrtStatusPtr rows_cpu(const RpeConfig& c, GridIdCache& cache, Ort::KernelContext& ctx)
+OrtStatusPtr rows_cpu(const RPEConfig& c, GridIdCache& cache, Ort::KernelContext& ctx)
 {
     auto in = ctx.GetInput(0);
     auto index = ctx.GetInput(1);

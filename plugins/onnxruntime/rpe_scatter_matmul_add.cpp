@@ -213,7 +213,7 @@ std::string check_shapes(VJob& job, const std::vector<int64_t>& w, std::vector<i
 
 }  // namespace
 
-OrtStatusPtr scatter_matmul_add_cpu(const RpeConfig& c, Ort::KernelContext& ctx)
+OrtStatusPtr scatter_matmul_add_cpu(const RPEConfig& c, Ort::KernelContext& ctx)
 {
     auto attn = ctx.GetInput(0);
     auto index = ctx.GetInput(1);

@@ -116,14 +116,14 @@ void softmax_chunk(void* data, size_t chunk)
     }
 }
 
-OrtStatusPtr softmax_fail(const RpeConfig& c, const std::string& message)
+OrtStatusPtr softmax_fail(const RPEConfig& c, const std::string& message)
 {
     const std::string text = std::string(op_name(c.op, c.grid, c.adds, c.fused)) + ": " + message;
     return Ort::GetApi().CreateStatus(ORT_INVALID_ARGUMENT, text.c_str());
 }
 
 // The *Scatter forms' bucket lists of the V index (last input): "" or what is wrong.
-std::string read_lists(const RpeConfig& c, Ort::KernelContext& ctx, SoftmaxJob& job,
+std::string read_lists(const RPEConfig& c, Ort::KernelContext& ctx, SoftmaxJob& job,
                        BucketListCache& cache, std::shared_ptr<const BucketLists>& keep)
 {
     auto index = ctx.GetInput(c.adds == 2 ? 5 : 3);
@@ -147,7 +147,7 @@ std::string read_lists(const RpeConfig& c, Ort::KernelContext& ctx, SoftmaxJob& 
 
 }  // namespace
 
-OrtStatusPtr softmax_cpu(const RpeConfig& c, NarrowedIds& ids, BucketListCache& lists,
+OrtStatusPtr softmax_cpu(const RPEConfig& c, NarrowedIds& ids, BucketListCache& lists,
                          Ort::KernelContext& ctx)
 {
     SoftmaxJob job;

@@ -53,12 +53,12 @@ class NarrowedIds {
 };
 
 // Reads inputs (table, index) at `first` as one term: "" or what is wrong.
-std::string read_term(const RpeConfig& c, Ort::KernelContext& ctx, size_t first, Term& term,
+std::string read_term(const RPEConfig& c, Ort::KernelContext& ctx, size_t first, Term& term,
                       ONNXTensorElementDataType& index_type);
 
 // Reads the terms (inputs 0, 1 and 3, 4) and base (input 2) and sets the output dims and
 // base strides: "" or what is wrong.
-std::string read_add_job(const RpeConfig& c, Ort::KernelContext& ctx, AddJob& job);
+std::string read_add_job(const RPEConfig& c, Ort::KernelContext& ctx, AddJob& job);
 
 // Sets job.ids32 (and job.avx512 at that level) when the SIMD rows can run (CPU, base contiguous
 // along keys, ids fit int32):

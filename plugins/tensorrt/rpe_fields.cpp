@@ -60,7 +60,7 @@ bool read_string(PluginField const& f, std::string& value)
 }
 
 // On the fly, num_buckets follows from method, ratio and skip: fill it in or check it.
-std::string finish(RpeConfig& c)
+std::string finish(RPEConfig& c)
 {
     if (c.on_the_fly() && c.method_id() >= 0 && c.ratio > 0.0f) {
         irpe_bucket_params p;
@@ -78,12 +78,12 @@ std::string finish(RpeConfig& c)
 
 }  // namespace
 
-int RpeConfig::method_id() const
+int RPEConfig::method_id() const
 {
     return irpe_method_id(method.c_str());
 }
 
-std::string RpeConfig::validate() const
+std::string RPEConfig::validate() const
 {
     if (on_the_fly()) {
         if (method_id() < 0) {
@@ -99,7 +99,7 @@ std::string RpeConfig::validate() const
     return {};
 }
 
-bool parse_fields(PluginFieldCollection const* fc, RpeConfig& config, std::string& error)
+bool parse_fields(PluginFieldCollection const* fc, RPEConfig& config, std::string& error)
 {
     for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i) {
         PluginField const& f = fc->fields[i];
@@ -163,7 +163,7 @@ IPluginV3* RpeCreator::createPlugin(char const* name, PluginFieldCollection cons
                                     TensorRTPhase /*phase*/) noexcept
 {
     try {
-        RpeConfig config;
+        RPEConfig config;
         config.op = mOp;
         std::string error;
         bool ok = parse_fields(fc, config, error);

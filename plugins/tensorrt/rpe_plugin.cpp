@@ -46,7 +46,7 @@ irpe_problem make_problem(Dims const& in, int64_t lk, int64_t num_buckets)
 
 }  // namespace
 
-RpePlugin::RpePlugin(RpeConfig config)
+RpePlugin::RpePlugin(RPEConfig config)
     : mConfig(std::move(config))
 {
 }

@@ -30,8 +30,10 @@ enum class Op { kGather, kScatter };
 char const* const kNamespace = "irpe";
 char const* const kVersion = "1";
 
-// Creation state of one plugin: exactly its serialized fields.
-struct RpeConfig {
+// Creation state of one plugin: exactly its serialized fields (int32, as getFieldsToSerialize
+// points at them). irpe_ort::RPEConfig (plugins/onnxruntime/rpe_ort.h) is the same concept for
+// an ONNX Runtime node: int64 attributes plus the forms fused at session load.
+struct RPEConfig {
     Op op = Op::kGather;
     int32_t num_buckets = 0;
     std::string method;  // empty: index tensor input
@@ -45,7 +47,7 @@ struct RpeConfig {
 };
 
 // Parse a PluginFieldCollection (from the ONNX parser or a serialized engine).
-bool parse_fields(PluginFieldCollection const* fc, RpeConfig& config, std::string& error);
+bool parse_fields(PluginFieldCollection const* fc, RPEConfig& config, std::string& error);
 
 // Creator / plugin name: RPEGather, RPEScatter, or with on-the-fly ids RPEGatherGrid, ...
 char const* plugin_name(Op op, bool grid);
@@ -69,7 +71,7 @@ class RpePlugin : public IPluginV3,
                   public IPluginV3OneBuild,
                   public IPluginV3OneRuntime {
 public:
-    explicit RpePlugin(RpeConfig config);
+    explicit RpePlugin(RPEConfig config);
 
     // IPluginV3
     IPluginCapability* getCapabilityInterface(PluginCapabilityType type) noexcept override;
@@ -105,7 +107,7 @@ private:
     // Empty when the input/output dims fit this plugin, else the reason.
     std::string check_dims(Dims const& a, Dims const& b, Dims const& out) const;
 
-    RpeConfig mConfig;
+    RPEConfig mConfig;
     std::vector<PluginField> mFields;  // views of mConfig for getFieldsToSerialize
     PluginFieldCollection mFieldCollection{};
 };

@@ -6,20 +6,22 @@ from typing import Dict, List, Optional, Union
 
 import numpy as np
 
-from irpe.artifact.trained import ModelSpec
 from irpe.artifact.contract import read_onnx_spec
+from irpe.artifact.trained import ModelSpec
+from irpe.runtime.onnxruntime.session import GPU_PROVIDERS, OrtOptions, create_session
 
 from . import Backend, input_names, output_names
 
 __all__ = ["OnnxRuntimeBackend", "providers_for"]
 
 log = logging.getLogger("irpe.serve")
-_GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 
 
 def providers_for(configured: Optional[List[str]], device: str, available: List[str]
                   ) -> List[Union[str, tuple]]:
-    """Execution providers in priority order (device id passed to the GPU ones)."""
+    """Execution providers in priority order (device id passed to the GPU ones): the
+    configured list, else CPU on device cpu, else those of GPU_PROVIDERS this build has, then
+    CPU."""
     if configured:
         missing = [p for p in configured if p not in available]
         if missing:
@@ -29,13 +31,13 @@ def providers_for(configured: Optional[List[str]], device: str, available: List[
     elif device == "cpu":
         names = ["CPUExecutionProvider"]
     else:
-        names = [p for p in _GPU_PROVIDERS if p in available]
+        names = [p for p in GPU_PROVIDERS if p in available]
         if not names:
             raise RuntimeError(f"device {device} needs onnxruntime-gpu (CUDAExecutionProvider); "
                                f"this build has {available}")
         names.append("CPUExecutionProvider")
     device_id = int(device.partition(":")[2] or 0)
-    return [(n, {"device_id": device_id}) if n in _GPU_PROVIDERS else n for n in names]
+    return [(n, {"device_id": device_id}) if n in GPU_PROVIDERS else n for n in names]
 
 
 class OnnxRuntimeBackend(Backend):
@@ -50,7 +52,6 @@ class OnnxRuntimeBackend(Backend):
 
     def load(self) -> None:
         import onnxruntime as ort
-        from irpe.runtime.onnxruntime.session import OrtOptions, create_session
         providers = providers_for(self.cfg.providers, self.cfg.device,
                                   ort.get_available_providers())
         options = OrtOptions().with_(self.cfg.ort_custom_ops, self.cfg.ort_ops_library,
@@ -80,7 +81,7 @@ class OnnxRuntimeBackend(Backend):
         if self.spec.task == "detection":
             feeds["sizes"] = np.ascontiguousarray(sizes, dtype=np.int64)
         names = list(output_names(self.spec.task))
-        return dict(zip(names, self.session.run(names, feeds)))
+        return dict(zip(names, self.session.run(names, feeds), strict=True))
 
     def close(self) -> None:
         self.session = None

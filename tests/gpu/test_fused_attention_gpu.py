@@ -105,9 +105,9 @@ def test_deit_logits_goal(model, dtype, tol):
     net = randomize_tables(create_model(model).eval().to(DEV, dtype), std=0.02)
     with torch.no_grad():
         x = torch.randn(8, 3, 224, 224, device=DEV, dtype=dtype)
-        set_fused_attention("fused")
+        set_fused_attention("on")
         fused = net(x)
-        set_fused_attention("unfused")
+        set_fused_attention("off")
         ref = net(x)
     assert _rel(fused, ref) <= tol
 
@@ -117,9 +117,9 @@ def test_detr_logits_goal_fp16():
     x = torch.randn(2, 3, 512, 704, device=DEV, dtype=torch.half)
     sizes = torch.tensor([[512, 704], [400, 600]], device=DEV)
     with torch.no_grad():
-        set_fused_attention("fused")
+        set_fused_attention("on")
         fused = net(x, sizes)["pred_logits"]
-        set_fused_attention("unfused")
+        set_fused_attention("off")
         ref = net(x, sizes)["pred_logits"]
     assert _rel(fused, ref) <= 2e-3
 
@@ -128,12 +128,12 @@ def test_backward_matches_unfused_gpu():
     mods, (q, k, v), (gh, gw), mask, scale = _layer("deit_odd", "qkv", torch.float32)
     params = [p for m in mods for p in m.parameters()]
     grads = []
-    for mode in ("fused", "unfused"):
+    for mode in ("on", "off"):
         set_fused_attention(mode)
         qs, ks, vs = (t.detach().requires_grad_() for t in (q, k, v))
         out = rpe_attention(qs, ks, vs, scale, *mods, gh, gw, mask)
         grads.append(torch.autograd.grad(out.square().sum(), [qs, ks, vs] + params))
-    for g_fused, g_ref in zip(*grads):
+    for g_fused, g_ref in zip(*grads, strict=True):
         assert _rel(g_fused, g_ref) <= 1e-4
 
 
@@ -142,14 +142,14 @@ def test_backward_detr_size_low_precision(dtype):
     """Triton backward at L = 2150 with padding: grads vs fp32 unfused autograd."""
     mods, (q, k, v), (gh, gw), mask, scale = _layer("detr_2150", "qkv", dtype)
     grads = []
-    for mode, dt in (("fused", dtype), ("unfused", torch.float32)):
+    for mode, dt in (("on", dtype), ("off", torch.float32)):
         set_fused_attention(mode)
         ms = [m.to(dt) for m in mods]
         ts = [t.detach().to(dt).requires_grad_() for t in (q, k, v)]
         out = rpe_attention(*ts, scale, *ms, gh, gw, mask)
         grads.append(torch.autograd.grad(out.float().square().sum(),
                                          ts + [p for m in ms for p in m.parameters()]))
-    for g_fused, g_ref in zip(*grads):
+    for g_fused, g_ref in zip(*grads, strict=True):
         assert _rel(g_fused, g_ref) <= (2e-2 if dtype == torch.bfloat16 else 4e-3)
 
 
@@ -160,7 +160,7 @@ def test_fused_memory_has_no_lxl_tensor():
     mods = [m.to(DEV, torch.half) if m is not None else None for m in build_rpe(
         get_rpe_config(2.0, "product", "ctx", True, 0, "k"), d, h)]
     q, k, v = (torch.randn(b, h, length, d, device=DEV, dtype=torch.half) for _ in range(3))
-    set_fused_attention("fused")
+    set_fused_attention("on")
     with torch.no_grad():
         rpe_attention(q, k, v, d ** -0.5, *mods, gh, gw)  # warm: ids cached, kernel compiled
         torch.cuda.synchronize()
@@ -172,7 +172,7 @@ def test_fused_memory_has_no_lxl_tensor():
     assert extra < b * h * length * length * 2 / 16, extra
 
 
-@pytest.mark.parametrize("mode", ["fused", "unfused"])
+@pytest.mark.parametrize("mode", ["on", "off"])
 def test_compile_cuda_graph_replay(mode):
     """torch.compile(fullgraph, reduce-overhead = CUDA graphs) replays == eager, batch 1."""
     set_fused_attention(mode)
@@ -192,7 +192,7 @@ def test_compile_cuda_graph_replay(mode):
 
 def test_manual_cuda_graph_capture_of_fused_op():
     mods, (q, k, v), (gh, gw), mask, scale = _layer("deit_s", "qkv", torch.float16)
-    set_fused_attention("fused")
+    set_fused_attention("on")
     with torch.no_grad():
         eager = rpe_attention(q, k, v, scale, *mods, gh, gw)
         stream = torch.cuda.Stream()

@@ -22,6 +22,7 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
+from irpe.artifact.contract import MIN_OPSET
 from irpe.bucket import bucket_ids, num_buckets
 from irpe.ops import rpe_gather, rpe_scatter
 
@@ -127,7 +128,7 @@ def write_grid_onnx(path: Path) -> Path:
                 plugin_version="1", method=method, ratio=ratio, skip=skip,
                 num_buckets=num_buckets(method, ratio, skip)))
     graph = helper.make_graph(nodes, "grid_nodes", [], [])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", MIN_OPSET),
                                                      helper.make_opsetid("irpe", 1)])
     onnx.save(model, str(path))
     return path

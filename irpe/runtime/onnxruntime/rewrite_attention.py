@@ -2,8 +2,8 @@
 one ``RPEAttention`` node of the custom-op library (plugins/onnxruntime/rpe_attention.cpp),
 which keeps the logits, probabilities and iRPE tables of a block of queries in cache.
 
-Applied last by :func:`irpe.runtime.onnxruntime.rewrites.fuse_model`, after ``qlayout`` and ``softmax``. It
-matches the graph those stages leave for the timm/DeiT attention:
+Applied last by :func:`irpe.runtime.onnxruntime.rewrites.fuse_model`, after ``qlayout`` and
+``softmax``. It matches the graph those stages leave for the timm/DeiT attention:
 
     q, k, v = Squeeze(Split(qkv)) (three equal parts);  a = q or Mul(q, scalar)
     P = RPEGatherAdd[2]Softmax[Scatter](MatMul(a, wk), idk, MatMul(a, Transpose(k)),
@@ -16,10 +16,19 @@ is left as it was. Not bit-identical to the unfused graph (own GEMM order and ex
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from irpe.runtime.onnxruntime.op_names import (ATTENTION, BUCKET_MATMUL_ADD, DOMAIN, GATHER_ADD2,
-                                               SOFTMAX_OPS)
+from irpe.artifact.contract import DEFAULT_OPSET
+from irpe.runtime.onnxruntime.op_names import (
+    ATTENTION,
+    BUCKET_MATMUL_ADD,
+    DOMAIN,
+    GATHER_ADD2,
+    SOFTMAX_OPS,
+)
+
+if TYPE_CHECKING:
+    from onnx import GraphProto, NodeProto
 
 __all__ = ["fuse_attention"]
 
@@ -31,7 +40,7 @@ _SOFTMAX_FORMS = {name: (2 if add == GATHER_ADD2 else 1, with_v)
 class _Graph:
     """Producers, readers and initializers of a graph's nodes (by index), for matching."""
 
-    def __init__(self, graph) -> None:
+    def __init__(self, graph: GraphProto) -> None:
         self.nodes = list(graph.node)
         self.producer = {out: k for k, node in enumerate(self.nodes) for out in node.output}
         self.readers: Dict[str, List[int]] = {}
@@ -58,7 +67,7 @@ class _Graph:
                 and all(d == 1 for d in t.dims[:-2]))
 
 
-def _attr(node, name: str, default=None):
+def _attr(node: NodeProto, name: str, default: Any = None) -> Any:
     from onnx import helper
     for a in node.attribute:
         if a.name == name:
@@ -148,7 +157,7 @@ def _terms(g: _Graph, at: int, gathers: int, a: str, k: str
     return found, made
 
 
-def _softmax_form(node, opset: int) -> Optional[Tuple[int, bool]]:
+def _softmax_form(node: NodeProto, opset: int) -> Optional[Tuple[int, bool]]:
     """(gather terms, with V sums) of an RPE softmax node; (0, False) for a plain Softmax over
     the last axis; None otherwise."""
     if node.domain == DOMAIN:
@@ -222,12 +231,12 @@ def _unread(nodes: list, outputs: set) -> list:
         nodes = keep
 
 
-def fuse_attention(graph, opset: int = 18) -> int:
+def fuse_attention(graph: GraphProto, opset: int = DEFAULT_OPSET) -> int:
     """Every matching attention block -> one RPEAttention node, in place; returns the count."""
     from onnx import helper
     g = _Graph(graph)
     order = ("q", "k", "v", "wk", "idk", "wq", "idq", "idv", "wv")
-    fused_at: Dict[int, object] = {}
+    fused_at: Dict[int, NodeProto] = {}
     gone: set = set()
     for at in range(len(g.nodes)):
         found = _block(g, at, opset)

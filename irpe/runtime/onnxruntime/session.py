@@ -13,7 +13,8 @@ rewrite stages) that the caller passes; nothing here reads the environment excep
 benchmarks) call once; ``irpe serve`` takes them from its settings (docs/settings.md).
 Mode ``auto`` (default) uses the library when found and falls back to the functions, with a
 warning, when it cannot be loaded or a session cannot be made with it; ``on`` makes either an
-error; ``off`` never loads it. ``library`` names the library file (default: the checkout's
+error; ``off`` never loads it (the switch vocabulary of irpe.switch, older spellings such as
+``1``/``0`` accepted). ``library`` names the library file (default: the checkout's
 build/plugins/). With the CPU library, each ``Add(x, RPEGather(...))`` is loaded as one
 ``RPEGatherAdd`` node and each V term ``Add(x, MatMul(RPEScatter(...), W))`` as one
 ``RPEScatterMatMulAdd`` and a Softmax of such logits as one ``RPEGatherAdd*Softmax*``
@@ -30,21 +31,23 @@ from typing import Any, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Un
 
 from irpe.plugin_files import BUILD_DIR
 from irpe.runtime.onnxruntime.rewrites import STAGES, parse_stages
+from irpe.switch import Switch, parse_switch
 
-__all__ = ["MODES", "MODE_ALIASES", "MODE_ENV", "LIBRARY_ENV", "FUSE_ENV", "CustomOpsError",
-           "OpsPath",
+__all__ = ["MODE_ENV", "LIBRARY_ENV", "FUSE_ENV", "CustomOpsError",
+           "GPU_PROVIDERS", "OpsPath",
            "OrtOptions", "default_library", "resolve_mode", "find_library", "share_thread_pool",
            "session_options", "create_session"]
 
 log = logging.getLogger("irpe.runtime.onnxruntime.session")
 
-MODES = ("auto", "on", "off")
-MODE_ALIASES = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}
 MODE_ENV = "IRPE_ORT_CUSTOM_OPS"
 LIBRARY_ENV = "IRPE_ORT_OPS_LIBRARY"
 FUSE_ENV = "IRPE_ORT_FUSE"  # "0": no load-time rewrite; else stages (rewrites.parse_stages)
 _CPU_LIB, _CUDA_LIB = "libirpe_ort_ops.so", "libirpe_ort_ops_cuda.so"
-_GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+# onnxruntime's GPU execution providers, in the priority order a session lists them (ORT's
+# usual order: the TensorRT EP first, the CUDA EP for what it does not take); a session whose
+# first provider is one of them gets the CUDA build of the custom-op library
+GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 _shared_pool: Optional[int] = None  # intra-op threads of the process-wide pool, once made
 
 
@@ -83,13 +86,10 @@ def default_library(cuda: bool = False) -> Path:
     return BUILD_DIR / (_CUDA_LIB if cuda else _CPU_LIB)
 
 
-def resolve_mode(mode: Optional[str] = None) -> str:
-    """The mode checked and normalised (1/true/yes: on, 0/false/no: off); None: ``auto``."""
-    value = (mode if mode is not None else "auto").strip().lower()
-    value = MODE_ALIASES.get(value, value)
-    if value not in MODES:
-        raise ValueError(f"custom-ops mode must be one of {', '.join(MODES)}, got {value!r}")
-    return value
+def resolve_mode(mode: Optional[str] = None) -> Switch:
+    """The mode checked and normalised (irpe.switch.parse_switch: auto, on, off, older
+    spellings such as 1/0 accepted); None: ``auto``."""
+    return "auto" if mode is None else parse_switch(mode, "custom-ops mode")
 
 
 def _stages(stages: Union[str, Iterable[str]]) -> FrozenSet[str]:
@@ -104,7 +104,7 @@ class OrtOptions:
     (auto/on/off), the ``library`` file (None: :func:`default_library`) and the load-time graph
     ``rewrites`` stages (all of rewrites.STAGES by default). Checked when made."""
 
-    custom_ops: str = "auto"
+    custom_ops: str = "auto"  # any spelling irpe.switch reads; kept as auto, on or off
     library: Optional[Path] = None
     rewrites: FrozenSet[str] = field(default_factory=lambda: frozenset(STAGES))
 
@@ -141,7 +141,7 @@ class OrtOptions:
 
 def _wants_cuda(providers: Sequence[Union[str, tuple]]) -> bool:
     names = [p if isinstance(p, str) else p[0] for p in providers or ()]
-    return bool(names) and names[0] in _GPU_PROVIDERS
+    return bool(names) and names[0] in GPU_PROVIDERS
 
 
 def _wanted(library: Optional[os.PathLike], cuda: bool) -> Union[os.PathLike, str]:
