@@ -41,7 +41,9 @@ def prepare(folder: Path, quick: bool, samples: int) -> Dict[str, Dict[str, str]
     from benchmarks.export_ort import QUICK_OVERRIDES, export_models
     names = {k: NAMES[k] for k in MODELS}
     folder.mkdir(parents=True, exist_ok=True)
-    fp32 = export_models(names, folder, QUICK_OVERRIDES if quick else {})
+    missing = {k: v for k, v in names.items() if not (folder / f"{k}.onnx").is_file()}
+    export_models(missing, folder, QUICK_OVERRIDES if quick else {})  # reused when there
+    fp32 = {k: folder / f"{k}.onnx" for k in names}
     ort: Dict[str, str] = {}
     ov: Dict[str, str] = {}
     for key, path in fp32.items():
@@ -55,6 +57,8 @@ def prepare(folder: Path, quick: bool, samples: int) -> Dict[str, Dict[str, str]
 
 
 def _quantize(source: Path, target: Path, extra: List[str], samples: int) -> None:
+    if target.is_file() and target.stat().st_mtime >= source.stat().st_mtime:
+        return  # made from this export before
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "irpe", "quantize", str(source), "-o", str(target),
                     "--calibration", "shapes", "--samples", str(samples), *extra],
@@ -192,7 +196,8 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="2-block DeiT-S, batch 1, 1 round, 1 process: checks the report")
     parser.add_argument("--cache", type=Path, default=Path("build/bench-cpu-runtimes"),
-                        help="folder for the exported and quantised files (reused)")
+                        help="folder for the exported and quantised files (reused; delete it "
+                             "to export again)")
     parser.add_argument("--out", type=Path, default=None, help="results folder")
     parser.add_argument("--worker", choices=RUNTIMES, help=argparse.SUPPRESS)
     parser.add_argument("--files", help=argparse.SUPPRESS)

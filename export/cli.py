@@ -65,7 +65,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     try:
         report = validate(args.file, args.source, args.checkpoint, num_inputs=args.num_inputs,
                           image_dir=args.images, atol=args.atol, rtol=args.rtol,
-                          precision=args.precision, sizes=args.sizes, ort_options=ort_options)
+                          precision=args.precision, sizes=args.sizes, ort_options=ort_options,
+                          runtime=args.runtime)
     except CustomOpsError as exc:
         raise CLIError(str(exc)) from None
     if args.json:
@@ -163,14 +164,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no per-step timing on stderr")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("validate", help="compare an ONNX file or engine with PyTorch")
-    p.add_argument("file", help=".onnx file, or .engine/.plan (TensorRT, needs a GPU)")
+    p = sub.add_parser("validate", help="compare an ONNX file, IR or engine with PyTorch")
+    p.add_argument("file", help=".onnx file, OpenVINO IR .xml, or .engine/.plan (TensorRT, "
+                   "needs a GPU)")
+    p.add_argument("--runtime", choices=["onnxruntime", "openvino"],
+                   help="what runs an .onnx file (default onnxruntime; an IR runs on openvino, "
+                        "an engine on TensorRT); openvino needs pip install "
+                        "'irpe-deploy[openvino]'")
     p.add_argument("--source", help="model name / trained-model file (default: from metadata)")
     p.add_argument("--checkpoint", help="weights for --source or the file's model name")
     p.add_argument("-n", "--num-inputs", type=int, default=8, help="inputs in total")
     p.add_argument("--images", help="folder of real images used first (subfolders too, sorted)")
-    p.add_argument("--precision", choices=["fp32", "tf32", "fp16", "int8"],
-                   help="tolerances to judge by (default: int8 for a quantised file, else fp32)")
+    p.add_argument("--precision", choices=["fp32", "tf32", "fp16", "bf16", "int8"],
+                   help="tolerances to judge by (default: int8 for a quantised file, else "
+                        "fp32); bf16: --runtime openvino compiles in bf16 (a CPU with BF16)")
     p.add_argument("--atol", type=float, help="absolute tolerance (default per precision)")
     p.add_argument("--rtol", type=float, help="relative tolerance (default per precision)")
     p.add_argument("--sizes", type=_sizes, help="detection input sizes, e.g. 480x640,640x480")

@@ -2,7 +2,14 @@
 from __future__ import annotations
 
 import argparse
-from typing import Dict, List
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, TypeVar
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from .config import ServeSettings
+
+T = TypeVar("T")
 
 __all__ = ["add_parser", "cmd_serve"]
 
@@ -12,19 +19,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve models over HTTP (REST + Open Inference Protocol v2)",
                        description="Serve the models of a repository file (YAML/TOML) or of "
                        "IRPE_SERVE_* variables; with neither (or --demo), the bundled demo "
-                       "classifier and detector on ONNX Runtime, on 127.0.0.1:8000.")
+                       "classifier and detector on ONNX Runtime (or --backend), on "
+                       "127.0.0.1:8000.")
     p.add_argument("repository", nargs="?", help="model repository file (.yaml/.yml/.toml)")
     p.add_argument("--demo", action="store_true", help="also serve the demo models")
-    p.add_argument("--backend", choices=("onnxruntime", "torch"), default="onnxruntime",
-                   help="backend of the demo models (default: onnxruntime)")
+    p.add_argument("--backend", choices=("onnxruntime", "torch", "openvino"),
+                   default="onnxruntime", help="backend of the demo models (default: "
+                   "onnxruntime; openvino needs pip install 'irpe-deploy[openvino]')")
     p.add_argument("--device", default="cpu", help="device of the demo models: cpu, cuda, "
                    "cuda:N (onnxruntime-gpu / CUDA torch)")
     p.add_argument("--precision", choices=("fp32", "fp16", "bf16"), help="precision of every "
-                   "torch-backend model (overrides the repository; default fp16 on cuda, fp32 "
-                   "on cpu; fp16 needs cuda)")
+                   "torch- and openvino-backend model (overrides the repository; default fp16 "
+                   "on cuda, fp32 on cpu; fp16 needs torch on cuda; openvino bf16 needs a CPU "
+                   "with BF16)")
     p.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="TCP port (default 8000; 0 = any free port)")
-    p.add_argument("--threads", type=int, help="torch/onnxruntime CPU threads (0 = default)")
+    p.add_argument("--threads", type=int, help="torch/onnxruntime/openvino CPU threads (0 = "
+                   "default)")
     p.add_argument("--log-format", choices=("json", "text"), help="log lines (default json)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     p.add_argument("--prepare", action="store_true", help="load and warm up every model, "
@@ -52,7 +63,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return _run(app, settings)
 
 
-def _share_ort_pool(settings) -> None:
+def _share_ort_pool(settings: ServeSettings) -> None:
     """`irpe serve` owns its process: its onnxruntime models share one intra-op pool
     (``ort_thread_pool: shared``), made before the server loads them (docs/serve.md)."""
     import logging
@@ -66,10 +77,12 @@ def _share_ort_pool(settings) -> None:
         "models": names})
 
 
-def _user_errors(fn, *args):
+def _user_errors(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` with settings and exporter problems turned into one-line CLI errors."""
-    from irpe.errors import CLIError
     from pydantic import ValidationError
+
+    from irpe.errors import CLIError
+
     from .errors import validation_message
     try:
         return fn(*args)
@@ -79,7 +92,7 @@ def _user_errors(fn, *args):
         raise CLIError(str(exc)) from None
 
 
-def _settings(args: argparse.Namespace):
+def _settings(args: argparse.Namespace) -> ServeSettings:
     from .config import ServeSettings
     given = {"repository": args.repository, "host": args.host, "port": args.port,
              "threads": args.threads, "log_format": args.log_format,
@@ -87,22 +100,24 @@ def _settings(args: argparse.Namespace):
     return ServeSettings(**{k: v for k, v in given.items() if v is not None})
 
 
-def _with_demo(settings, args: argparse.Namespace):
+def _with_demo(settings: ServeSettings, args: argparse.Namespace) -> ServeSettings:
     from .demo import demo_models
     demo = demo_models(args.backend, settings.cache_dir, args.device)
     return settings.with_models(settings.models + demo)
 
 
-def _with_precision(settings, precision: str):
-    """Every torch-backend model at ``precision`` (re-validated: fp16 on cpu is refused)."""
+def _with_precision(settings: ServeSettings, precision: str) -> ServeSettings:
+    """Every torch- and openvino-backend model at ``precision`` (re-validated: fp16 on cpu, or
+    on openvino, is refused)."""
     from .config import ModelConfig
     models = [ModelConfig.model_validate({**m.model_dump(), "precision": precision})
-              if m.backend == "torch" else m for m in settings.models]
+              if m.backend in ("torch", "openvino") else m for m in settings.models]
     return settings.model_copy(update={"models": models})
 
 
-def _prepare(app) -> int:
+def _prepare(app: FastAPI) -> int:
     import asyncio
+
     from .state import AppState
     state: AppState = app.state.irpe
 
@@ -114,16 +129,17 @@ def _prepare(app) -> int:
 
     rows = asyncio.run(load())
     print(f"{'model':<24} {'task':<15} {'backend':<12} {'state':<8} path")
-    for row, model in zip(rows, state.models.values()):
+    for row, model in zip(rows, state.models.values(), strict=True):
         print(f"{row['name']:<24} {row['task']:<15} {row['backend']:<12} "
               f"{row['state'] if not row['error'] else 'failed':<8} {model.cfg.path}"
               + (f"  ({row['error']})" if row["error"] else ""))
     return 1 if any(r["error"] for r in rows) else 0
 
 
-def _run(app, settings) -> int:
+def _run(app: FastAPI, settings: ServeSettings) -> int:
     """Serve on an explicit TCP socket; "serving" is logged once it accepts connections."""
     import uvicorn
+
     from .net import listen_socket
     from .server import AnnouncingServer
     sock = listen_socket(settings.host, settings.port)

@@ -7,7 +7,8 @@ settings (``host``, ``port``, ``models: [...]``); relative model paths are resol
 the file's folder. The ONNX Runtime switches (``ort_custom_ops``, ``ort_ops_library``,
 ``ort_rewrites``) and ``fused_attention`` also take the older variables (``IRPE_ORT_*``,
 ``IRPE_FUSED_ATTENTION``) when their ``IRPE_SERVE_*`` name is not set; a model's own
-``ort_custom_ops`` / ``ort_rewrites`` win over the server's (docs/settings.md).
+``ort_custom_ops`` / ``ort_rewrites`` win over the server's, as its ``ov_threads`` /
+``ov_streams`` win over the server's ``threads`` / ``ov_streams`` (docs/settings.md).
 """
 from __future__ import annotations
 
@@ -72,10 +73,10 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    path: Path = Field(description="trained-model .safetensors (torch), .onnx (onnxruntime) "
-                       "or engine file (tensorrt)")
-    backend: str = Field("torch", description="torch, onnxruntime, tensorrt or a name given "
-                         "to serve.backends.register_backend")
+    path: Path = Field(description="trained-model .safetensors (torch), .onnx (onnxruntime, "
+                       "openvino), OpenVINO IR .xml (openvino) or engine file (tensorrt)")
+    backend: str = Field("torch", description="torch, onnxruntime, tensorrt, openvino or a "
+                         "name given to serve.backends.register_backend")
     task: Optional[Literal["classification", "detection"]] = Field(
         None, description="checked against the artifact's task when given")
     labels: Optional[Union[List[str], Path]] = Field(
@@ -103,7 +104,14 @@ class ModelConfig(BaseModel):
         "(default: the engine path with suffix .onnx)")
     precision: Optional[Literal["fp32", "fp16", "bf16"]] = Field(
         None, description="torch backend: weights and inputs cast to this dtype, outputs back "
-        "to fp32; default fp16 on cuda, fp32 on cpu (other backends: fp32 only)")
+        "to fp32; default fp16 on cuda, fp32 on cpu. openvino: fp32 (default) or bf16 (a CPU "
+        "with BF16), set explicitly at compile. Other backends: fp32 only")
+    ov_threads: Optional[int] = Field(
+        None, ge=0, description="openvino: CPU inference threads (INFERENCE_NUM_THREADS), 0 = "
+        "OpenVINO's default; default: the server's threads")
+    ov_streams: Optional[int] = Field(
+        None, ge=0, description="openvino: CPU streams (NUM_STREAMS), 0 = OpenVINO's choice; "
+        "default: the server's ov_streams")
     cuda_graphs: bool = Field(False, description="torch backend on cuda, classification: "
                               "capture CUDA graphs at batch sizes 1, 2, 4, ... max_batch_size")
     instances: int = Field(1, ge=1, le=64, description="model replicas (each with its own "
@@ -130,6 +138,8 @@ class ModelConfig(BaseModel):
     def _check_runtime_options(self) -> "ModelConfig":
         """Refuse precision / CUDA-graph settings the configured backend and device cannot run."""
         precision = self.precision or "fp32"
+        if self.backend == "openvino":
+            return self._check_openvino(precision)
         if precision != "fp32" and self.backend in ("onnxruntime", "tensorrt"):
             how = ("tensorrt engines get their precision when built (irpe build-engine "
                    "--precision)" if self.backend == "tensorrt" else
@@ -141,6 +151,17 @@ class ModelConfig(BaseModel):
         if self.cuda_graphs and (self.backend != "torch" or not self.device.startswith("cuda")):
             raise ValueError("cuda_graphs needs backend torch and device cuda, got "
                              f"{self.backend} on {self.device}")
+        return self
+
+    def _check_openvino(self, precision: str) -> "ModelConfig":
+        """The openvino backend runs on the CPU plugin, in fp32 or bf16."""
+        if self.device != "cpu":
+            raise ValueError(f"the openvino backend runs on cpu (OpenVINO's CPU plugin), got "
+                             f"device {self.device}")
+        if precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision {precision}: the openvino backend runs fp32 or bf16")
+        if self.cuda_graphs:
+            raise ValueError("cuda_graphs needs backend torch and device cuda, got openvino")
         return self
 
     def run_precision(self) -> str:
@@ -172,7 +193,8 @@ class ServeSettings(BaseSettings):
     max_body_bytes: int = Field(32 << 20, ge=1024)
     max_images: int = Field(32, ge=1, description="images per request")
     cors_origins: List[str] = Field(default_factory=list, description="empty: CORS off")
-    threads: int = Field(0, ge=0, description="torch / onnxruntime CPU threads; 0 = default")
+    threads: int = Field(0, ge=0, description="torch / onnxruntime / openvino CPU threads; "
+                         "0 = default (a model's ov_threads wins for openvino)")
     ort_thread_pool: Literal["shared", "per_model"] = Field(
         "shared", description="irpe serve: the onnxruntime models share ONE intra-op pool of "
         "`threads` threads, so one model's idle workers never spin beside another's run; "
@@ -196,6 +218,10 @@ class ServeSettings(BaseSettings):
         description="torch models: the fused iRPE attention paths auto (Triton on CUDA, SDPA "
         "on CPU, where supported), on (forced where supported) or off (the unfused path); "
         "process-wide (irpe.fused)")
+    ov_streams: int = Field(
+        1, ge=0, description="openvino models: CPU streams (NUM_STREAMS); 1 suits the server, "
+        "whose inference thread runs one batch at a time per instance; 0 = OpenVINO's choice "
+        "from the latency hint; a model's ov_streams wins")
     decode_threads: int = Field(0, ge=0, description="image decode threads, process-wide; "
                                 "0 = the CPUs this process may run on")
     gc_freeze: bool = Field(True, description="once a model has loaded, freeze the process's "
@@ -221,16 +247,19 @@ class ServeSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _complete_models(self) -> "ServeSettings":
-        """Each model's ONNX Runtime switches: its own, else the server's."""
+        """Each model's ONNX Runtime and OpenVINO switches: its own, else the server's."""
         self.models = [self.completed(m) for m in self.models]
         return self
 
     def completed(self, model: ModelConfig) -> ModelConfig:
-        """``model`` with the server's ONNX Runtime switches where it sets none."""
+        """``model`` with the server's ONNX Runtime and OpenVINO switches where it sets none
+        (OpenVINO threads: the server's ``threads``)."""
         return model.model_copy(update={
             "ort_custom_ops": model.ort_custom_ops or self.ort_custom_ops,
             "ort_rewrites": model.ort_rewrites or self.ort_rewrites,
-            "ort_ops_library": model.ort_ops_library or self.ort_ops_library})
+            "ort_ops_library": model.ort_ops_library or self.ort_ops_library,
+            "ov_threads": self.threads if model.ov_threads is None else model.ov_threads,
+            "ov_streams": self.ov_streams if model.ov_streams is None else model.ov_streams})
 
     def with_models(self, models: List[ModelConfig]) -> "ServeSettings":
         """These settings serving ``models`` (completed as at validation)."""

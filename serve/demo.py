@@ -1,9 +1,9 @@
 """The demo repository: the bundled shapes classifier and detector, served offline.
 
-For the onnxruntime backend the bundled trained-model files are exported once to ONNX in the
-cache (``$IRPE_CACHE/onnx``, named by a digest of the weights and the exporter), so later starts
-reuse them. The exporter is the one registered with ``irpe.artifact.exporters`` (kind ``onnx``):
-serve never imports export/.
+For the onnxruntime and openvino backends the bundled trained-model files are exported once to
+ONNX in the cache (``$IRPE_CACHE/onnx``, named by a digest of the weights and the exporter), so
+later starts reuse them. The exporter is the one registered with ``irpe.artifact.exporters``
+(kind ``onnx``): serve never imports export/.
 """
 from __future__ import annotations
 
@@ -26,11 +26,12 @@ log = logging.getLogger("irpe.serve")
 
 def demo_models(backend: str = "onnxruntime", cache_dir: Optional[Path] = None,
                 device: str = "cpu") -> List[ModelConfig]:
-    """Configs of the demo models; exports ONNX files first when missing (onnxruntime)."""
+    """Configs of the demo models; exports ONNX files first when missing (every backend but
+    torch reads the ONNX file: onnxruntime, openvino)."""
     configs = []
     for name in DEMO_MODELS:
         weights = Path(bundled_weights(model_info(name)))  # clear FileNotFoundError if absent
-        path = weights if backend == "torch" else _exported(weights, cache_dir)
+        path = weights if backend == "torch" else _exported(weights, cache_dir, backend)
         configs.append(ModelConfig(name=name, path=path, backend=backend, device=device))
     return configs
 
@@ -47,16 +48,16 @@ def onnx_cache_path(weights: Path, cache_dir: Optional[Path] = None,
     return Path(cache_dir) / "onnx" / f"{weights.stem}-{digest.hexdigest()[:12]}.onnx"
 
 
-def _onnx_exporter() -> Exporter:
+def _onnx_exporter(backend: str = "onnxruntime") -> Exporter:
     try:
         return get_exporter("onnx")
     except RuntimeError as exc:
-        raise RuntimeError(f"the onnxruntime backend needs the ONNX exporter: {exc}; serve the "
+        raise RuntimeError(f"the {backend} backend needs the ONNX exporter: {exc}; serve the "
                            "demo with --backend torch") from None
 
 
-def _exported(weights: Path, cache_dir: Optional[Path]) -> Path:
-    exporter = _onnx_exporter()
+def _exported(weights: Path, cache_dir: Optional[Path], backend: str = "onnxruntime") -> Path:
+    exporter = _onnx_exporter(backend)
     out = onnx_cache_path(weights, cache_dir, exporter)
     if out.is_file():
         return out
@@ -66,6 +67,6 @@ def _exported(weights: Path, cache_dir: Optional[Path]) -> Path:
         with atomic_path(out) as tmp:  # complete or absent, also for a concurrent start
             exporter.write(str(weights), tmp)
     except ImportError as exc:  # the exporter's own dependencies (onnx, onnxscript)
-        raise RuntimeError(f"the onnxruntime backend needs the ONNX exporter: {exc}; serve the "
+        raise RuntimeError(f"the {backend} backend needs the ONNX exporter: {exc}; serve the "
                            "demo with --backend torch") from None
     return out

@@ -22,7 +22,8 @@ from .config import ModelConfig, ServeSettings
 from .errors import ServeError, unavailable
 from .gc_freeze import freeze_loaded, thaw
 from .metrics import Metrics
-from .nvjpeg import available as nvjpeg_available, decode_on_device
+from .nvjpeg import available as nvjpeg_available
+from .nvjpeg import decode_on_device
 from .preprocess_pool import decode_numbered, map_images, map_images_fifo
 
 __all__ = ["ServedModel", "Input", "check_count"]
@@ -95,7 +96,7 @@ class ServedModel:
         self.state = "ready"
         log.info("model ready", extra={"model": self.name, "backend": self.cfg.backend,
                                        "task": self.task, "instances": len(self.backends),
-                                       "precision": self.cfg.run_precision(),
+                                       "precision": self.precision(),
                                        "frozen_objects": frozen})
 
     async def _start_instance(self, i: int) -> Dict[str, np.ndarray]:
@@ -201,8 +202,12 @@ class ServedModel:
                 "platform": self.backend.platform, "model": self.spec.model_name,
                 "state": self.state, "num_classes": len(self.labels),
                 "max_batch_size": self.cfg.max_batch_size, "instances": len(self.backends),
-                "precision": getattr(self.backend, "file_precision", None)
-                or self.cfg.run_precision()}
+                "precision": self.precision()}
+
+    def precision(self) -> str:
+        """What the model runs in: int8 for a quantised file (its metadata), else the
+        configured precision (an openvino model checks it against the compiled model)."""
+        return getattr(self.backend, "file_precision", None) or self.cfg.run_precision()
 
 
 async def _given(inputs: List[Input]) -> List[Input]:

@@ -11,10 +11,12 @@ from typing import Any, Callable, Dict, Tuple
 
 __all__ = ["BUILTIN", "Factory", "backend_factory", "backend_names", "register_backend"]
 
-# built-in names -> "module:Class", imported on first use (onnxruntime / tensorrt are optional)
+# built-in names -> "module:Class", imported on first use (onnxruntime / tensorrt / openvino
+# are optional)
 BUILTIN: Dict[str, str] = {"torch": "serve.backends.torch_backend:TorchBackend",
                            "onnxruntime": "serve.backends.onnxruntime_backend:OnnxRuntimeBackend",
-                           "tensorrt": "serve.backends.tensorrt_backend:TensorRTBackend"}
+                           "tensorrt": "serve.backends.tensorrt_backend:TensorRTBackend",
+                           "openvino": "serve.backends.openvino_backend:OpenVINOBackend"}
 Factory = Callable[[Any, int], Any]  # (ModelConfig, threads) -> serve.backends.Backend
 _registered: Dict[str, Factory] = {}
 

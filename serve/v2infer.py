@@ -33,7 +33,8 @@ def model_metadata(model: ServedModel) -> Dict:
     return {"name": model.name, "versions": ["1"], "platform": model.backend.platform,
             "inputs": inputs, "outputs": outputs,
             "parameters": {"task": model.task, "labels": model.labels,
-                           "preprocess": p.to_dict(), "model": model.spec.model_name}}
+                           "preprocess": p.to_dict(), "model": model.spec.model_name,
+                           "backend": model.cfg.backend, "precision": model.precision()}}
 
 
 _CONFIGS: "weakref.WeakKeyDictionary[ServedModel, Dict]" = weakref.WeakKeyDictionary()

@@ -12,10 +12,10 @@ from tests.helpers import FaultBackend, fault_backend
 
 
 def test_builtin_backends_cannot_be_replaced():
-    for name in ("torch", "onnxruntime", "tensorrt"):
+    for name in ("torch", "onnxruntime", "tensorrt", "openvino"):
         with pytest.raises(ValueError, match=f"backend '{name}' is built in"):
             register_backend(name, FaultBackend)
-    assert backend_names()[:3] == ("torch", "onnxruntime", "tensorrt")
+    assert backend_names()[:4] == ("torch", "onnxruntime", "tensorrt", "openvino")
 
 
 def test_registered_backend_is_selected_by_name(cls_file):
@@ -26,11 +26,13 @@ def test_registered_backend_is_selected_by_name(cls_file):
 
 
 def test_unknown_backend_names_the_available_ones(tmp_path, capsys):
-    with pytest.raises(ValidationError, match="should be one of torch, onnxruntime, tensorrt"):
+    with pytest.raises(ValidationError, match="should be one of torch, onnxruntime, tensorrt, "
+                       "openvino"):
         ModelConfig(name="m", path="x", backend="fault")  # no test backend in the product
     repo = tmp_path / "r.yaml"
     repo.write_text("models: [{name: m, path: x.onnx, backend: tflite}]\n")
     assert main(["serve", str(repo)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("irpe serve: error: invalid settings: models.0.backend: should be one "
-                          "of torch, onnxruntime, tensorrt") and err.endswith("got 'tflite'")
+                          "of torch, onnxruntime, tensorrt, openvino") and \
+        err.endswith("got 'tflite'")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import xml.etree.ElementTree as ET
-from typing import TYPE_CHECKING, Dict
+from typing import TYPE_CHECKING, Dict, Union
 
 from irpe.artifact.filecheck import check_file
 
@@ -25,19 +25,20 @@ __all__ = ["IR_SUFFIX", "RT_INFO_NODE", "is_ir", "weights_path", "read_ir_props"
 
 IR_SUFFIX = ".xml"
 RT_INFO_NODE = "irpe"  # rt_info child that holds the metadata entries
+FileName = Union[str, "os.PathLike[str]"]  # a file name as callers hold it
 
 
-def is_ir(path: os.PathLike) -> bool:
+def is_ir(path: FileName) -> bool:
     """True for a file named as an OpenVINO IR (``.xml``)."""
     return os.fspath(path).lower().endswith(IR_SUFFIX)
 
 
-def weights_path(xml_path: os.PathLike) -> str:
+def weights_path(xml_path: FileName) -> str:
     """The IR's weights file: the same name with ``.bin``."""
     return os.fspath(xml_path)[:-len(IR_SUFFIX)] + ".bin"
 
 
-def read_ir_props(path: os.PathLike) -> Dict[str, str]:
+def read_ir_props(path: FileName) -> Dict[str, str]:
     """The ``irpe`` rt_info entries of an IR; a clear error for a missing or foreign file."""
     path = os.fspath(path)
     check_file(path, "ir")
@@ -54,7 +55,7 @@ def read_ir_props(path: os.PathLike) -> Dict[str, str]:
     return {child.tag: child.get("value", "") for child in node}
 
 
-def read_ir_spec(path: os.PathLike) -> "ModelSpec":
+def read_ir_spec(path: FileName) -> "ModelSpec":
     """The :class:`irpe.artifact.trained.ModelSpec` stored in an IR."""
     from irpe.artifact.trained import spec_from_metadata
     from irpe.checkpoint import CheckpointError

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, cast
 
 from ..argtypes import number, positive
 from ..errors import CLIError
@@ -61,23 +61,34 @@ def _check_output(out: str, resume: Optional[str], force: bool) -> None:
             os.unlink(path)
 
 
-def load_for_eval(model: str, checkpoint: Optional[str] = None) -> Tuple["nn.Module", "ModelSpec"]:
-    """(model, spec) from a trained-model file, or a registered name (+ checkpoint/bundled)."""
+def load_for_eval(model: str, checkpoint: Optional[str] = None, runtime: Optional[str] = None,
+                  precision: Optional[str] = None) -> Tuple["nn.Module", "ModelSpec"]:
+    """(model, spec) from a trained-model file, an exported/quantised .onnx (ONNX Runtime, or
+    OpenVINO with ``runtime="openvino"``), an OpenVINO IR .xml, or a registered name
+    (+ checkpoint/bundled). ``precision`` (fp32 / bf16) is OpenVINO's."""
     from ..artifact.trained import default_spec, load_trained, read_spec
     from ..checkpoint import CheckpointError
     from ..models import create_model, model_info
     from ..models.registry import bundled_weights
-    if os.path.isfile(model) and model.endswith(".onnx"):  # exported or quantised file: ORT
+    chosen = _exported_runtime(model, runtime, precision)
+    if chosen == "openvino":
+        import torch
+
+        from ..runtime.openvino.session import OvOptions
+        from .evaluate import OpenVINOModel
+        ov_net = OpenVINOModel(model, OvOptions(precision or "fp32", torch.get_num_threads()))
+        return cast("nn.Module", ov_net), ov_net.spec  # called as a module by the eval loops
+    if chosen == "onnxruntime":  # exported or quantised file
         import torch
 
         from ..runtime.onnxruntime.session import OrtOptions
         from .evaluate import OnnxModel
-        net = OnnxModel(model, threads=torch.get_num_threads(),
-                        ort_options=OrtOptions.from_env())
-        return net, net.spec
+        ort_net = OnnxModel(model, threads=torch.get_num_threads(),
+                            ort_options=OrtOptions.from_env())
+        return cast("nn.Module", ort_net), ort_net.spec  # called as a module by the eval loops
     if os.path.isfile(model):
         return load_trained(model)
-    if os.sep in model or model.endswith((".safetensors", ".pth", ".pt", ".onnx")):
+    if os.sep in model or model.endswith((".safetensors", ".pth", ".pt", ".onnx", ".xml")):
         raise CLIError(f"file not found: {model}")
     info = model_info(model)
     if checkpoint is None:
@@ -92,6 +103,26 @@ def load_for_eval(model: str, checkpoint: Optional[str] = None) -> Tuple["nn.Mod
         raise CLIError(f"{checkpoint} holds a {spec.model_name}, not a {model}")
     net = create_model(model, checkpoint=checkpoint, **spec.build_overrides())
     return net.eval(), spec
+
+
+def _exported_runtime(model: str, runtime: Optional[str], precision: Optional[str]
+                      ) -> Optional[str]:
+    """What runs ``model`` when it is an exported file: openvino for an IR, for --runtime
+    openvino or for a --precision (OpenVINO's), else onnxruntime; None for anything else
+    (where --runtime / --precision are a usage error)."""
+    from ..artifact.openvino_ir import is_ir
+    openvino = runtime == "openvino" or precision is not None or is_ir(model)
+    if not (os.path.isfile(model) and (model.endswith(".onnx") or is_ir(model))):
+        missing = not os.path.isfile(model) and (os.sep in model or "." in model)
+        if (runtime or precision) and not missing:  # a missing file: "file not found" later
+            raise CLIError(f"--runtime / --precision run an exported .onnx or an OpenVINO IR "
+                           f".xml, not {model}")
+        return None
+    if openvino and runtime == "onnxruntime":
+        raise CLIError(f"{model} is an OpenVINO IR: it runs on --runtime openvino" if
+                       is_ir(model) else "--precision is OpenVINO's: ONNX Runtime runs the "
+                       "file in the precision it was exported in")
+    return "openvino" if openvino else "onnxruntime"
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -110,7 +141,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     dist, device = setup(args.device)
     ended_well = False
     try:
-        model, spec = load_for_eval(args.model, args.checkpoint)
+        model, spec = load_for_eval(args.model, args.checkpoint, args.runtime, args.precision)
         model = model.to(device)
         dataset, category_ids = _eval_dataset(spec, args)
         if spec.task == "classification":
@@ -124,12 +155,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     finally:
         teardown(dist, meet=ended_well)
     if dist.main:
-        _report(spec, args, metrics)
+        _report(spec, args, metrics, getattr(model, "description", None))
     return 0
 
 
-def _report(spec: "ModelSpec", args: argparse.Namespace, metrics: Dict) -> None:
-    print(f"{spec.model_name} on {args.data} ({args.split}, {metrics['images']} images)")
+def _report(spec: "ModelSpec", args: argparse.Namespace, metrics: Dict,
+            runtime: Optional[str] = None) -> None:
+    print(f"{spec.model_name} on {args.data} ({args.split}, {metrics['images']} images)"
+          + (f", {runtime}" if runtime else ""))
     for key, value in metrics.items():
         if key != "images":
             print(f"  {key:<6} {value:8.3f}")
@@ -137,7 +170,8 @@ def _report(spec: "ModelSpec", args: argparse.Namespace, metrics: Dict) -> None:
         from irpe.atomic import atomic_open
         with atomic_open(args.json) as fh:
             json.dump({"model": spec.model_name, "data": args.data, "split": args.split,
-                       "metrics": metrics}, fh, indent=2)
+                       "metrics": metrics, **({"runtime": runtime} if runtime else {})}, fh,
+                      indent=2)
 
 
 def _eval_dataset(spec: "ModelSpec", args: argparse.Namespace,
@@ -207,7 +241,14 @@ def _add_train(sub: Any) -> None:
 def _add_eval(sub: Any) -> None:
     p = sub.add_parser("eval", help="top-1/top-5 or COCO mAP on a validation set")
     p.add_argument("model", help="trained-model .safetensors, exported/quantised .onnx (ONNX "
-                                 "Runtime, CPU), or a registered name")
+                                 "Runtime or OpenVINO, CPU), OpenVINO IR .xml, or a registered "
+                                 "name")
+    p.add_argument("--runtime", choices=["onnxruntime", "openvino"],
+                   help="what runs an .onnx file (default onnxruntime; an .xml runs on "
+                        "openvino); openvino needs pip install 'irpe-deploy[openvino]'")
+    p.add_argument("--precision", choices=["fp32", "bf16"],
+                   help="OpenVINO's precision (default fp32, set explicitly; bf16 needs a CPU "
+                        "with BF16); implies --runtime openvino")
     p.add_argument("--checkpoint", help="weights for a registered name (default: bundled)")
     p.add_argument("--data", default="shapes", help="dataset directory, or 'shapes'")
     p.add_argument("--split", default="val")

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import contextlib
 import io
-from typing import Dict, Iterable, List, Optional, Sequence
+import os
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -11,10 +13,11 @@ from torch.utils.data import Dataset
 
 from ..models.detr import PostProcess
 from ..runtime.onnxruntime.session import OrtOptions
+from ..runtime.openvino.session import OvOptions
 from .distributed import SINGLE, Dist, ShardSampler
 
 __all__ = ["topk_accuracy", "evaluate_classification", "coco_map", "detections_to_coco",
-           "evaluate_detection", "OnnxModel"]
+           "evaluate_detection", "OnnxModel", "OpenVINOModel"]
 
 COCO_STATS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm",
               "ARl")
@@ -142,4 +145,39 @@ class OnnxModel:
             feeds["sizes"] = sizes.cpu().numpy().astype("int64")
         out = {k: torch.from_numpy(v) for k, v in zip(self.outputs,
                                                       self.session.run(None, feeds), strict=True)}
+        return out["logits"] if "logits" in out else out
+
+
+class OpenVINOModel:
+    """An exported .onnx or an OpenVINO IR (.xml) compiled by OpenVINO's CPU plugin
+    (irpe.runtime.openvino.session), called where the evaluation loops call a PyTorch model,
+    as :class:`OnnxModel`; ``options`` set the precision (fp32 / bf16) and threads."""
+
+    def __init__(self, path: Union[str, "os.PathLike[str]"],
+                 options: Optional[OvOptions] = None) -> None:
+        from ..artifact.contract import onnx_precision, read_onnx_props, read_onnx_spec
+        from ..artifact.openvino_ir import is_ir, read_ir_props, read_ir_spec
+        from ..runtime.openvino.session import compile_model, compiled_precision
+        path = Path(path)
+        ir = is_ir(path)
+        self.spec = read_ir_spec(path) if ir else read_onnx_spec(path)
+        file_precision = onnx_precision(read_ir_props(path) if ir else read_onnx_props(path))
+        self.compiled, self.description = compile_model(path, options)
+        self.precision = ("int8" if file_precision == "int8"
+                          else compiled_precision(self.compiled))
+        self.request = self.compiled.create_infer_request()
+
+    def eval(self) -> "OpenVINOModel":
+        return self
+
+    def to(self, device: object) -> "OpenVINOModel":
+        """Runs on OpenVINO's CPU plugin whatever the device: inputs are read to host."""
+        return self
+
+    def __call__(self, images: torch.Tensor, sizes: Optional[torch.Tensor] = None):
+        feeds = {"images": images.float().cpu().numpy()}
+        if sizes is not None:
+            feeds["sizes"] = sizes.cpu().numpy().astype("int64")
+        got = self.request.infer(feeds, share_outputs=False)
+        out = {o.get_any_name(): torch.from_numpy(got[o]) for o in self.compiled.outputs}
         return out["logits"] if "logits" in out else out

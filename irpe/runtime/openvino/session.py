@@ -1,0 +1,205 @@
+"""OpenVINO on the CPU for exported iRPE files and OpenVINO IRs: options, reading, compiling.
+
+Used by serve's openvino backend, ``irpe validate --runtime openvino`` and ``irpe eval
+--runtime openvino``. The switches are one frozen, checked :class:`OvOptions` the caller passes
+(precision, threads, streams, performance hint); nothing here reads the environment.
+
+Precision is always set. OpenVINO's CPU plugin runs in bf16 by default on a CPU with BF16
+(``INFERENCE_PRECISION_HINT`` reads bfloat16 on AVX-512 BF16 / AMX machines), so a model
+compiled without a hint gives other numbers on other machines. :func:`compile_model` therefore
+sets ``f32`` or ``bf16`` explicitly, refuses bf16 where the CPU lacks it (OpenVINO would fall
+back to f32 without a word) and reads the precision back from the compiled model.
+
+An exported ``.onnx`` is read with its iRPE nodes lowered in memory by
+:func:`irpe.runtime.openvino.lowering.lower_irpe`: nothing is written next to the file. An
+OpenVINO IR (``.xml`` + ``.bin``, ``irpe quantize --target openvino``) is read as it is.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
+
+from irpe.artifact.openvino_ir import is_ir, weights_path
+from irpe.errors import CLIError
+
+if TYPE_CHECKING:
+    import openvino
+
+__all__ = ["DEVICE", "PRECISIONS", "HINTS", "INSTALL", "OpenVINOUnavailable", "OvOptions",
+           "import_openvino", "core", "cpu_capabilities", "check_precision", "read_model",
+           "compile_model", "compiled_precision"]
+
+DEVICE = "CPU"  # the plugin every function here uses
+PRECISIONS = {"fp32": "f32", "bf16": "bf16"}  # our names -> INFERENCE_PRECISION_HINT values
+HINTS = ("latency", "throughput")  # PERFORMANCE_HINT, lower case
+INSTALL = "pip install 'irpe-deploy[openvino]'"
+_NAMES = {value: key for key, value in PRECISIONS.items()}
+
+
+class OpenVINOUnavailable(CLIError, ImportError):
+    """The ``openvino`` package is not installed: one line naming the extra (a CLIError, so
+    ``irpe`` prints it and exits 2; an ImportError for library callers)."""
+
+
+def import_openvino() -> Any:
+    """The ``openvino`` module, or :class:`OpenVINOUnavailable` naming the pip command."""
+    try:
+        import openvino
+    except ImportError as exc:
+        raise OpenVINOUnavailable(f"OpenVINO is not installed ({exc}); install it with "
+                                  f"{INSTALL}") from None
+    return openvino
+
+
+@dataclass(frozen=True)
+class OvOptions:
+    """How :func:`compile_model` compiles: ``precision`` fp32 | bf16 (always set explicitly),
+    ``threads`` (INFERENCE_NUM_THREADS; 0: OpenVINO's default, the process's cores),
+    ``streams`` (NUM_STREAMS; 0: what the hint picks) and ``performance_hint`` latency |
+    throughput. Checked when made: a bad value is a ValueError of one line."""
+
+    precision: str = "fp32"
+    threads: int = 0
+    streams: int = 0
+    performance_hint: str = "latency"
+
+    def __post_init__(self) -> None:
+        precision = str(self.precision).strip().lower()
+        if precision not in PRECISIONS:
+            raise ValueError(f"openvino precision must be one of {', '.join(PRECISIONS)}, got "
+                             f"{self.precision!r}")
+        hint = str(self.performance_hint).strip().lower()
+        if hint not in HINTS:
+            raise ValueError(f"openvino performance hint must be one of {', '.join(HINTS)}, "
+                             f"got {self.performance_hint!r}")
+        for name in ("threads", "streams"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"openvino {name} must be an integer >= 0 (0: OpenVINO's "
+                                 f"choice), got {value!r}")
+        object.__setattr__(self, "precision", precision)
+        object.__setattr__(self, "performance_hint", hint)
+
+    def with_(self, precision: Optional[str] = None, threads: Optional[int] = None,
+              streams: Optional[int] = None, performance_hint: Optional[str] = None
+              ) -> "OvOptions":
+        """These options with the given (not None) ones replaced (flags over settings)."""
+        given: Dict[str, Any] = {"precision": precision, "threads": threads,
+                                 "streams": streams, "performance_hint": performance_hint}
+        return replace(self, **{k: v for k, v in given.items() if v is not None})
+
+    def config(self) -> Dict[str, Any]:
+        """The compile configuration: precision and hint always, threads / streams when set."""
+        out: Dict[str, Any] = {"INFERENCE_PRECISION_HINT": PRECISIONS[self.precision],
+                               "PERFORMANCE_HINT": self.performance_hint.upper()}
+        if self.threads:
+            out["INFERENCE_NUM_THREADS"] = self.threads
+        if self.streams:
+            out["NUM_STREAMS"] = self.streams
+        return out
+
+
+@functools.lru_cache(maxsize=1)
+def core() -> "openvino.Core":
+    """The process's one ``openvino.Core`` (made on first use)."""
+    return import_openvino().Core()
+
+
+def cpu_capabilities(ov_core: Optional["openvino.Core"] = None) -> Tuple[str, ...]:
+    """The CPU plugin's OPTIMIZATION_CAPABILITIES (FP32, BF16, INT8, ...) on this machine."""
+    return tuple(str(c) for c in (ov_core or core()).get_property(DEVICE,
+                                                                  "OPTIMIZATION_CAPABILITIES"))
+
+
+def check_precision(precision: str, capabilities: Sequence[str]) -> None:
+    """Refuse bf16 on a CPU whose OpenVINO capabilities lack BF16 (there OpenVINO would run f32
+    without saying so): a ValueError naming the capability, the CPU's list and the way out."""
+    if precision == "bf16" and "BF16" not in capabilities:
+        raise ValueError(f"precision bf16 needs a CPU with BF16 (AVX-512 BF16 or AMX): OpenVINO "
+                         f"lists this CPU's capabilities as {', '.join(capabilities) or 'none'}, "
+                         "without BF16; use precision fp32")
+
+
+def _ov_message(exc: BaseException) -> str:
+    """OpenVINO's multi-line error without its source-location lines, as one line."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    kept = [line for line in lines if line and not line.startswith(("Exception from ",
+                                                                     "Check '"))]
+    return " ".join(kept) or type(exc).__name__
+
+
+def read_model(path: Union[str, "os.PathLike[str]"], ov_core: Optional["openvino.Core"] = None
+               ) -> "openvino.Model":
+    """The model in ``path``: an exported ``.onnx`` (iRPE nodes lowered in memory by
+    :func:`~irpe.runtime.openvino.lowering.lower_irpe`; nothing written beside it) or an IR
+    ``.xml`` with its ``.bin``. A missing or unreadable file is one line (ValueError /
+    FileNotFoundError)."""
+    from irpe.artifact.filecheck import check_file
+    path = os.fspath(path)
+    if is_ir(path):
+        check_file(path, "ir")
+        if not os.path.isfile(weights_path(path)):
+            raise FileNotFoundError(f"{path}: its weights file {weights_path(path)} is missing")
+        source: Any = (path, weights_path(path))
+    else:
+        check_file(path, "onnx")
+        source = (_lowered_bytes(path),)
+    try:
+        return (ov_core or core()).read_model(*source)
+    except RuntimeError as exc:
+        raise ValueError(f"{path}: OpenVINO cannot read it: {_ov_message(exc)}") from None
+
+
+def _lowered_bytes(path: str) -> bytes:
+    """The ONNX file with its iRPE nodes lowered, serialised for ``Core.read_model``."""
+    import onnx
+
+    from irpe.runtime.openvino.lowering import lower_irpe
+    try:
+        model = onnx.load(path)
+    except Exception as exc:  # protobuf DecodeError and friends
+        raise ValueError(f"{path} is not a readable ONNX file: {exc}") from None
+    try:
+        return lower_irpe(model).SerializeToString()
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def compiled_precision(compiled: "openvino.CompiledModel") -> str:
+    """The precision a compiled model runs in, read back from it (fp32 / bf16 / f16 ...)."""
+    element = compiled.get_property("INFERENCE_PRECISION_HINT")
+    name = element.get_type_name() if hasattr(element, "get_type_name") else str(element)
+    return _NAMES.get(name, name)
+
+
+def compile_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOptions] = None, *,
+                  ov_core: Optional["openvino.Core"] = None
+                  ) -> Tuple["openvino.CompiledModel", str]:
+    """``path`` (see :func:`read_model`) compiled for the CPU as ``options`` say (default
+    ``OvOptions()``: fp32), and one line describing it: OpenVINO version, the precision,
+    threads, streams and hint read back from the compiled model, and how the iRPE nodes run.
+    bf16 on a CPU without BF16, or a compiled precision other than the one asked for, is a
+    ValueError."""
+    from irpe.runtime.openvino.lowering import LOWERING
+    ov = import_openvino()
+    options = options or OvOptions()
+    ov_core = ov_core or core()
+    check_precision(options.precision, cpu_capabilities(ov_core))
+    model = read_model(path, ov_core)
+    try:
+        compiled = ov_core.compile_model(model, DEVICE, options.config())
+    except RuntimeError as exc:
+        raise ValueError(f"{os.fspath(path)}: OpenVINO cannot compile it: "
+                         f"{_ov_message(exc)}") from None
+    precision = compiled_precision(compiled)
+    if precision != options.precision:
+        raise ValueError(f"{os.fspath(path)}: OpenVINO compiled it in {precision}, not in "
+                         f"{options.precision} as asked")
+    irpe_path = "as stored in the IR" if is_ir(path) else LOWERING
+    line = (f"openvino {ov.__version__.split('-')[0]} {DEVICE}: {precision}, threads "
+            f"{compiled.get_property('INFERENCE_NUM_THREADS')}, streams "
+            f"{compiled.get_property('NUM_STREAMS')}, hint "
+            f"{str(compiled.get_property('PERFORMANCE_HINT')).lower()}; iRPE ops: {irpe_path}")
+    return compiled, line
