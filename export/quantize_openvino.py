@@ -1,6 +1,7 @@
 """INT8 post-training quantisation for OpenVINO with NNCF: an exported file -> an OpenVINO IR.
 
-``irpe quantize --target openvino``. The exported file is read with the iRPE ops converted by
+``irpe quantize --target openvino``. The exported file is read by
+:func:`irpe.runtime.openvino.session.read_model` with the iRPE ops converted by
 :mod:`irpe.runtime.openvino.frontend` (so the gathers and bucket sums stay OpenVINO's own float
 ops), calibrated by ``nncf.quantize`` with ``ModelType.TRANSFORMER`` on images read through the
 model's own preprocessing (:func:`export.quantize.calibration_feeds`), and written as an IR
@@ -65,11 +66,11 @@ def quantize_openvino(source: Path, output: Path, settings: "QuantizeSettings",
 
     from irpe.artifact.openvino_ir import set_ir_props, weights_path
     from irpe.atomic import atomic_path
-    from irpe.runtime.openvino.frontend import add_irpe_ops
+    from irpe.runtime.openvino.session import read_model
 
     from .quantize import SHAPES, calibration_feeds
 
-    model = add_irpe_ops(ov.Core()).read_model(os.fspath(source))
+    model = read_model(source)
     _check_excluded(model, list(settings.excluded))
     ignored = list(settings.excluded)
     if not settings.input_layers:

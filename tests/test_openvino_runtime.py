@@ -1,7 +1,7 @@
 """irpe.runtime.openvino on the real CPU plugin: options checked when made, bf16 refused where
 the CPU lacks it, every iRPE method x term file equal to ONNX Runtime and PyTorch in fp32 (the
-numerics that pin ``lower_irpe``), DETR at several sizes with padding on one compiled model,
-IR files, nothing written beside a read file, one-line errors."""
+numerics that pin the frontend conversions), DETR at several sizes with padding on one compiled
+model, IR files, nothing written beside a read file, one-line errors."""
 from __future__ import annotations
 
 import os
@@ -18,7 +18,6 @@ from export.validate import TOLERANCES
 from irpe import RPEConfig, create_model
 from irpe.artifact.trained import default_spec
 from irpe.models import pad_images
-from irpe.runtime.openvino.lowering import lower_irpe
 from irpe.runtime.openvino.session import (
     OvOptions,
     check_precision,
@@ -90,23 +89,29 @@ def qkv_compiled(qkv):
     return compile_model(qkv[2], OvOptions(threads=1))
 
 
-def test_lower_irpe_leaves_no_irpe_node_and_keeps_its_argument(qkv):
+def test_irpe_nodes_become_one_gather_or_scatter_each_not_the_inlined_functions(qkv):
     proto = onnx.load(qkv[2])
-    lowered = lower_irpe(proto)
-    assert not [n for n in lowered.graph.node if n.domain == "irpe"] and not lowered.functions
-    assert all(o.domain != "irpe" for o in lowered.opset_import)
     assert len([n for n in proto.graph.node if n.domain == "irpe"]) == 6  # 4 gathers, 2 sums
+    ops = [op for op in read_model(qkv[2]).get_ops()]
+    gathers = [op.get_attributes()["batch_dims"] for op in ops
+               if op.get_type_name() == "Gather" and op.get_friendly_name().endswith("RPEGather")]
+    sums = [op for op in ops if op.get_type_name() == "ScatterElementsUpdate"]
+    # K tables have a row per query (batch_dims 3), Q tables one row for all (batch_dims 0)
+    assert sorted(gathers) == [0, 0, 3, 3] and len(sums) == 2
+    assert not [op for op in ops if op.get_type_name() == "Transpose"
+                and "RPEGather" in op.get_friendly_name()]  # no layout moves of the functions
 
 
-def test_irpe_nodes_without_their_functions_are_one_line(qkv, tmp_path):
+def test_irpe_nodes_without_their_functions_still_read(qkv, tmp_path):
+    """The conversions need no function body: a file stripped of them reads and agrees."""
     proto = onnx.load(qkv[2])
     del proto.functions[:]
     bare = tmp_path / "bare.onnx"
     onnx.save(proto, bare)
-    with pytest.raises(ValueError, match="RPEGather, RPEScatter nodes have no ONNX function") \
-            as err:
-        read_model(bare)
-    assert str(err.value).startswith(f"{bare}: ") and "\n" not in str(err.value)
+    x = np.random.default_rng(0).standard_normal((2, 3, 40, 40)).astype(np.float32)
+    got = compile_model(bare, OvOptions(threads=1))[0]({"images": x})
+    want = compile_model(qkv[2], OvOptions(threads=1))[0]({"images": x})
+    assert np.array_equal(list(got.values())[0], list(want.values())[0])
 
 
 @pytest.mark.parametrize("content,message", [
@@ -135,7 +140,7 @@ def test_every_method_and_term_equals_onnxruntime_and_pytorch(tmp_path, method, 
     cfg = RPEConfig(ratio=1.9, method=method, mode="ctx", shared_head=on != "q", skip=1, on=on)
     model, spec = tiny_deit(cfg)
     path = export_onnx(model, tmp_path / "m.onnx", spec=spec)
-    assert any(n.domain == "irpe" for n in onnx.load(path).graph.node)  # the lowering runs
+    assert any(n.domain == "irpe" for n in onnx.load(path).graph.node)  # converted at load
     x = torch.randn(3, 3, 40, 40)
     with torch.no_grad():
         ref = model(x).numpy()
@@ -154,7 +159,7 @@ def test_compiled_model_says_how_it_runs_and_takes_any_batch(qkv, qkv_compiled):
     compiled, line = qkv_compiled
     assert compiled_precision(compiled) == "fp32"
     assert re.fullmatch(r"openvino \S+ CPU: fp32, threads 1, streams 1, hint latency; "
-                        r"iRPE ops: ONNX functions inlined at load", line), line
+                        r"iRPE ops: converted at load \(Gather, ScatterElementsUpdate\)", line), line
     for batch in (1, 5):
         x = torch.randn(batch, 3, 40, 40)
         with torch.no_grad():

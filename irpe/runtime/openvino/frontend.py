@@ -25,9 +25,11 @@ import numpy as np
 if TYPE_CHECKING:
     import openvino
 
-__all__ = ["DOMAIN", "conversion_extensions", "add_irpe_ops"]
+__all__ = ["DOMAIN", "LOWERING", "conversion_extensions", "add_irpe_ops"]
 
 DOMAIN = "irpe"  # export.functions.DOMAIN: the exporter's node domain
+# how the iRPE nodes run, for the one-line description of a compiled model
+LOWERING = "converted at load (Gather, ScatterElementsUpdate)"
 
 
 def _ints(values: List[int]) -> Any:

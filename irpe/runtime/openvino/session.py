@@ -11,7 +11,7 @@ sets ``f32`` or ``bf16`` explicitly, refuses bf16 where the CPU lacks it (OpenVI
 back to f32 without a word) and reads the precision back from the compiled model.
 
 An exported ``.onnx`` is read with its iRPE nodes lowered in memory by
-:func:`irpe.runtime.openvino.lowering.lower_irpe`: nothing is written next to the file. An
+:mod:`irpe.runtime.openvino.frontend`'s conversions: nothing is written next to the file. An
 OpenVINO IR (``.xml`` + ``.bin``, ``irpe quantize --target openvino``) is read as it is.
 """
 from __future__ import annotations
@@ -103,8 +103,10 @@ class OvOptions:
 
 @functools.lru_cache(maxsize=1)
 def core() -> "openvino.Core":
-    """The process's one ``openvino.Core`` (made on first use)."""
-    return import_openvino().Core()
+    """A new ``openvino.Core`` with the iRPE ops' frontend conversions registered
+    (:func:`irpe.runtime.openvino.frontend.add_irpe_ops`)."""
+    from irpe.runtime.openvino.frontend import add_irpe_ops
+    return add_irpe_ops(import_openvino().Core())
 
 
 def cpu_capabilities(ov_core: Optional["openvino.Core"] = None) -> Tuple[str, ...]:
@@ -132,10 +134,9 @@ def _ov_message(exc: BaseException) -> str:
 
 def read_model(path: Union[str, "os.PathLike[str]"], ov_core: Optional["openvino.Core"] = None
                ) -> "openvino.Model":
-    """The model in ``path``: an exported ``.onnx`` (iRPE nodes lowered in memory by
-    :func:`~irpe.runtime.openvino.lowering.lower_irpe`; nothing written beside it) or an IR
-    ``.xml`` with its ``.bin``. A missing or unreadable file is one line (ValueError /
-    FileNotFoundError)."""
+    """The model in ``path``: an exported ``.onnx`` (its iRPE nodes converted by the frontend
+    extensions of :func:`core`; ``ov_core`` must come from it) or an IR ``.xml`` with its
+    ``.bin``. A missing or unreadable file is one line (ValueError / FileNotFoundError)."""
     from irpe.artifact.filecheck import check_file
     path = os.fspath(path)
     if is_ir(path):
@@ -145,26 +146,23 @@ def read_model(path: Union[str, "os.PathLike[str]"], ov_core: Optional["openvino
         source: Any = (path, weights_path(path))
     else:
         check_file(path, "onnx")
-        source = (_lowered_bytes(path),)
+        source = (path,)
     try:
         return (ov_core or core()).read_model(*source)
     except RuntimeError as exc:
+        if not is_ir(path):
+            _check_onnx(path)  # a corrupt ONNX file: the parser's own reason
         raise ValueError(f"{path}: OpenVINO cannot read it: {_ov_message(exc)}") from None
 
 
-def _lowered_bytes(path: str) -> bytes:
-    """The ONNX file with its iRPE nodes lowered, serialised for ``Core.read_model``."""
+def _check_onnx(path: str) -> None:
+    """ValueError naming why ``path`` is no ONNX model, when it is none (OpenVINO's frontends
+    only say that none of them could read it)."""
     import onnx
-
-    from irpe.runtime.openvino.lowering import lower_irpe
     try:
-        model = onnx.load(path)
+        onnx.load(path, load_external_data=False)
     except Exception as exc:  # protobuf DecodeError and friends
         raise ValueError(f"{path} is not a readable ONNX file: {exc}") from None
-    try:
-        return lower_irpe(model).SerializeToString()
-    except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
 
 
 def compiled_precision(compiled: "openvino.CompiledModel") -> str:
@@ -182,7 +180,7 @@ def compile_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOpti
     threads, streams and hint read back from the compiled model, and how the iRPE nodes run.
     bf16 on a CPU without BF16, or a compiled precision other than the one asked for, is a
     ValueError."""
-    from irpe.runtime.openvino.lowering import LOWERING
+    from irpe.runtime.openvino.frontend import LOWERING
     ov = import_openvino()
     options = options or OvOptions()
     ov_core = ov_core or core()
