@@ -232,6 +232,10 @@ def run_step(step: Step, timeout_s: float, env: Dict[str, str]) -> Dict:
     try:
         out, _ = proc.communicate(timeout=timeout_s)
         status = "passed" if proc.returncode == 0 else "failed"
+    except KeyboardInterrupt:  # gpu-check itself is being stopped: take the step down with it
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
     except subprocess.TimeoutExpired:
         _signal_group(proc.pid, signal.SIGINT)
         try:
@@ -284,7 +288,8 @@ def previous_report(out: Path, facts: Dict, code: str, fresh: bool) -> Tuple[Dic
         elif doc.get("fingerprint") != code:
             why = f"{folder}: a report of other code (fingerprint differs): a new one"
         else:
-            done = sum(finished(r) for r in doc["steps"].values())
+            setup = {s.key for s in plan(out) if s.setup}
+            done = sum(finished(r) for k, r in doc["steps"].items() if k not in setup)
             return doc, f"resuming {folder / 'gpu_check.json'} ({done} steps finished)"
     return new_report(), why
 
@@ -361,6 +366,36 @@ def run(args: argparse.Namespace) -> int:
     for line in budget + carry:
         print(line)
     problems = budget_problems + carry_problems if args.dry_run else []
+    try:
+        _run_steps(steps, doc, record, args, started, have, env, facts, facts_s, wheels, arch)
+    except KeyboardInterrupt:
+        print("gpu-check: stopped from outside (SIGINT/SIGTERM); the report keeps the steps that "
+              "ended, and the one cut short reads \"running\": the next call runs it again")
+        if save:
+            save_report(out, doc)
+        return 130
+    failed = [k for k, r in results.items() if r["status"] in ("failed", "timeout")]
+    if save:
+        print("wrote " + ", ".join(map(str, save_report(out, doc))))
+    else:
+        print("dry run: no report written (give --out to write one)")
+    left = [s.key for s in every if not finished(doc["steps"].get(s.key, {}))
+            and not s.setup and not missing(s, have)]
+    if not args.dry_run and left:
+        print(f"left for the next call ({len(left)}): {', '.join(left)}; `make gpu-check` again "
+              f"resumes (--budget {SECOND_BUDGET_S} for a second call of the window)")
+    for problem in problems:
+        print(f"gpu-check: PLAN DOES NOT FIT: {problem}")
+    print(f"gpu-check: {len(failed)} failed" + (f" ({', '.join(failed)})" if failed else ""))
+    return 1 if failed or problems else 0
+
+
+def _run_steps(steps: List[Step], doc: Dict, record, args: argparse.Namespace, started: float,
+               have: Dict[str, bool], env: Dict[str, str], facts: Dict, facts_s: float,
+               wheels: Dict, arch: Optional[str]) -> None:
+    """Each step in order: skipped when final in the report (not setup, not forced), when its
+    needs are missing or the budget is spent; else run and recorded."""
+    forced = bool(args.steps)
     for step in steps:
         left = args.budget - (time.monotonic() - started)
         why = missing(step, have)
@@ -390,20 +425,6 @@ def run(args: argparse.Namespace) -> int:
                 else 1
         record(step, result)
         _say(step.key, result)
-    failed = [k for k, r in results.items() if r["status"] in ("failed", "timeout")]
-    if save:
-        print("wrote " + ", ".join(map(str, save_report(out, doc))))
-    else:
-        print("dry run: no report written (give --out to write one)")
-    left = [s.key for s in every if not finished(doc["steps"].get(s.key, {}))
-            and not s.setup and not missing(s, have)]
-    if not args.dry_run and left:
-        print(f"left for the next call ({len(left)}): {', '.join(left)}; `make gpu-check` again "
-              f"resumes (--budget {SECOND_BUDGET_S} for a second call of the window)")
-    for problem in problems:
-        print(f"gpu-check: PLAN DOES NOT FIT: {problem}")
-    print(f"gpu-check: {len(failed)} failed" + (f" ({', '.join(failed)})" if failed else ""))
-    return 1 if failed or problems else 0
 
 
 def _timeout(key: str) -> int:
@@ -434,12 +455,21 @@ def _say(key: str, result: Dict) -> None:
     print(f"[{result['status'].upper()}] {key}{secs}{counts}{extra}", flush=True)
 
 
+def _stop(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    # SIGTERM (e.g. `timeout 480 make gpu-check ...` on the lent machine) stops the running step
+    # and keeps the report, as Ctrl-C does
+    previous = signal.signal(signal.SIGTERM, _stop)
     try:
         return run(parse_args(argv))
     except ValueError as exc:
         print(f"gpu_check: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -359,3 +359,57 @@ def test_prebuilt_harness_is_put_in_place_only_when_current_and_loadable(tmp_pat
     got = gpu_check.install_prebuilt(False, "90")
     assert got["status"] == "skipped" and "not used" in got["reason"]
     assert not (tmp_path / HARNESS_BUILD).exists()
+
+
+def test_a_call_stopped_from_outside_keeps_its_report(tmp_path, fake_gpu, monkeypatch):
+    """SIGTERM/SIGINT to gpu-check (an outer `timeout`, the device tool's limit) mid-step: the
+    report keeps the steps that ended, the cut step reads "running", the next call reruns it."""
+    ran, _ = fake_gpu
+    real = gpu_check.run_step
+
+    def stopped(step, timeout_s, env):
+        if step.key == "correct/fused-attention":
+            raise KeyboardInterrupt
+        return real(step, timeout_s, env)
+    monkeypatch.setattr(gpu_check, "run_step", stopped)
+    assert gpu_check.main(["--out", str(tmp_path), "--phases", "env,correct"]) == 130
+    steps = json.loads((tmp_path / "gpu_check.json").read_text())["steps"]
+    assert steps["correct/cuda-ops"]["status"] == "passed"
+    assert steps["correct/fused-attention"]["status"] == "running"
+    assert "correct/trt-harness" not in steps
+    monkeypatch.setattr(gpu_check, "run_step", real)
+    ran.clear()
+    assert gpu_check.main(["--out", str(tmp_path), "--phases", "env,correct"]) == 0
+    assert ran == ["correct/fused-attention", "correct/trt-harness", "correct/defects",
+                   "correct/variants"]
+
+
+def test_sigterm_stops_the_running_step_with_gpu_check(tmp_path):
+    """gpu-check under SIGTERM takes its running step's process group down with it (a step is
+    its own session, so the signal to gpu-check's group does not reach it)."""
+    pidfile = tmp_path / "pid"
+    script = f"""
+import sys, signal, os
+sys.path.insert(0, {str(ROOT / 'scripts')!r})
+import gpu_check
+from gpu_check_steps import Step
+signal.signal(signal.SIGTERM, gpu_check._stop)
+step = Step("correct", "sleep", "sleeps", (sys.executable, "-c",
+            "import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)"),
+            60)
+try:
+    gpu_check.run_step(step, 60, dict(os.environ))
+except KeyboardInterrupt:
+    print("stopped", flush=True)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    for _ in range(600):
+        if pidfile.exists() and pidfile.read_text():
+            break
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert "stopped" in out
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
