@@ -144,10 +144,20 @@ def _unloadable(path: Path) -> Optional[str]:
     return "; ".join(bad) if bad or done.returncode == 0 else (done.stderr.strip() or "ldd failed")
 
 
-def install_prebuilt(dry: bool, arch: str) -> Dict:
+def harness_headers(env: Dict[str, str]) -> Optional[Path]:
+    """The TensorRT headers the steps' harness test will use: $TENSORRT_ROOT/include of the
+    steps' environment (the carried .third_party/), else tools.trt_plugin_build's search."""
+    root = env.get("TENSORRT_ROOT")
+    if root and (Path(root) / "include" / "NvInferRuntime.h").is_file():
+        return Path(root) / "include"
+    from tools import trt_plugin_build
+    return trt_plugin_build.find_headers()
+
+
+def install_prebuilt(dry: bool, arch: str, headers: Optional[Path]) -> Dict:
     """Put the builds of .gpu-prebuilt/ (make gpu-carry: the TensorRT plugin harness for sm_90)
     where the GPU tests look for them, when ldd resolves every library they need here; a build
-    for other sources or another architecture stays unused (the test then builds its own)."""
+    for other sources, headers or architecture stays unused (the test then builds its own)."""
     start = time.monotonic()
     found = sorted(p for p in (ROOT / PREBUILT / "trt-harness").glob("*") if p.is_dir())
     if not found:
@@ -155,8 +165,6 @@ def install_prebuilt(dry: bool, arch: str) -> Dict:
     notes, installed = [], []
     try:
         from tests.trt_harness import cases
-        from tools import trt_plugin_build
-        headers = trt_plugin_build.find_headers()
         want = cases.build_folder(ROOT / HARNESS_BUILD, arch, headers).name if headers else None
     except Exception as exc:  # noqa: BLE001 - e.g. onnx missing: the test could not run anyway
         return {"status": "failed", "reason": f"cannot key the harness build: {exc}"}
@@ -408,7 +416,7 @@ def _run_steps(steps: List[Step], doc: Dict, record, args: argparse.Namespace, s
         if step.key == "env/wheels":
             result = wheels
         elif step.key == "env/prebuilt":
-            result = install_prebuilt(args.dry_run, arch or "90")
+            result = install_prebuilt(args.dry_run, arch or "90", harness_headers(env))
         elif step.key == "env/versions":
             result = {"status": "passed", "seconds": facts_s, "facts": facts}
         elif step.key == "env/variants":

@@ -246,7 +246,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(gpu_check, "env_facts", lambda: dict(FAKE_GPU))
     monkeypatch.setattr(gpu_check, "install_wheels", lambda site, dry, timeout_s: {
         "status": "skipped", "reason": "test"})
-    monkeypatch.setattr(gpu_check, "install_prebuilt", lambda dry, arch: {
+    monkeypatch.setattr(gpu_check, "install_prebuilt", lambda dry, arch, headers: {
         "status": "skipped", "reason": "test"})
 
     def run_step(step, timeout_s, env):
@@ -336,11 +336,11 @@ def test_prebuilt_harness_is_put_in_place_only_when_current_and_loadable(tmp_pat
     """A .gpu-prebuilt/ harness build is copied to where the GPU test looks (build/
     test-trt-harness/<key>) only when its key is this checkout's and ldd resolves it."""
     from tests.trt_harness import cases
-    from tools import trt_plugin_build
-    headers = tmp_path / "include"
-    headers.mkdir()
-    (headers / "NvInferVersion.h").write_text("#define NV_TENSORRT_MAJOR 11\n")
-    monkeypatch.setattr(trt_plugin_build, "find_headers", lambda: headers)
+    headers = tmp_path / "tensorrt-11.1" / "include"
+    headers.mkdir(parents=True)
+    for name in ("NvInferVersion.h", "NvInferRuntime.h"):
+        (headers / name).write_text(f"// {name}\n")
+    assert gpu_check.harness_headers({"TENSORRT_ROOT": str(headers.parent)}) == headers
     monkeypatch.setattr(gpu_check, "ROOT", tmp_path)
     key = cases.build_folder(tmp_path / HARNESS_BUILD, "90", headers).name
     carried = tmp_path / ".gpu-prebuilt" / "trt-harness"
@@ -348,15 +348,15 @@ def test_prebuilt_harness_is_put_in_place_only_when_current_and_loadable(tmp_pat
         for path in cases.artifacts(folder).values():
             path.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(shutil.which("true"), path)  # an ELF whose libraries resolve
-    dry = gpu_check.install_prebuilt(True, "90")
+    dry = gpu_check.install_prebuilt(True, "90", headers)
     assert dry["status"] == "planned" and not (tmp_path / HARNESS_BUILD).exists()
-    got = gpu_check.install_prebuilt(False, "90")
+    got = gpu_check.install_prebuilt(False, "90", headers)
     assert got["status"] == "passed" and got["installed"] == [f"trt-harness/{key}"]
     assert "0123456789ab: not this checkout's sm_90 build" in got["reason"]
     assert cases.is_built(tmp_path / HARNESS_BUILD, "90", headers)
     shutil.rmtree(tmp_path / HARNESS_BUILD)
     (carried / key / "trt_harness").write_text("not an ELF")
-    got = gpu_check.install_prebuilt(False, "90")
+    got = gpu_check.install_prebuilt(False, "90", headers)
     assert got["status"] == "skipped" and "not used" in got["reason"]
     assert not (tmp_path / HARNESS_BUILD).exists()
 
