@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 EXTRAS ?= dev
 RUN_EXTRAS ?= serve,export
 
-.PHONY: install test run check bench clean demo-models ort-ops gpu-check docker-test
+.PHONY: install test run check bench clean demo-models ort-ops gpu-check gpu-carry docker-test
 
 # one marker per extras set: `make run` installs serve,export; `make test` later adds dev
 $(VENV)/.installed-%: pyproject.toml
@@ -67,16 +67,30 @@ bench: install
 	  echo "make bench: the native kernel did not build (above); timing the SDPA path"
 	$(PY) -m benchmarks.deit_forward
 
-## make gpu-check: a GPU machine's verdict on this checkout (scripts/gpu_check.py, docs/gpu-check.md):
-## tests/gpu, the defect probes, the GPU benchmarks -> one report in benchmarks/results/<device>/.
-## Needs only the checkout and python3 (no install, never downloads; .whl/*.whl are installed).
-## CALL=1|2|3: one of the three <= 9-minute calls; PHASES=env,tests,probes,bench; GPU_CHECK_OUT=DIR;
-## `make gpu-check --dry-run` (or -n) prints the plan and runs the steps that need no GPU.
+## make gpu-check: a GPU machine's verdict on this checkout in ONE device call of <= 8 minutes
+## (scripts/gpu_check.py, docs/gpu-check.md): env -> correctness (CUDA ops, fused attention, the
+## TensorRT plugin harness, graph/nvJPEG probes, one launch per kernel variant) -> key benchmark
+## rows -> the rest of tests/gpu, each step under its timeout -> one report in
+## benchmarks/results/<device>/ (or GPU_CHECK_OUT=DIR), written after every step. Run it again
+## and it resumes: only the steps not yet finished (FRESH=1 starts over). PHASES=env,correct,
+## bench,rest and STEPS='correct/*' narrow it. Needs only the checkout and python3 with torch
+## (no install, never downloads). `make gpu-check --dry-run` (or -n): the plan, its budget
+## arithmetic and the carry's size checked (CI), and the steps that need no GPU run.
 GPU_CHECK_PY ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 gpu-check:
 	+PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_CHECK_PY) scripts/gpu_check.py \
-	  $(if $(findstring n,$(firstword -$(MAKEFLAGS))),--dry-run) $(if $(CALL),--call $(CALL)) \
-	  $(if $(PHASES),--phases $(PHASES)) $(if $(GPU_CHECK_OUT),--out $(GPU_CHECK_OUT)) $(GPU_CHECK_ARGS)
+	  $(if $(findstring n,$(firstword -$(MAKEFLAGS))),--dry-run) $(if $(FRESH),--fresh) \
+	  $(if $(PHASES),--phases $(PHASES)) $(if $(STEPS),--steps '$(STEPS)') \
+	  $(if $(GPU_CHECK_OUT),--out $(GPU_CHECK_OUT)) $(GPU_CHECK_ARGS)
+
+## make gpu-carry: prepare what must travel to a lent GPU machine, in ignored folders, and print
+## their sizes (<= 60 MiB; the device tool's carry: .whl .third_party .gpu-prebuilt): the serving
+## stack's Python 3.12 wheels (+ cmake; GPU_CARRY_ARGS=--no-cmake leaves it out) in .whl/, the
+## TensorRT/ORT headers of $(SHARED_DIR)/third_party in .third_party/, and the plugin harness
+## built for sm_90 in .gpu-prebuilt/. Downloads the wheels (pip download) unless present.
+gpu-carry:
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_CHECK_PY) scripts/gpu_carry.py \
+	  --shared "$(SHARED_DIR)" $(GPU_CARRY_ARGS)
 
 ## make demo-models: regenerate the bundled demo weights (synthetic data -> irpe train -> irpe/demo)
 # ~1 h on 2 CPU cores (one thread per run, both runs in sequence); see docs/DECISIONS.md ("Training, data and demo models")

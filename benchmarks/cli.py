@@ -35,8 +35,9 @@ def cmd_models(args: argparse.Namespace) -> int:
     if args.quick:
         args.repeats, args.warmup = 2, 1
     folder = out_dir(args.out)
+    only = choice_list(args.variants, mb.VARIANTS, "variant") if args.variants else None
     cfg = {"device": args.device, "threads": args.threads, "repeats": args.repeats,
-           "warmup": args.warmup, "cache": _cache("onnx")}
+           "warmup": args.warmup, "cache": _cache("onnx"), "variants": only}
     if "onnxruntime" in backends:  # one pool: no session's idle workers spin beside another's
         from irpe.runtime.onnxruntime.session import share_thread_pool
         cfg["ort_thread_pool"] = "shared" if share_thread_pool(args.threads) else "per session"
@@ -57,6 +58,8 @@ def cmd_models(args: argparse.Namespace) -> int:
                 "session, the idle workers of the session that ran last spin beside the next "
                 "one: docs/export.md)"] if "ort_thread_pool" in cfg else []),
              *mb.skipped(backends, precisions, args.device), *mb.compile_notes(results),
+             *(["timm: not importable here, so timm's plain model was not run"]
+               if only and "timm" in only and not mb.timm_available() else []),
              *args.note]
     doc = envelope("models", settings, results, notes)
     _print_files(save(doc, folder, args.tag))
@@ -157,6 +160,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--precisions", default="fp32", help="fp32, fp16 (CUDA), bf16 (torch "
                    "backends; CUDA: cast, CPU: autocast)")
     m.add_argument("--batches", help="comma-separated batch sizes (default 1,8; --quick: 1)")
+    m.add_argument("--variants", help="only these of each family: plain, irpe_k, irpe_qk, "
+                   "irpe_qkv, timm (timm's plain DeiT, when timm imports; default: every "
+                   "iRPE-registry variant)")
     m.add_argument("--repeats", type=int, default=7, help="timed rounds (median)")
     m.add_argument("--warmup", type=int, default=2, help="untimed rounds")
     m.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")

@@ -22,7 +22,7 @@ import torch
 
 from benchmarks.ops_common import time_round_robin
 from benchmarks.report import latency_ms
-from irpe.precision import PRECISIONS, torch_dtype
+from irpe.precision import PRECISIONS, torch_dtype  # noqa: F401 - PRECISIONS: the CLI's choices
 
 DEIT = {"plain": "deit_{s}_patch16_224", "irpe_k": "deit_{s}_patch16_224_ctx_product_50_shared_k",
         "irpe_qk": "deit_{s}_patch16_224_ctx_product_50_shared_qk",
@@ -34,6 +34,11 @@ FAMILIES: Dict[str, Dict[str, Entry]] = {
     "detr_small": {"plain": ("detr_tiny_irpe", {"rpe_config": None}), "irpe_k": "detr_tiny_irpe"},
     "detr_r50": {"plain": "detr_resnet50", "irpe_k": "detr_resnet50_irpe"},
 }
+# variant "timm" (only when asked for, and timm imports): timm's own plain model of a DeiT
+# family, the reference the project's plain model is timed against
+TIMM = "timm:"
+TIMM_TWINS = {f"deit_{s}": f"deit_{s}_patch16_224" for s in ("tiny", "small", "base")}
+VARIANTS = ("plain", "irpe_k", "irpe_qk", "irpe_qkv", "timm")
 DETR_SIZES = ((480, 640), (800, 1216))
 BACKENDS = ("eager", "compile", "onnxruntime", "cudagraph")
 
@@ -51,13 +56,26 @@ def label(value: Entry) -> str:
     return name + "".join(f" ({k}={v})" for k, v in over.items())
 
 
-def variants(family: str) -> Dict[str, Entry]:
-    """Models of ``family`` by variant (missing registry entries are skipped)."""
+def variants(family: str, only: Optional[Sequence[str]] = None) -> Dict[str, Entry]:
+    """Models of ``family`` by variant (missing registry entries are skipped); ``only``: just
+    these variants, where "timm" adds timm's plain twin of a DeiT family when timm imports."""
     from irpe.models import list_models
     if family not in FAMILIES:
         raise ValueError(f"unknown model family {family!r}; choose from {', '.join(FAMILIES)}")
     known = set(list_models("*"))
-    return {k: v for k, v in FAMILIES[family].items() if entry(v)[0] in known}
+    found = {k: v for k, v in FAMILIES[family].items() if entry(v)[0] in known}
+    if only is not None and "timm" in only and family in TIMM_TWINS and timm_available():
+        found["timm"] = TIMM + TIMM_TWINS[family]
+    return {k: v for k, v in found.items() if only is None or k in only}
+
+
+def timm_available() -> bool:
+    """Whether timm imports here (the GPU image has it; the project does not depend on it)."""
+    try:
+        import timm  # noqa: F401
+    except Exception:  # noqa: BLE001 - missing, or present but broken
+        return False
+    return True
 
 
 def sizes(family: str, quick: bool, detr_sizes: Sequence[Tuple[int, int]] = DETR_SIZES
@@ -91,6 +109,10 @@ def _torch_module(value: Entry, dev: str) -> torch.nn.Module:
     from irpe import randomize_tables
     from irpe.models import create_model, model_info
     name, overrides = entry(value)
+    if name.startswith(TIMM):  # timm's own model: random weights, as the others
+        import timm
+        return output_module(timm.create_model(name[len(TIMM):], pretrained=False).eval(),
+                             "classification").to(dev)
     model = randomize_tables(create_model(name, **overrides).eval())
     task = "detection" if model_info(name).family == "detr" else "classification"
     return output_module(model, task).to(dev)
@@ -155,6 +177,7 @@ def cuda_graph_runner(module: torch.nn.Module, inputs) -> Runner:
 def _export(value: Entry, path: Path) -> None:
     """export.onnx of a registry name, or of the module built with overrides."""
     import warnings
+
     from export.onnx import export_onnx
     from irpe.artifact.trained import default_spec
     from irpe.models import create_model
@@ -179,7 +202,7 @@ def ort_runner(value: Entry, inputs, cache: Path, threads: int) -> Runner:
         _export(value, path)
     sess, _ = create_session(path, threads=threads, options=OrtOptions.from_env())
     task = "detection" if len(inputs) == 2 else "classification"
-    feeds = {n: t.cpu().numpy() for n, t in zip(io_spec(task)[0], inputs)}
+    feeds = {n: t.cpu().numpy() for n, t in zip(io_spec(task)[0], inputs, strict=False)}
     return lambda: sess.run(None, feeds)
 
 
@@ -248,7 +271,7 @@ def measure_group(family: str, cfg: Dict, batch: int, size, backend: str,
     base = {"family": family, "backend": backend, "precision": precision,
             "size": f"{size[0]}x{size[1]}", "batch": batch}
     runs, rows = {}, {}
-    for variant, name in variants(family).items():
+    for variant, name in variants(family, cfg.get("variants")).items():
         rows[variant] = {**base, "variant": variant, "model": label(name)}
         try:
             runs[variant], mem = build(name, family, cfg, batch, size, backend, precision)

@@ -1,5 +1,6 @@
 """Facts and report files of `make gpu-check` (scripts/gpu_check.py): the machine's versions,
-pytest's JUnit XML summarised, and gpu_check.json + gpu_check.md merged over the three calls."""
+pytest's JUnit XML summarised, and gpu_check.json + gpu_check.md, merged over the calls that
+resume one report; each step's measured seconds beside its timeout, to re-size the plan."""
 from __future__ import annotations
 
 import importlib
@@ -12,13 +13,14 @@ import subprocess
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
+SLOWEST = 5  # slowest tests of a step kept in the report (JUnit times): where its time went
 PACKAGES = ("torch", "triton", "torchvision", "numpy", "onnx", "onnxruntime", "onnxruntime-gpu",
             "fastapi", "pydantic", "uvicorn", "matplotlib", "tensorrt")
 
 
-def _run(argv: Sequence[str], timeout: float = 20) -> str:
+def _run(argv: Sequence[str], timeout: float = 5) -> str:
     """stdout of a short command, or '' when it is missing or fails."""
     if shutil.which(argv[0]) is None:
         return ""
@@ -82,11 +84,13 @@ def junit_summary(path: Path) -> Dict:
     root = ET.parse(path).getroot()
     cases = root.iter("testcase")
     out: Dict = {"passed": 0, "failed": 0, "skipped": 0, "total": 0, "failures": [],
-                 "skips": {}, "cases": {}}
+                 "skips": {}, "cases": {}, "slowest": []}
+    times = []
     for case in cases:
         if case.get("name") is None:  # the test a timeout's SIGINT stopped: no result
             continue
         name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        times.append((round(float(case.get("time") or 0), 2), case.get("name")))
         bad = case.find("failure") if case.find("failure") is not None else case.find("error")
         skip = case.find("skipped")
         out["total"] += 1
@@ -103,26 +107,65 @@ def junit_summary(path: Path) -> Dict:
         else:
             out["passed"] += 1
             out["cases"][case.get("name")] = "passed"
+    out["slowest"] = [[name, t] for t, name in sorted(times, key=lambda x: -x[0])[:SLOWEST]]
     return out
+
+
+def new_report() -> Dict:
+    return {"steps": {}, "runs": []}
+
+
+def load_report(path: Path) -> Optional[Dict]:
+    """A gpu_check.json, or None when absent or unreadable."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("steps"), dict) else None
+
+
+def finished(result: Dict) -> bool:
+    """Whether a step result is final, so a resumed call does not run it again: it ran (it has
+    seconds), not in a dry run, and ended (passed, failed, all its tests skipped, or timed out
+    twice: a first timeout is tried once more, with the JIT caches then warm). Skips before
+    running (budget, a missing need) and steps a killed call left "running" are not final:
+    the next call tries them."""
+    status = result.get("status")
+    return (not result.get("dry_run") and "seconds" in result
+            and (status in ("passed", "failed", "skipped")
+                 or (status == "timeout" and result.get("tries", 1) >= 2)))
+
+
+def run_record(facts: Dict, phases: Sequence[str], dry: bool, seconds: float) -> Dict:
+    return {"date": facts["date"], "phases": list(phases), "dry_run": dry,
+            "seconds": round(seconds, 1), "load_avg": facts["load_avg"]}
+
+
+def save_report(folder: Path, doc: Dict) -> List[Path]:
+    """Write gpu_check.json and render gpu_check.md (after every step: a call killed from
+    outside leaves the steps it finished)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "gpu_check.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    tmp.replace(path)
+    md_path = folder / "gpu_check.md"
+    md_path.write_text(markdown(doc))
+    return [path, md_path]
 
 
 def write_report(folder: Path, facts: Dict, results: Dict[str, Dict], phases: Sequence[str],
                  dry: bool, seconds: float) -> List[Path]:
-    """Merge this run into gpu_check.json in ``folder`` (steps of earlier calls kept unless
-    rerun) and render gpu_check.md from the merged document."""
+    """Merge one run into gpu_check.json in ``folder`` (steps of earlier calls kept unless
+    rerun; another device's report is replaced) and render gpu_check.md."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "gpu_check.json"
-    doc = json.loads(path.read_text()) if path.is_file() else {"steps": {}, "runs": []}
+    doc = load_report(folder / "gpu_check.json") or new_report()
     if doc.get("device_slug") not in (None, facts["device_slug"]):
-        doc = {"steps": {}, "runs": []}  # another machine's report: start afresh
+        doc = new_report()  # another machine's report: start afresh
     doc.update(device_slug=facts["device_slug"], env=facts)
     doc["steps"].update(results)
-    doc["runs"].append({"date": facts["date"], "phases": list(phases), "dry_run": dry,
-                        "seconds": round(seconds, 1), "load_avg": facts["load_avg"]})
-    path.write_text(json.dumps(doc, indent=2) + "\n")
-    md_path = folder / "gpu_check.md"
-    md_path.write_text(markdown(doc))
-    return [path, md_path]
+    doc["runs"].append(run_record(facts, phases, dry, seconds))
+    return save_report(folder, doc)
 
 
 def markdown(doc: Dict) -> str:
@@ -139,18 +182,30 @@ def markdown(doc: Dict) -> str:
              f"{'yes' if env.get('serving_stack') else 'no'}; onnxruntime "
              f"{v.get('onnxruntime-gpu') or v.get('onnxruntime', '-')} providers "
              f"{', '.join(env.get('onnxruntime_providers', [])) or '-'}",
-             "- runs: " + "; ".join(f"{r['date']} {'+'.join(r['phases'])}"
-                                    f"{' (dry run)' if r['dry_run'] else ''} {r['seconds']} s, "
-                                    f"load {r['load_avg']}" for r in doc["runs"]),
-             "", "| step | status | seconds | tests | note |", "|---|---|---|---|---|"]
+             "- runs: " + "; ".join(f"{'dry run' if r['dry_run'] else 'call'} "
+                                    f"{'' if r['dry_run'] else r.get('call', i + 1)}: "
+                                    f"{r['date']} {'+'.join(r['phases'])} {r['seconds']} s, "
+                                    f"load {r['load_avg']}" for i, r in enumerate(doc["runs"])),
+             f"- code fingerprint {doc.get('fingerprint', '-')} (a call resumes this report "
+             "only with the same code; `--fresh` starts over)",
+             "", "| step | status | seconds | timeout s | call | tests | note |",
+             "|---|---|---|---|---|---|---|"]
     for key, r in doc["steps"].items():
         t = r.get("tests")
         tests = f"{t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped" \
             if t and t["total"] else ""
         if "collected" in r:
             tests = f"{r['collected']} collected, {r['collect_errors']} errors"
-        lines.append(f"| {key} | {r['status']} | {r.get('seconds', '')} | {tests} | "
-                     f"{r.get('reason', '')} |")
+        call = "dry run" if r.get("dry_run") else r.get("call", "")
+        lines.append(f"| {key} | {r['status']} | {r.get('seconds', '')} | "
+                     f"{r.get('plan_timeout_s', r.get('timeout_s', ''))} | {call} | "
+                     f"{tests} | {r.get('reason', '')} |")
+    slow = [(key, r["tests"]["slowest"]) for key, r in doc["steps"].items()
+            if (r.get("tests") or {}).get("slowest")]
+    if slow:
+        lines += ["", "## Where the time went (slowest tests per step)", ""]
+        lines += [f"- {key}: " + ", ".join(f"`{name}` {t} s" for name, t in tests)
+                  for key, tests in slow]
     for key, r in doc["steps"].items():
         t = r.get("tests") or {}
         if t.get("failures") or r["status"] in ("failed", "timeout"):
@@ -160,7 +215,9 @@ def markdown(doc: Dict) -> str:
         if t.get("skips"):
             lines += ["", f"{key} skipped: " + "; ".join(f"{n} x {why}" for why, n in
                                                          t["skips"].items())]
-    variants = (doc["steps"].get("probes/triton-variants", {}).get("tests") or {}).get("cases")
+    variants = {name: state for key in ("correct/variants", "rest/variants")
+                for name, state in ((doc["steps"].get(key, {}).get("tests") or {})
+                                    .get("cases") or {}).items()}
     if variants:
         lines += ["", "## Triton variants", "", " ".join(
             f"`{name.split('[')[-1].rstrip(']')}` {state}" for name, state in variants.items())]

@@ -284,6 +284,7 @@ def test_models_notes_say_why_not_run():
     (["models", "--batches", "1,x"], "not a comma-separated list of integers"),
     (["models", "--batches", "0"], "need positive integers"),
     (["models", "--backends", "tensorflow"], "unknown backend tensorflow"),
+    (["models", "--variants", "plain,irpe_x"], "unknown variant irpe_x"),
     (["serve", "--concurrency", "-1"], "need positive integers"),
     (["models", "--detr-sizes", "480"], "not a comma-separated list of HxW sizes"),
 ])
@@ -297,3 +298,29 @@ def test_bad_input_one_line_exit_2(argv, message, capsys, tmp_path):
 def test_report_without_json_exits_2(tmp_path, capsys):
     assert main(["bench", "report", "--out", str(tmp_path)]) == 2
     assert "no bench_*.json" in capsys.readouterr().err
+
+
+def test_models_variants_filter_and_timm_twin(monkeypatch):
+    """`--variants` keeps the named variants of a family; "timm" adds timm's own plain DeiT
+    (random weights, the logits module) only where timm imports (`make gpu-check` asks for it:
+    the GPU image has timm, this project does not depend on it)."""
+    import sys
+    import types
+
+    import torch
+
+    from benchmarks import models_bench as mb
+    assert list(mb.variants("deit_small", ["plain", "irpe_qkv"])) == ["plain", "irpe_qkv"]
+    assert "timm" not in mb.variants("deit_small")  # never by default
+    monkeypatch.setitem(sys.modules, "timm", None)  # import timm -> ImportError
+    assert list(mb.variants("deit_small", ["plain", "timm"])) == ["plain"]
+    made = []
+    fake = types.SimpleNamespace(create_model=lambda name, pretrained: made.append(
+        (name, pretrained)) or torch.nn.Linear(2, 3))
+    monkeypatch.setitem(sys.modules, "timm", fake)
+    got = mb.variants("deit_small", ["plain", "irpe_k", "timm"])
+    assert got["timm"] == "timm:deit_small_patch16_224" and list(got)[-1] == "timm"
+    assert "timm" not in mb.variants("detr_small", ["plain", "timm"])  # DeiT families only
+    module = mb._torch_module(got["timm"], "cpu")
+    assert made == [("deit_small_patch16_224", False)]
+    assert module(torch.ones(1, 2)).shape == (1, 3)

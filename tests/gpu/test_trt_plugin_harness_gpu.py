@@ -3,16 +3,17 @@ plugin node of an exported DeiT iRPE-QKV file and of the on-the-fly node file, i
 with int64/int32 ids, through registry -> createPlugin -> build calls -> serialisation round trip
 -> enqueue on device buffers; the built, deserialized and cloned plugins' outputs are bitwise
 identical (checked by the harness) and equal irpe.ops' (gathers bitwise, scatters within
-fp32-accumulation tolerance). Needs a CUDA GPU, nvcc and the TensorRT headers (TENSORRT_ROOT or
-../shared/third_party/tensorrt-11.1); no TensorRT library."""
+fp32-accumulation tolerance). Needs a CUDA GPU and the TensorRT headers (TENSORRT_ROOT or
+../shared/third_party/tensorrt-11.1), plus cmake and nvcc unless the build for this GPU's
+architecture is already in build/test-trt-harness (make gpu-carry); no TensorRT library."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tools import trt_plugin_build
 from tests.trt_harness import cases as harness
 from tests.trt_plugin_env import ROOT, require
+from tools import trt_plugin_build
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                   reason="needs a CUDA GPU")]
@@ -20,10 +21,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 @pytest.fixture(scope="module")
 def run_whole(tmp_path_factory):
-    require(trt_plugin_build.unavailable_reason(need_runtime=False))
     major, minor = torch.cuda.get_device_capability()
-    build = harness.build(ROOT / "build" / "test-trt-harness", archs=f"{major}{minor}",
-                          headers=trt_plugin_build.find_headers())
+    headers, folder = trt_plugin_build.find_headers(), ROOT / "build" / "test-trt-harness"
+    if headers is None or not harness.is_built(folder, f"{major}{minor}", headers):
+        # a build made ahead (make gpu-carry's prebuilt, put in place by make gpu-check) needs
+        # only the headers: no cmake or nvcc on the GPU machine
+        require(trt_plugin_build.unavailable_reason(need_runtime=False))
+    build = harness.build(folder, archs=f"{major}{minor}", headers=headers)
     d = tmp_path_factory.mktemp("harness_gpu")
     cases = harness.write_cases(d / "cases", harness.export_deit_qkv(d / "deit_qkv.onnx"),
                                 harness.write_grid_onnx(d / "grid_nodes.onnx"))

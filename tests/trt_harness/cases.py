@@ -57,25 +57,48 @@ class Case:
     expected: torch.Tensor
 
 
-def build(build_dir: Path, archs: str, headers: Path) -> Dict[str, object]:
-    """Configure + build the harness and both plugin libraries under build_dir/<source hash>."""
-    digest = hashlib.sha256(f"{archs} {headers}".encode())
+# $ORIGIN-relative build RUNPATHs (the shim beside the harness): a build made elsewhere (make
+# gpu-carry's sm_90 prebuilt, docs/gpu-check.md) runs from another folder on the GPU machine
+CMAKE_FLAGS = ("-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",)
+
+
+def build_folder(build_dir: Path, archs: str, headers: Path) -> Path:
+    """build_dir/<key>: the key hashes the archs, the TensorRT headers' contents (not their
+    path, so a build keys the same on every machine) and the sources, not the folder."""
+    digest = hashlib.sha256(f"{archs} {' '.join(CMAKE_FLAGS)}".encode())
+    for header in sorted(Path(headers).glob("NvInfer*.h")):
+        digest.update(header.name.encode() + header.read_bytes())
     sources = sorted((ROOT / "plugins").glob("CMakeLists.txt")) + \
         sorted((ROOT / "plugins" / "kernels").glob("*")) + \
         sorted((ROOT / "plugins" / "tensorrt").glob("*.[ch]*")) + \
         sorted(p for p in HERE.glob("*") if p.suffix in (".cpp", ".h", ".txt"))
     for path in sources:
         digest.update(path.read_bytes())
-    out = Path(build_dir) / digest.hexdigest()[:12]
-    paths = {"exe": out / "trt_harness", "library": out / "plugins" / "libirpe_trt_plugins.so",
-             "static": out / "plugins" / "libirpe_trt_plugins_static.so",
-             "shim": out / "shim" / "libnvinfer.so.11"}
+    return Path(build_dir) / digest.hexdigest()[:12]
+
+
+def artifacts(out: Path) -> Dict[str, Path]:
+    """The files a run needs from a build folder (all a prebuilt copy carries)."""
+    return {"exe": out / "trt_harness", "library": out / "plugins" / "libirpe_trt_plugins.so",
+            "static": out / "plugins" / "libirpe_trt_plugins_static.so",
+            "shim": out / "shim" / "libnvinfer.so.11"}
+
+
+def is_built(build_dir: Path, archs: str, headers: Path) -> bool:
+    """Whether build() would find every artifact and build nothing (no cmake/nvcc needed)."""
+    return all(p.is_file() for p in artifacts(build_folder(build_dir, archs, headers)).values())
+
+
+def build(build_dir: Path, archs: str, headers: Path) -> Dict[str, object]:
+    """Configure + build the harness and both plugin libraries under build_dir/<key>."""
+    out = build_folder(build_dir, archs, headers)
+    paths = artifacts(out)
     if all(p.is_file() for p in paths.values()):
         return {**paths, "seconds": 0.0}
     start = time.perf_counter()
     jobs = str(min(os.cpu_count() or 2, 8))
     for cmd in (["cmake", "-S", str(HERE), "-B", str(out), f"-DTENSORRT_ROOT={headers.parent}",
-                 f"-DCMAKE_CUDA_ARCHITECTURES={archs}"],
+                 f"-DCMAKE_CUDA_ARCHITECTURES={archs}", *CMAKE_FLAGS],
                 ["cmake", "--build", str(out), "-j", jobs, "--target", "trt_harness",
                  "irpe_trt_plugins", "irpe_trt_plugins_static"]):
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
