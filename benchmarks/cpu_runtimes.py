@@ -30,6 +30,7 @@ import numpy as np
 RUNTIMES = ("onnxruntime", "openvino")
 MODELS = ("plain", "irpe_k", "irpe_qkv")
 # (row, reference row, goal): img/s(row) / img/s(reference) >= goal
+DETR_GOALS = [("ov_detr_irpe_k_fp32", "ort_detr_irpe_k_fp32", 1.0)]  # faster, same outputs
 GOALS = [("ov_irpe_k_fp32", "ov_plain_fp32", 0.97), ("ov_irpe_qkv_fp32", "ov_plain_fp32", 0.92),
          ("ov_irpe_k_int8", "ov_plain_int8", 0.92), ("ov_irpe_qkv_int8", "ov_plain_int8", 0.85),
          ("ov_irpe_k_int8", "ort_plain_fp32", 3.4), ("ov_irpe_k_bf16", "ov_plain_bf16", 0.92)]
@@ -66,7 +67,31 @@ def _quantize(source: Path, target: Path, extra: List[str], samples: int) -> Non
     print(f"  quantised {target.name} in {time.perf_counter() - start:.1f} s", flush=True)
 
 
-def _ort_runs(files: Dict[str, str], threads: int, x: np.ndarray) -> Dict[str, object]:
+DETR_MODEL, DETR_SIZE = "detr_resnet50_irpe", (800, 1216)  # --detr: one DETR-R50 iRPE-K image
+
+
+def _feeds(batch: int, detr: bool) -> Dict[str, np.ndarray]:
+    """One random batch: DeiT 224 images, or one unpadded DETR image with its size."""
+    rng = np.random.default_rng(0)
+    if not detr:
+        return {"images": rng.standard_normal((batch, 3, 224, 224), dtype=np.float32)}
+    return {"images": rng.standard_normal((1, 3, *DETR_SIZE), dtype=np.float32),
+            "sizes": np.array([DETR_SIZE], dtype=np.int64)}
+
+
+def prepare_detr(folder: Path) -> Dict[str, Dict[str, str]]:
+    """DETR-R50 iRPE-K exported once (random weights): fp32 on both runtimes."""
+    from benchmarks.export_ort import export_models
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "detr_irpe_k.onnx"
+    if not path.is_file():
+        export_models({"detr_irpe_k": DETR_MODEL}, folder, {})
+    return {"onnxruntime": {"ort_detr_irpe_k_fp32": str(path)},
+            "openvino": {"ov_detr_irpe_k_fp32": str(path)}}
+
+
+def _ort_runs(files: Dict[str, str], threads: int, x: Dict[str, np.ndarray]
+              ) -> Dict[str, object]:
     from irpe.runtime.onnxruntime.session import OrtOptions, create_session, find_library
     runs = {}
     library = find_library(OrtOptions().library)
@@ -78,11 +103,12 @@ def _ort_runs(files: Dict[str, str], threads: int, x: np.ndarray) -> Dict[str, o
             label = row if mode == "off" or row.endswith("_int8") else row + "_lib"
             session, _ = create_session(path, threads=threads, quiet=True,
                                         options=OrtOptions(custom_ops=mode))
-            runs[label] = (lambda s=session: s.run(None, {"images": x}))
+            runs[label] = (lambda s=session: s.run(None, x))
     return runs
 
 
-def _ov_runs(files: Dict[str, str], threads: int, x: np.ndarray) -> Dict[str, object]:
+def _ov_runs(files: Dict[str, str], threads: int, x: Dict[str, np.ndarray]
+             ) -> Dict[str, object]:
     import openvino as ov
 
     from irpe.runtime.openvino.frontend import add_irpe_ops
@@ -94,19 +120,25 @@ def _ov_runs(files: Dict[str, str], threads: int, x: np.ndarray) -> Dict[str, ob
             continue
         hint = "bf16" if row.endswith("_bf16") else "f32"
         model = core.read_model(path)
-        model.reshape({"images": list(x.shape)})
+        model.reshape({name: list(value.shape) for name, value in x.items()})
         request = core.compile_model(model, "CPU", {
             "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": threads,
             "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}).create_infer_request()
-        runs[row] = (lambda r=request: r.infer({"images": x}))
+        runs[row] = (lambda r=request: [np.asarray(v) for v in r.infer(x).values()])
     return runs
 
 
 def worker(runtime: str, files: Dict[str, str], batch: int, threads: int, rounds: int,
-           warmup: int) -> Dict[str, List[float]]:
-    """Seconds per run of every row, ``rounds`` round-robin rounds after ``warmup``."""
-    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224), dtype=np.float32)
+           warmup: int, detr: bool = False, outputs: Optional[Path] = None
+           ) -> Dict[str, List[float]]:
+    """Seconds per run of every row, ``rounds`` round-robin rounds after ``warmup``; with
+    ``outputs``, each row's first outputs saved there (rows compared across runtimes)."""
+    x = _feeds(batch, detr)
     runs = (_ort_runs if runtime == "onnxruntime" else _ov_runs)(files, threads, x)
+    if outputs is not None:
+        for row, run in runs.items():
+            flat = np.concatenate([np.asarray(o).ravel() for o in run()])  # type: ignore
+            np.save(outputs / f"{row}.npy", flat)
     times: Dict[str, List[float]] = {row: [] for row in runs}
     for round_ in range(warmup + rounds):
         for row, run in runs.items():
@@ -117,16 +149,19 @@ def worker(runtime: str, files: Dict[str, str], batch: int, threads: int, rounds
     return times
 
 
-def alternate(files: Dict[str, Dict[str, str]], args: argparse.Namespace
-              ) -> Dict[str, List[float]]:
-    """Run the workers ORT, OpenVINO, ORT, ... and merge their rounds per row."""
+def alternate(files: Dict[str, Dict[str, str]], args: argparse.Namespace,
+              outputs: Optional[Path] = None) -> Dict[str, List[float]]:
+    """Run the workers ORT, OpenVINO, ORT, ... and merge their rounds per row; the first
+    process of each runtime saves its rows' outputs in ``outputs``."""
     merged: Dict[str, List[float]] = {}
     for n in range(args.processes):
         for runtime in RUNTIMES:
             cmd = [sys.executable, "-m", "benchmarks.cpu_runtimes", "--worker", runtime,
                    "--files", json.dumps(files[runtime]), "--batch", str(args.batch),
                    "--threads", str(args.threads), "--rounds", str(args.rounds),
-                   "--warmup", str(args.warmup)]
+                   "--warmup", str(args.warmup)] + (["--detr"] if args.detr else [])
+            if outputs is not None and n == 0:
+                cmd += ["--outputs", str(outputs)]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True)
             for row, seconds in json.loads(out.stdout.strip().splitlines()[-1]).items():
                 merged.setdefault(row, []).extend(seconds)
@@ -153,10 +188,21 @@ def _plain_of(row: str) -> str:
     return row
 
 
-def goals(rows: Dict[str, Dict]) -> List[Dict]:
-    """Each goal of :data:`GOALS` (rows that could not run are listed as such)."""
+def output_gap(outputs: Path) -> Dict[str, float]:
+    """Max |OpenVINO - ONNX Runtime| over the outputs of each model both ran (fp32 rows)."""
+    gaps = {}
+    for ov_file in sorted(outputs.glob("ov_*_fp32.npy")):
+        ort_file = outputs / ov_file.name.replace("ov_", "ort_", 1)
+        if ort_file.is_file():
+            gap = np.abs(np.load(ov_file) - np.load(ort_file)).max()
+            gaps[ov_file.stem.replace("ov_", "", 1)] = float(gap)
+    return gaps
+
+
+def goals(rows: Dict[str, Dict], table: List = GOALS) -> List[Dict]:
+    """Each goal of ``table`` (rows that could not run are listed as such)."""
     out = []
-    for row, ref, goal in GOALS:
+    for row, ref, goal in table:
         if row not in rows or ref not in rows:
             out.append({"row": row, "reference": ref, "goal": goal, "ratio": None, "met": None})
             continue
@@ -169,7 +215,7 @@ def goals(rows: Dict[str, Dict]) -> List[Dict]:
 def report_lines(result: Dict) -> List[str]:
     """The markdown report."""
     lines = [f"# ONNX Runtime vs OpenVINO on {result['device']} ({result['date']})", "",
-             f"DeiT-S 224 batch {result['batch']}, {result['threads']} threads, "
+             f"{result['model']} batch {result['batch']}, {result['threads']} threads, "
              f"{result['processes']} processes per runtime alternated x {result['rounds']} "
              f"rounds (medians); onnxruntime {result['onnxruntime']}, openvino "
              f"{result['openvino']}; int8: ORT uint8 activations, OpenVINO NNCF "
@@ -178,13 +224,18 @@ def report_lines(result: Dict) -> List[str]:
              "|---|---|---|---|---|"]
     for row, r in result["results"].items():
         same = "" if r["x_same_plain"] is None else f"{r['x_same_plain']:.3f}"
+        base = "" if r["x_ort_plain_fp32"] is None else f"{r['x_ort_plain_fp32']:.2f}"
         lines.append(f"| {row} | {r['median_ms']:.1f} | {r['images_per_s']:.1f} | "
-                     f"{r['x_ort_plain_fp32']:.2f} | {same} |")
+                     f"{base} | {same} |")
     lines += ["", "| goal | ratio | verdict |", "|---|---|---|"]
     for g in result["goals"]:
         ratio = "could not run" if g["ratio"] is None else f"{g['ratio']:.3f}"
         verdict = "-" if g["met"] is None else ("met" if g["met"] else "missed")
         lines.append(f"| {g['row']} / {g['reference']} >= {g['goal']} | {ratio} | {verdict} |")
+    if result.get("output_gap"):
+        lines += ["", "| model (fp32) | max abs OpenVINO - ONNX Runtime, same input |",
+                  "|---|---|"]
+        lines += [f"| {k} | {v:.3g} |" for k, v in result["output_gap"].items()]
     return lines
 
 
@@ -199,8 +250,12 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
                         help="folder for the exported and quantised files (reused; delete it "
                              "to export again)")
     parser.add_argument("--out", type=Path, default=None, help="results folder")
+    parser.add_argument("--detr", action="store_true",
+                        help=f"{DETR_MODEL} fp32 at {DETR_SIZE[0]}x{DETR_SIZE[1]}, batch 1, "
+                             "instead of the DeiT-S rows")
     parser.add_argument("--worker", choices=RUNTIMES, help=argparse.SUPPRESS)
     parser.add_argument("--files", help=argparse.SUPPRESS)
+    parser.add_argument("--outputs", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if min(args.batch, args.threads, args.rounds, args.processes, args.samples) < 1 \
             or args.warmup < 0:
@@ -219,22 +274,31 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.worker:
         files = json.loads(args.files)
         print(json.dumps(worker(args.worker, files, args.batch, args.threads, args.rounds,
-                                args.warmup)))
+                                args.warmup, args.detr, args.outputs)))
         return 0
+    import tempfile
+
     import onnxruntime
     import openvino
-    cache = args.cache / ("quick" if args.quick else "deit_s")
-    files, load = prepare(cache, args.quick, args.samples), os.getloadavg()
-    times = alternate(files, args)
+    if args.detr:
+        args.batch, files = 1, prepare_detr(args.cache / "detr")
+    else:
+        cache = args.cache / ("quick" if args.quick else "deit_s")
+        files = prepare(cache, args.quick, args.samples)
+    load = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        times = alternate(files, args, Path(tmp))
+        gap = output_gap(Path(tmp))
     rows = summarize(times, args.batch)
     result = {"device": device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "batch": args.batch, "threads": args.threads, "rounds": args.rounds,
               "processes": args.processes, "samples": args.samples, "quick": args.quick,
               "onnxruntime": onnxruntime.__version__, "openvino": openvino.__version__,
               "load": " ".join(f"{v:.2f}" for v in load), "results": rows,
-              "goals": goals(rows)}
+              "goals": goals(rows, DETR_GOALS if args.detr else GOALS), "output_gap": gap,
+              "model": f"{DETR_MODEL} {DETR_SIZE[0]}x{DETR_SIZE[1]}" if args.detr else "DeiT-S 224"}
     out_dir = args.out or Path(__file__).parent / "results" / result["device"]
-    stem = "cpu_runtimes_quick" if args.quick else "cpu_runtimes"
+    stem = "cpu_runtimes" + ("_detr" if args.detr else "") + ("_quick" if args.quick else "")
     print(write_json_md(out_dir, stem, result, report_lines(result)).read_text())
     return 0
 
