@@ -22,8 +22,9 @@ from .config import ModelConfig, ServeSettings
 from .errors import ServeError, unavailable
 from .gc_freeze import freeze_loaded, thaw
 from .metrics import Metrics
-from .nvjpeg import available as nvjpeg_available, decode_on_device
-from .preprocess_pool import decode_numbered, map_images, map_images_fifo
+from .nvjpeg import available as nvjpeg_available
+from .nvjpeg import decode_on_device
+from .preprocess_pool import decode_numbered, map_images_fifo
 
 __all__ = ["ServedModel", "Input", "check_count"]
 
@@ -144,22 +145,16 @@ class ServedModel:
         return (await self.batcher.submit(len(inputs), functools.partial(_given, inputs),
                                           timeout_s or self.cfg.timeout_s))[1]
 
-    def prepare(self, blobs: Sequence[bytes]) -> List[Input]:
-        """Decode and resize images (the artifact's Preprocess, minus normalisation) to uint8
-        in this thread: JPEGs on the GPU (serve.nvjpeg) on CUDA with torchvision, else several
-        images of one request in the host-sized pool."""
+    async def decode(self, blobs: Sequence[bytes]) -> List[Input]:
+        """Decode and resize a request's images (the artifact's Preprocess, minus normalisation)
+        to uint8: JPEGs on the GPU (serve.nvjpeg, in a worker thread) on CUDA with torchvision;
+        otherwise, or when one image is not a plain JPEG, each image a task of the shared FIFO
+        decode pool (requests are not overtaken in a pool of their own)."""
         if self.gpu_decode:
-            on_device = decode_on_device(blobs, self.preprocess, self.cfg.device)
+            on_device = await asyncio.to_thread(decode_on_device, blobs, self.preprocess,
+                                                self.cfg.device)
             if on_device is not None:
                 return [Input(*d) for d in on_device]
-        decode = functools.partial(decode_numbered, self.preprocess, len(blobs))
-        return [Input(*d) for d in map_images(decode, blobs)]
-
-    async def decode(self, blobs: Sequence[bytes]) -> List[Input]:
-        """:meth:`prepare` for a request, from the event loop: on the CPU each image is a task
-        of the shared FIFO decode pool (requests are not overtaken in a pool of their own)."""
-        if self.gpu_decode:
-            return await asyncio.to_thread(self.prepare, blobs)
         decode = functools.partial(decode_numbered, self.preprocess, len(blobs))
         return [Input(*d) for d in await map_images_fifo(decode, blobs)]
 

@@ -18,7 +18,7 @@ from irpe import RPEConfig
 from irpe.fused import set_fused_attention
 from irpe.idcache import BUCKET_IDS
 from serve.backends.cuda_graphs import GraphedClassifier
-from tests.helpers import jpeg_photo, tiny_deit
+from tests.helpers import decoded, jpeg_photo, tiny_deit
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
@@ -111,7 +111,7 @@ def test_two_owners_capture_concurrently_and_replay_equal_eager():
     noise.join()
     assert not errors, errors
     with torch.inference_mode():
-        for model, owner in zip(models, owners):
+        for model, owner in zip(models, owners, strict=True):
             torch.testing.assert_close(owner(x), model(x), rtol=1e-4, atol=1e-5)
 
 
@@ -129,7 +129,7 @@ def test_two_served_instances_both_capture_and_match_eager(cls_file, caplog):
     model, (replayed,) = serve_batches(cfg.model_copy(update={"cuda_graphs": True}), images)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cuda graphs")]
     assert model.state != "failed" and said == ["cuda graphs captured"] * 2, said
-    for a, b in zip(eager, replayed):
+    for a, b in zip(eager, replayed, strict=True):
         np.testing.assert_allclose(a["logits"], b["logits"], rtol=1e-4, atol=1e-4)
 
 
@@ -147,23 +147,24 @@ def test_nvjpeg_batch_under_a_busy_stream_equals_pil_path(cls_file):
     assert model.gpu_decode, "nvJPEG path not enabled (torchvision.io.decode_jpeg on CUDA)"
     model.backends[0].load()
     blobs = [jpeg_photo(451, 300), jpeg_photo(300, 451), jpeg_photo(640, 480)]
-    on_gpu = model.prepare(blobs)
+    on_gpu = decoded(model, blobs)
     assert all(isinstance(p.image, torch.Tensor) and p.image.is_cuda for p in on_gpu)
     quiet = model._run_batch(0, on_gpu)
     flipped = on_gpu[::-1]  # stale memory would hold the old order
     torch.cuda._sleep(int(1e9))  # ~0.5 s of GPU time queued ahead of the stack
     busy = model._run_batch(0, flipped)[::-1]
-    cpu = _cpu_only(model).prepare(blobs)
+    cpu = decoded(_cpu_only(model), blobs)
     pil = model._run_batch(0, cpu)
     model.backends[0].close()
-    for q, b, p in zip(quiet, busy, pil):  # (not bitwise: a V-term scatter may use atomics)
+    # (not bitwise: a V-term scatter may use atomics)
+    for q, b, p in zip(quiet, busy, pil, strict=True):
         np.testing.assert_allclose(b["logits"], q["logits"], rtol=1e-5, atol=1e-5)
         limit = NVJPEG_TOLERANCE * max(1.0, float(np.abs(p["logits"]).max()))
         assert np.abs(b["logits"] - p["logits"]).max() <= limit
 
 
 def _cpu_only(model):
-    """The same served model with the GPU decode off (the PIL path of ``prepare``)."""
+    """The same served model with the GPU decode off (the PIL path of ``decode``)."""
     import copy
     other = copy.copy(model)
     other.gpu_decode = False
