@@ -196,8 +196,7 @@ class ServedModel:
                 "platform": self.backend.platform, "model": self.spec.model_name,
                 "state": self.state, "num_classes": len(self.labels),
                 "max_batch_size": self.cfg.max_batch_size, "instances": len(self.backends),
-                "precision": getattr(self.backend, "file_precision", None)
-                or self.cfg.run_precision()}
+                "precision": self.backend.file_precision or self.cfg.run_precision()}
 
 
 async def _given(inputs: List[Input]) -> List[Input]:

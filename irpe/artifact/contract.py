@@ -11,14 +11,13 @@ import os
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from irpe.checkpoint import CheckpointError
 from irpe.artifact.filecheck import check_file
 from irpe.artifact.trained import ModelSpec, spec_from_metadata
+from irpe.checkpoint import CheckpointError
 from irpe.rpe import RPEConfig
 
-
 __all__ = ["TASKS", "input_names", "output_names", "dynamic_axes", "io_spec",
-           "onnx_metadata", "read_onnx_props",
+           "onnx_metadata", "read_onnx_props", "onnx_spec",
            "read_onnx_spec", "ENGINE_SUFFIXES", "sidecar_path", "write_sidecar", "read_sidecar",
            "engine_spec", "PRECISION_KEY", "QUANTIZATION_KEY", "quantization_metadata",
            "onnx_precision", "onnx_quantization"]
@@ -104,13 +103,18 @@ def read_onnx_props(path: os.PathLike) -> Dict[str, str]:
     return {p.key: p.value for p in model.metadata_props}
 
 
-def read_onnx_spec(path: os.PathLike) -> "ModelSpec":
-    """The :class:`irpe.artifact.trained.ModelSpec` stored in an exported ONNX file."""
-    props = read_onnx_props(path)
+def onnx_spec(props: Dict[str, str], path: os.PathLike) -> "ModelSpec":
+    """The :class:`irpe.artifact.trained.ModelSpec` in an ONNX file's metadata_props (from
+    :func:`read_onnx_props`; ``path`` names the file in the error)."""
     try:
         return spec_from_metadata(props)
     except CheckpointError as exc:
         raise ValueError(f"{os.fspath(path)}: {exc}") from None
+
+
+def read_onnx_spec(path: os.PathLike) -> "ModelSpec":
+    """The :class:`irpe.artifact.trained.ModelSpec` stored in an exported ONNX file."""
+    return onnx_spec(read_onnx_props(path), path)
 
 
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")  # file names read as TensorRT engines

@@ -7,10 +7,10 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from irpe.artifact.trained import ModelSpec, read_spec
 from irpe.artifact.contract import engine_spec, read_onnx_spec
+from irpe.artifact.trained import ModelSpec, read_spec
 
-from . import Backend, output_names
+from . import Artifact, Backend, output_names
 
 __all__ = ["TensorRTBackend"]
 
@@ -20,8 +20,12 @@ class TensorRTBackend(Backend):
 
     platform = "tensorrt_plan"
 
-    def read_spec(self) -> ModelSpec:
-        """From ``metadata`` (.safetensors / .onnx) or the engine's JSON sidecar."""
+    def read_artifact(self) -> Artifact:
+        """The spec from ``metadata`` (.safetensors / .onnx) or the engine's JSON sidecar; no
+        file precision (listings show the configured one)."""
+        return Artifact(self._read_spec())
+
+    def _read_spec(self) -> ModelSpec:
         if self.cfg.metadata is not None:
             if Path(self.cfg.metadata).suffix == ".safetensors":
                 return read_spec(str(self.cfg.metadata))[0]
