@@ -22,7 +22,8 @@ import torch
 
 from benchmarks.ops_common import time_round_robin
 from benchmarks.report import latency_ms
-from irpe.precision import PRECISIONS, torch_dtype
+from irpe.errors import InvalidInput
+from irpe.precision import PRECISIONS, torch_dtype  # noqa: F401 (PRECISIONS: benchmarks.cli)
 
 DEIT = {"plain": "deit_{s}_patch16_224", "irpe_k": "deit_{s}_patch16_224_ctx_product_50_shared_k",
         "irpe_qk": "deit_{s}_patch16_224_ctx_product_50_shared_qk",
@@ -55,7 +56,7 @@ def variants(family: str) -> Dict[str, Entry]:
     """Models of ``family`` by variant (missing registry entries are skipped)."""
     from irpe.models import list_models
     if family not in FAMILIES:
-        raise ValueError(f"unknown model family {family!r}; choose from {', '.join(FAMILIES)}")
+        raise InvalidInput(f"unknown model family {family!r}; choose from {', '.join(FAMILIES)}")
     known = set(list_models("*"))
     return {k: v for k, v in FAMILIES[family].items() if entry(v)[0] in known}
 
@@ -155,6 +156,7 @@ def cuda_graph_runner(module: torch.nn.Module, inputs) -> Runner:
 def _export(value: Entry, path: Path) -> None:
     """export.onnx of a registry name, or of the module built with overrides."""
     import warnings
+
     from export.onnx import export_onnx
     from irpe.artifact.trained import default_spec
     from irpe.models import create_model
@@ -179,7 +181,7 @@ def ort_runner(value: Entry, inputs, cache: Path, threads: int) -> Runner:
         _export(value, path)
     sess, _ = create_session(path, threads=threads, options=OrtOptions.from_env())
     task = "detection" if len(inputs) == 2 else "classification"
-    feeds = {n: t.cpu().numpy() for n, t in zip(io_spec(task)[0], inputs)}
+    feeds = {n: t.cpu().numpy() for n, t in zip(io_spec(task)[0], inputs, strict=True)}
     return lambda: sess.run(None, feeds)
 
 

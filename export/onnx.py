@@ -21,13 +21,13 @@ import torch
 from torch import nn
 
 import irpe
-from irpe.artifact.trained import ModelSpec
 from irpe.artifact.contract import io_spec, onnx_metadata
+from irpe.artifact.trained import ModelSpec
+from irpe.errors import InvalidInput
 from irpe.rpe import iRPE, set_traceable
 
 from . import symbolic
-from .functions import (GATHER, attach_functions, count_rpe_nodes, inline_functions,
-                        rpe_nodes)
+from .functions import GATHER, attach_functions, count_rpe_nodes, inline_functions, rpe_nodes
 from .source import Source, SourceLike, load_source
 
 __all__ = ["export_onnx", "export_source", "prepare_source", "Exported", "output_module"]
@@ -136,7 +136,7 @@ def _trace(src: Source, opset: int) -> onnx.ModelProto:
 def _static_output_dims(model: onnx.ModelProto, shapes: List[Tuple[int, ...]],
                         dynamic: Dict[str, Dict[int, str]]) -> None:
     """Write fixed sizes (queries, classes) into output dims the exporter left symbolic."""
-    for output, shape in zip(model.graph.output, shapes):
+    for output, shape in zip(model.graph.output, shapes, strict=True):
         dims = output.type.tensor_type.shape.dim
         for axis, dim in enumerate(dims):
             if axis not in dynamic.get(output.name, {}) and axis < len(shape):
@@ -201,8 +201,8 @@ def _finalize(model: onnx.ModelProto, src: Source, opset: int, inline: bool) -> 
 
 def _check_opset(opset: int) -> None:
     if not symbolic.MIN_OPSET <= opset <= symbolic.MAX_OPSET:
-        raise ValueError(f"opset {opset} is not supported; choose {symbolic.MIN_OPSET}.."
-                         f"{symbolic.MAX_OPSET}")
+        raise InvalidInput(f"opset {opset} is not supported; choose {symbolic.MIN_OPSET}.."
+                           f"{symbolic.MAX_OPSET}")
 
 
 def export_source(src: Source, output: os.PathLike, *, inline: bool = False, opset: int = 18,

@@ -19,12 +19,21 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-from irpe.artifact.contract import (onnx_precision, quantization_metadata, read_onnx_props,
-                                    read_onnx_spec)
+from irpe.artifact.contract import (
+    onnx_precision,
+    quantization_metadata,
+    read_onnx_props,
+    read_onnx_spec,
+)
+from irpe.artifact.trained import ModelSpec
+from irpe.errors import InvalidInput, MissingFile
+
+if TYPE_CHECKING:
+    import onnx
 
 from .inputs import image_files
 
@@ -101,7 +110,8 @@ class QuantizeSettings:
         return out
 
 
-def weight_nodes(model, excluded: Sequence[str] = (), input_layers: bool = False) -> List[str]:
+def weight_nodes(model: onnx.ModelProto, excluded: Sequence[str] = (),
+                 input_layers: bool = False) -> List[str]:
     """Names of the nodes to quantise: Conv, Gemm and MatMul by a 2-D initializer; MatMuls of
     two activations and by the iRPE tables ([1, 1, D, K]) stay float (attention internals), and
     unless ``input_layers`` so do the layers reading a model input (the image): an int8 grid
@@ -122,7 +132,7 @@ def weight_nodes(model, excluded: Sequence[str] = (), input_layers: bool = False
     return names
 
 
-def _name_nodes(model) -> None:
+def _name_nodes(model: onnx.ModelProto) -> None:
     """Give unnamed nodes a unique name (the quantiser selects nodes by name)."""
     taken = {n.name for n in model.graph.node if n.name}
     for k, node in enumerate(model.graph.node):
@@ -134,7 +144,7 @@ def _name_nodes(model) -> None:
             taken.add(name)
 
 
-def _shapes_items(spec, samples: int, seed: int) -> Iterator:
+def _shapes_items(spec: ModelSpec, samples: int, seed: int) -> Iterator:
     from irpe.data.datasets import ShapesClassification, ShapesDetection
     tf = spec.transform()
     if spec.task == "classification":
@@ -145,7 +155,7 @@ def _shapes_items(spec, samples: int, seed: int) -> Iterator:
         yield data[k][0]
 
 
-def _folder_items(spec, folder: str, samples: int) -> Iterator:
+def _folder_items(spec: ModelSpec, folder: str, samples: int) -> Iterator:
     from irpe.data.transforms import load_image
     files = image_files(folder)[:samples]
     tf = spec.transform()
@@ -153,22 +163,24 @@ def _folder_items(spec, folder: str, samples: int) -> Iterator:
         yield tf(load_image(str(path)))
 
 
-def calibration_feeds(spec, calibration: str, samples: int = 64, batch: int = 8,
+def calibration_feeds(spec: ModelSpec, calibration: str, samples: int = 64, batch: int = 8,
                       seed: int = 0) -> List[Dict[str, np.ndarray]]:
     """Model inputs for calibration: ``samples`` images of the folder ``calibration`` (sorted,
     subfolders too) or of the shapes training split, preprocessed as the model expects, in
     batches (detection: padded, with their ``sizes``)."""
     import torch
+
     from irpe.models import pad_images
     if samples < 1 or batch < 1:
-        raise ValueError(f"calibration samples and batch must be >= 1, got {samples}, {batch}")
+        raise InvalidInput(f"calibration samples and batch must be >= 1, got {samples}, "
+                           f"{batch}")
     if calibration == SHAPES:
         items = list(_shapes_items(spec, samples, seed))
     elif os.path.isdir(calibration):
         items = list(_folder_items(spec, calibration, samples))
     else:
-        raise FileNotFoundError(f"calibration set not found: {calibration} (a folder of images, "
-                                f"or '{SHAPES}')")
+        raise MissingFile(f"calibration set not found: {calibration} (a folder of images, "
+                          f"or '{SHAPES}')")
     feeds = []
     for start in range(0, len(items), batch):
         chunk = items[start:start + batch]
@@ -198,7 +210,8 @@ def _reader(feeds: List[Dict[str, np.ndarray]]):
     return FeedReader()
 
 
-def _run_ort(model, output: Path, settings: QuantizeSettings, nodes: List[str], spec) -> None:
+def _run_ort(model: str, output: Path, settings: QuantizeSettings, nodes: List[str],
+             spec: ModelSpec) -> None:
     from onnxruntime import quantization as q
     if settings.mode is QuantMode.DYNAMIC:
         q.quantize_dynamic(model, output, op_types_to_quantize=list(QUANT_OPS),
@@ -230,19 +243,19 @@ def quantize(model_path: os.PathLike, output: os.PathLike,
     props = read_onnx_props(source)  # missing / corrupt file: a clear error
     spec = read_onnx_spec(source)
     if onnx_precision(props) != "fp32":
-        raise ValueError(f"{source} is already quantised ({onnx_precision(props)})")
+        raise InvalidInput(f"{source} is already quantised ({onnx_precision(props)})")
     if settings.activations is Activations.UINT8 and (
             settings.mode is QuantMode.DYNAMIC or settings.target is Target.TENSORRT):
-        raise ValueError("uint8 activations are for static quantisation for ONNX Runtime "
-                         "(TensorRT takes symmetric int8 only; dynamic mode picks its own)")
+        raise InvalidInput("uint8 activations are for static quantisation for ONNX Runtime "
+                           "(TensorRT takes symmetric int8 only; dynamic mode picks its own)")
     if settings.mode is QuantMode.STATIC and not settings.calibration:
-        raise ValueError("static quantisation needs a calibration set (a folder of images or "
-                         f"'{SHAPES}'); --mode dynamic needs none")
+        raise InvalidInput("static quantisation needs a calibration set (a folder of images or "
+                           f"'{SHAPES}'); --mode dynamic needs none")
     model = onnx.load(source)
     _name_nodes(model)
     nodes = weight_nodes(model, settings.excluded, settings.input_layers)
     if not nodes:
-        raise ValueError(f"{source} has no Conv, Gemm or MatMul with weights to quantise")
+        raise InvalidInput(f"{source} has no Conv, Gemm or MatMul with weights to quantise")
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -252,8 +265,8 @@ def quantize(model_path: os.PathLike, output: os.PathLike,
     return _finish(output, model, props, settings, nodes)
 
 
-def _finish(output: Path, float_model, props: Dict[str, str], settings: QuantizeSettings,
-            nodes: List[str]) -> Dict:
+def _finish(output: Path, float_model: onnx.ModelProto, props: Dict[str, str],
+            settings: QuantizeSettings, nodes: List[str]) -> Dict:
     """Put back what the quantiser may drop (the RPE functions, metadata, IR version) and
     record the quantisation."""
     import onnx

@@ -14,11 +14,24 @@ def _default_output(model: str) -> str:
     return stem + ".int8.onnx"
 
 
+def _from_onnxruntime(exc: Exception) -> bool:
+    """An error of onnxruntime's own (calibration runs a session: Fail, InvalidGraph, ... of
+    onnxruntime.capi), which says what ONNX Runtime could not do with the user's file."""
+    return type(exc).__module__.startswith("onnxruntime")
+
+
 def cmd_quantize(args: argparse.Namespace) -> int:
     """Quantise the file; prints what was quantised and how."""
     import logging
-    from .quantize import Activations, CalibrationMethod, QuantizeSettings, QuantMode, Target, \
-        quantize
+
+    from .quantize import (
+        Activations,
+        CalibrationMethod,
+        QuantizeSettings,
+        QuantMode,
+        Target,
+        quantize,
+    )
     mode = QuantMode(args.mode)
     if mode is QuantMode.STATIC and not args.calibration:
         raise CLIError("static quantisation needs --calibration DIR|shapes "
@@ -35,9 +48,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(logging.ERROR)  # the quantiser's advice goes to the root logger
     try:
         record = quantize(args.model, output, settings)
-    except (ValueError, OSError, CLIError):
-        raise
-    except Exception as exc:  # onnxruntime's own errors (calibration runs a session)
+    except Exception as exc:
+        if not _from_onnxruntime(exc):  # ours: a user error is one line, a bug a traceback
+            raise
         text = str(exc).strip().splitlines()
         raise CLIError(f"quantisation failed: {text[0] if text else type(exc).__name__}") \
             from None

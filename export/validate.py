@@ -16,14 +16,20 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from irpe.artifact.contract import (
+    ENGINE_SUFFIXES,
+    onnx_precision,
+    read_onnx_props,
+    read_sidecar,
+    sidecar_path,
+)
 from irpe.artifact.trained import spec_from_metadata
-from irpe.artifact.contract import (ENGINE_SUFFIXES, onnx_precision, read_onnx_props, read_sidecar,
-                                    sidecar_path)
+from irpe.errors import InvalidInput, MissingFile
 from irpe.runtime.onnxruntime.session import OrtOptions
 
 from .inputs import Batch, make_batches
 from .pair import check_pair
-from .source import Source, load_source, weights_from_metadata
+from .source import Source, SourceLike, load_source, weights_from_metadata
 
 __all__ = ["validate", "compare", "TOLERANCES", "ENGINE_SUFFIXES"]
 
@@ -43,6 +49,7 @@ def _onnx_runner(path: str, ort_options: Optional[OrtOptions] = None
     irpe.runtime.onnxruntime.session); with the library, a function-path session runs beside it
     and ``run.versus`` collects max |custom - functions|."""
     import onnxruntime as ort
+
     from irpe.runtime.onnxruntime.session import create_session
     props = read_onnx_props(path)
     session, ops = create_session(path, options=ort_options)
@@ -53,9 +60,9 @@ def _onnx_runner(path: str, ort_options: Optional[OrtOptions] = None
 
     def run(feeds: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
         np_feeds = {n: feeds[n].numpy() for n in names}
-        got = dict(zip(outputs, session.run(None, np_feeds)))
+        got = dict(zip(outputs, session.run(None, np_feeds), strict=True))
         if functions is not None:
-            for name, ref in zip(outputs, functions.run(None, np_feeds)):
+            for name, ref in zip(outputs, functions.run(None, np_feeds), strict=True):
                 diff = float(np.abs(got[name].astype(np.float64) - ref).max(initial=0.0))
                 run.versus[name] = max(run.versus.get(name, 0.0), diff)
         return got
@@ -87,7 +94,7 @@ def _reference(src: Source) -> Runner:
         out = module(*[feeds[n] for n in names])
         out = out if isinstance(out, tuple) else (out,)
         keys = ["logits"] if src.spec.task == "classification" else ["pred_logits", "pred_boxes"]
-        return {k: v.numpy() for k, v in zip(keys, out)}
+        return {k: v.numpy() for k, v in zip(keys, out, strict=True)}
 
     return run
 
@@ -107,7 +114,8 @@ def compare(got: np.ndarray, expected: np.ndarray, atol: float, rtol: float,
     index = np.unravel_index(flat, ratio.shape) if ratio.size else ()
     denom = np.linalg.norm(got64) * np.linalg.norm(exp64)
     return {
-        "max_abs": float(diff.max(initial=0.0)), "mean_abs": float(diff.mean()) if diff.size else 0.0,
+        "max_abs": float(diff.max(initial=0.0)),
+        "mean_abs": float(diff.mean()) if diff.size else 0.0,
         "max_rel": float((diff / np.maximum(np.abs(exp64), 1e-12)).max(initial=0.0)),
         "cosine": float(np.nansum(got64 * exp64) / denom) if denom > 0 else 1.0,
         "violations": int((ratio > 1).sum()), "elements": int(diff.size),
@@ -123,7 +131,7 @@ def _topk_metrics(got: np.ndarray, expected: np.ndarray) -> Dict:
     k = min(5, got.shape[-1])
     top_got = np.argsort(-got, axis=-1)[:, :k]
     top_exp = np.argsort(-expected, axis=-1)[:, :k]
-    overlap = [len(set(a) & set(b)) / k for a, b in zip(top_got, top_exp)]
+    overlap = [len(set(a) & set(b)) / k for a, b in zip(top_got, top_exp, strict=True)]
     return {"top1_agreement": float(np.mean(top_got[:, 0] == top_exp[:, 0])),
             f"top{k}_agreement": float(np.mean(overlap))}
 
@@ -141,8 +149,8 @@ def _detection_metrics(got: Dict[str, np.ndarray], exp: Dict[str, np.ndarray]) -
             "box_l1_mean": float(box_l1.mean()), "box_l1_max": float(box_l1.max())}
 
 
-def _resolve(path: str, source, checkpoint, ort_options: Optional[OrtOptions] = None
-             ) -> Tuple[Runner, Source, str]:
+def _resolve(path: str, source: Optional[SourceLike], checkpoint: Optional[str],
+             ort_options: Optional[OrtOptions] = None) -> Tuple[Runner, Source, str]:
     """The file's runner, the PyTorch reference (from metadata unless given) and a label."""
     is_engine = path.endswith(ENGINE_SUFFIXES)
     run, props, runtime = (_engine_runner(path) if is_engine
@@ -153,8 +161,8 @@ def _resolve(path: str, source, checkpoint, ort_options: Optional[OrtOptions] = 
                    else type(source).__name__)  # usage error before any run
         return run, src, runtime
     if "irpe.weights" not in props:
-        raise ValueError(f"{path} does not say which weights it was exported from; "
-                         "pass the source model (and checkpoint)")
+        raise InvalidInput(f"{path} does not say which weights it was exported from; "
+                           "pass the source model (and checkpoint)")
     spec = spec_from_metadata(props)
     if checkpoint is not None:
         return run, load_source(spec.model_name, checkpoint, spec), runtime
@@ -173,7 +181,8 @@ def _run_all(batches: List[Batch], run: Runner, ref: Runner):
     return cat(got), cat(exp), rows
 
 
-def validate(onnx_or_engine_path: os.PathLike, source=None, checkpoint: Optional[str] = None,
+def validate(onnx_or_engine_path: os.PathLike, source: Optional[SourceLike] = None,
+             checkpoint: Optional[str] = None,
              num_inputs: int = 8, image_dir: Optional[os.PathLike] = None,
              atol: Optional[float] = None, rtol: Optional[float] = None,
              precision: Optional[str] = None,
@@ -190,15 +199,15 @@ def validate(onnx_or_engine_path: os.PathLike, source=None, checkpoint: Optional
     if precision is None:
         precision = _file_precision(path)
     if precision not in TOLERANCES:
-        raise ValueError(f"precision must be one of {sorted(TOLERANCES)}, got {precision!r}")
+        raise InvalidInput(f"precision must be one of {sorted(TOLERANCES)}, got {precision!r}")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"file not found: {path}")
+        raise MissingFile(f"file not found: {path}")
     atol = TOLERANCES[precision][0] if atol is None else atol
     rtol = TOLERANCES[precision][1] if rtol is None else rtol
     start = time.perf_counter()
     run, src, runtime = _resolve(path, source, checkpoint, ort_options)
     if sizes and src.spec.task != "detection":
-        raise ValueError("sizes apply to detection models only")
+        raise InvalidInput("sizes apply to detection models only")
     img = getattr(getattr(src.model, "patch_embed", None), "img_size", None)
     batches = make_batches(src.spec, num_inputs, image_dir, sizes, img)
     got, exp, rows = _run_all(batches, run, _reference(src))

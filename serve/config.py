@@ -13,13 +13,24 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Union
+from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Type, Union
 
-from pydantic import (AfterValidator, AliasChoices, BaseModel, BeforeValidator, ConfigDict,
-                      Field, SecretStr, field_validator, model_validator)
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from irpe.errors import InvalidInput, MissingFile
 from irpe.fused.dispatch import MODE_SPELLINGS, FusedMode
 from irpe.runtime.onnxruntime.rewrites import STAGES, parse_stages
 from irpe.runtime.onnxruntime.session import MODE_ALIASES
@@ -204,8 +215,11 @@ class ServeSettings(BaseSettings):
         "(default: $IRPE_BUCKET_CACHE_MIB or 64)")
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings,
-                                   dotenv_settings, file_secret_settings
+    def settings_customise_sources(cls, settings_cls: Type[BaseSettings],
+                                   init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource
                                    ) -> Tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, FieldNames(settings_cls, env_settings), RepositorySource(settings_cls)
 
@@ -236,11 +250,12 @@ class FieldNames(PydanticBaseSettingsSource):
     are: a field read from ``IRPE_SERVE_X`` or an older variable then replaces the file's
     value instead of sitting beside it (an extra key to pydantic)."""
 
-    def __init__(self, settings_cls, source: PydanticBaseSettingsSource) -> None:
+    def __init__(self, settings_cls: Type[BaseSettings],
+                 source: PydanticBaseSettingsSource) -> None:
         super().__init__(settings_cls)
         self.source = source
 
-    def get_field_value(self, field, field_name: str) -> Tuple[Any, str, bool]:
+    def get_field_value(self, field: FieldInfo, field_name: str) -> Tuple[Any, str, bool]:
         return None, field_name, False
 
     def __call__(self) -> Dict[str, Any]:
@@ -255,7 +270,7 @@ class FieldNames(PydanticBaseSettingsSource):
 class RepositorySource(PydanticBaseSettingsSource):
     """Lowest-priority source: the repository file named by a higher-priority source."""
 
-    def get_field_value(self, field, field_name: str) -> Tuple[Any, str, bool]:
+    def get_field_value(self, field: FieldInfo, field_name: str) -> Tuple[Any, str, bool]:
         return None, field_name, False
 
     def __call__(self) -> Dict[str, Any]:
@@ -267,10 +282,10 @@ def read_repository(path: Path) -> Dict[str, Any]:
     """Parse a YAML/TOML repository file; model paths become relative to its folder."""
     data = _parse(path)
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level")
+        raise InvalidInput(f"{path}: expected a mapping at the top level")
     models = data.get("models", [])
     if not isinstance(models, list):
-        raise ValueError(f"{path}: 'models' must be a list")
+        raise InvalidInput(f"{path}: 'models' must be a list")
     base = path.resolve().parent
     data["models"] = [_relative_to(m, base) if isinstance(m, dict) else m for m in models]
     library = data.get("ort_ops_library")
@@ -282,24 +297,24 @@ def read_repository(path: Path) -> Dict[str, Any]:
 def _parse(path: Path) -> Any:
     not_repo = f"{path} is not a YAML/TOML repository file"
     if path.suffix.lower() not in (".toml", ".yaml", ".yml"):
-        raise ValueError(f"{not_repo} (expected .yaml, .yml or .toml)")
+        raise InvalidInput(f"{not_repo} (expected .yaml, .yml or .toml)")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise FileNotFoundError(f"model repository not found: {path}") from None
+        raise MissingFile(f"model repository not found: {path}") from None
     except UnicodeDecodeError:
-        raise ValueError(f"{not_repo} (not UTF-8 text)") from None
+        raise InvalidInput(f"{not_repo} (not UTF-8 text)") from None
     if path.suffix.lower() == ".toml":
         import tomllib
         try:
             return tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"{path}: invalid TOML: {exc}") from None
+            raise InvalidInput(f"{path}: invalid TOML: {exc}") from None
     import yaml
     try:
         return yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: invalid YAML: {exc}".replace("\n", " ")) from None
+        raise InvalidInput(f"{path}: invalid YAML: {exc}".replace("\n", " ")) from None
 
 
 def _relative_to(model: Dict[str, Any], base: Path) -> Dict[str, Any]:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from irpe.data.transforms import Preprocess
+from irpe.errors import InvalidInput
 from irpe.models import pad_images
 
 from .backends import Backend, create_backend
@@ -53,8 +54,8 @@ class ServedModel:
         self.spec = self.backend.spec
         self.task = self.spec.task
         if cfg.task is not None and cfg.task != self.task:
-            raise ValueError(f"model {cfg.name}: configured task {cfg.task} but {cfg.path} is "
-                             f"a {self.task} model")
+            raise InvalidInput(f"model {cfg.name}: configured task {cfg.task} but {cfg.path} is "
+                               f"a {self.task} model")
         self.labels = self._labels(cfg.class_names())
         self.preprocess: Preprocess = self.spec.transform()
         self.gpu_decode = cfg.gpu_decode and cfg.backend == "torch" and \
@@ -71,8 +72,8 @@ class ServedModel:
         if configured is None:
             return names
         if len(configured) != len(names):
-            raise ValueError(f"model {self.name}: {len(configured)} labels configured for a "
-                             f"model with {len(names)} classes")
+            raise InvalidInput(f"model {self.name}: {len(configured)} labels configured for a "
+                               f"model with {len(names)} classes")
         return list(configured)
 
     @property

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import contextlib
 import io
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 import torch
 from torch import nn
 
+from ..errors import InvalidInput
 from ..models.detr import PostProcess
 from ..runtime.onnxruntime.session import OrtOptions
 from .distributed import SINGLE, Dist, ShardSampler
@@ -44,7 +45,7 @@ def evaluate_classification(model: nn.Module, loader: Iterable, device: str = "c
         total += labels.numel()
     top1, top5, total, loss = dist.all_sum([hits[1], hits[5], total, loss])
     if total == 0:
-        raise ValueError("evaluation set is empty")
+        raise InvalidInput("evaluation set is empty")
     return {"top1": 100.0 * top1 / total, "top5": 100.0 * top5 / total,
             "loss": loss / total, "images": int(total)}
 
@@ -53,13 +54,13 @@ def detections_to_coco(results: List[Dict[str, torch.Tensor]], image_ids: Sequen
                        category_ids: Sequence[int]) -> List[Dict]:
     """PostProcess output (xyxy pixels, contiguous labels) -> COCO result dicts (xywh)."""
     out = []
-    for res, image_id in zip(results, image_ids):
+    for res, image_id in zip(results, image_ids, strict=True):
         if len(res["labels"]) and int(res["labels"].max()) >= len(category_ids):
-            raise ValueError(f"model label {int(res['labels'].max())} has no dataset category "
-                             f"({len(category_ids)} categories)")
+            raise InvalidInput(f"model label {int(res['labels'].max())} has no dataset category "
+                               f"({len(category_ids)} categories)")
         boxes = res["boxes"].float().tolist()
         for (x0, y0, x1, y1), score, label in zip(boxes, res["scores"].tolist(),
-                                                   res["labels"].tolist()):
+                                                   res["labels"].tolist(), strict=True):
             out.append({"image_id": int(image_id), "category_id": int(category_ids[label]),
                         "bbox": [x0, y0, x1 - x0, y1 - y0], "score": float(score)})
     return out
@@ -81,11 +82,11 @@ def coco_map(ground_truth: Dict, results: List[Dict]) -> Dict[str, float]:
         ev.evaluate()
         ev.accumulate()
         ev.summarize()
-    return {name: max(float(v), 0.0) for name, v in zip(COCO_STATS, ev.stats)}
+    return {name: max(float(v), 0.0) for name, v in zip(COCO_STATS, ev.stats, strict=True)}
 
 
 @torch.no_grad()
-def evaluate_detection(model: nn.Module, dataset, batch_size: int = 16, device: str = "cpu",
+def evaluate_detection(model: nn.Module, dataset: Any, batch_size: int = 16, device: str = "cpu",
                        category_ids: Optional[Sequence[int]] = None, dist: Dist = SINGLE
                        ) -> Dict[str, float]:
     """COCO mAP of a DETR model on a detection dataset with ``coco_json()``/``category_ids``.
@@ -94,6 +95,7 @@ def evaluate_detection(model: nn.Module, dataset, batch_size: int = 16, device: 
     order). Under torchrun each rank detects on its shard; rank 0 scores the gathered results.
     """
     from torch.utils.data import DataLoader
+
     from ..data.datasets import collate_detection
     model.eval()
     post = PostProcess()
@@ -130,7 +132,7 @@ class OnnxModel:
     def eval(self) -> "OnnxModel":
         return self
 
-    def to(self, device) -> "OnnxModel":
+    def to(self, device: Union[str, torch.device]) -> "OnnxModel":
         """Runs on ONNX Runtime's CPU provider whatever the device: inputs are read to host."""
         return self
 
@@ -139,5 +141,6 @@ class OnnxModel:
         if sizes is not None:
             feeds["sizes"] = sizes.cpu().numpy().astype("int64")
         out = {k: torch.from_numpy(v) for k, v in zip(self.outputs,
-                                                      self.session.run(None, feeds))}
+                                                      self.session.run(None, feeds),
+                                                      strict=True)}
         return out["logits"] if "logits" in out else out

@@ -2,19 +2,23 @@
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
 from ..artifact.trained import default_spec
+from ..errors import InvalidInput
 from ..models import create_model, model_info
 from .criterion import SetCriterion
 from .distributed import SINGLE, Dist, ResumableSampler, ShardSampler
 from .evaluate import evaluate_classification, evaluate_detection
 from .matcher import HungarianMatcher
 from .optim import mixup_cutmix, soft_cross_entropy
+
+if TYPE_CHECKING:  # train.py imports this module
+    from .train import TrainConfig
 
 SHAPES = "shapes"  # --data shapes: the synthetic set generated in memory
 
@@ -41,7 +45,7 @@ def _checked_spec(model: str, task: str):
     info = model_info(model)
     if info.task != task:
         other = "det" if task == "classification" else "cls"
-        raise ValueError(f"{model} is a {info.task} model; use `irpe train {other}`")
+        raise InvalidInput(f"{model} is a {info.task} model; use `irpe train {other}`")
     return default_spec(model)
 
 
@@ -50,7 +54,7 @@ class ClassificationTask:
 
     main_metric = "top1"
 
-    def __init__(self, cfg, dist: Dist = SINGLE) -> None:
+    def __init__(self, cfg: TrainConfig, dist: Dist = SINGLE) -> None:
         from ..data.datasets import ImageFolder, ShapesClassification, check_same_classes
         preprocess = _checked_spec(cfg.model, "classification").transform()
         if cfg.data == SHAPES:
@@ -64,7 +68,7 @@ class ClassificationTask:
             check_same_classes(self.val_set.classes, self.train_set.classes,
                                f"class folders of {self.val_set.root}", "training classes")
         classes = list(self.train_set.classes)
-        overrides = {"num_classes": len(classes), "drop_path_rate": cfg.drop_path}
+        overrides: Dict[str, Any] = {"num_classes": len(classes), "drop_path_rate": cfg.drop_path}
         self.model = create_model(cfg.model, **overrides)
         self.spec = default_spec(cfg.model, classes, num_classes=len(classes))
         self.cfg, self.dist, self.gen = cfg, dist, torch.Generator().manual_seed(cfg.seed + 1)
@@ -72,7 +76,8 @@ class ClassificationTask:
     def loaders(self) -> Tuple[DataLoader, DataLoader]:
         return _loaders(self, {})
 
-    def loss(self, model: nn.Module, batch, device: str) -> Tuple[torch.Tensor, Dict]:
+    def loss(self, model: nn.Module, batch: Tuple[torch.Tensor, torch.Tensor],
+             device: str) -> Tuple[torch.Tensor, Dict]:
         images, labels = batch
         images, _ = random_hflip(images, None, 0.5 if self.cfg.hflip else 0.0, self.gen,
                                  self.dist)
@@ -95,7 +100,7 @@ class DetectionTask:
 
     main_metric = "AP50"
 
-    def __init__(self, cfg, dist: Dist = SINGLE) -> None:
+    def __init__(self, cfg: TrainConfig, dist: Dist = SINGLE) -> None:
         from ..data.datasets import CocoDetection, ShapesDetection, check_same_classes
         preprocess = _checked_spec(cfg.model, "detection").transform()
         if cfg.data == SHAPES:
@@ -119,11 +124,13 @@ class DetectionTask:
         from ..data.datasets import collate_detection
         return _loaders(self, {"collate_fn": collate_detection})
 
-    def loss(self, model: nn.Module, batch, device: str) -> Tuple[torch.Tensor, Dict]:
+    def loss(self, model: nn.Module,
+             batch: Tuple[torch.Tensor, torch.Tensor, List[Dict[str, torch.Tensor]]],
+             device: str) -> Tuple[torch.Tensor, Dict]:
         images, sizes, targets = batch
         images, flip = random_hflip(images, sizes, 0.5 if self.cfg.hflip else 0.0, self.gen,
                                     self.dist)
-        targets = [_flip_target(t, bool(f), device) for t, f in zip(targets, flip)]
+        targets = [_flip_target(t, bool(f), device) for t, f in zip(targets, flip, strict=True)]
         outputs = model(images.to(device), sizes.to(device))
         self.criterion.to(device)
         losses = self.criterion(outputs, targets)
@@ -135,7 +142,8 @@ class DetectionTask:
                                   dist=self.dist)
 
 
-def _loaders(task, kw: Dict) -> Tuple[DataLoader, DataLoader]:
+def _loaders(task: Union[ClassificationTask, DetectionTask],
+             kw: Dict) -> Tuple[DataLoader, DataLoader]:
     """Train loader over this rank's share of a seed + epoch shuffle, val over its shard.
 
     The loaders get private generators (worker seeds only), so iterating them never draws

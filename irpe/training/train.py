@@ -12,12 +12,13 @@ import math
 import os
 import time
 from dataclasses import asdict, dataclass, fields
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 import torch
 
 from ..artifact.trained import save_trained
 from ..checkpoint import CheckpointError
+from ..errors import InvalidInput
 from .distributed import setup, teardown
 from .optim import param_groups, warmup_cosine
 from .state import check_fits, read_last, restore_rng, resume_step, rng_snapshot
@@ -63,14 +64,14 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
-            raise ValueError(f"task must be one of {sorted(TASKS)}, got {self.task!r}")
+            raise InvalidInput(f"task must be one of {sorted(TASKS)}, got {self.task!r}")
         for name in ("epochs", "batch_size"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1")
+                raise InvalidInput(f"{name} must be >= 1")
         if self.dist_timeout <= 0:
-            raise ValueError("dist_timeout must be > 0")
+            raise InvalidInput("dist_timeout must be > 0")
         if self.lr <= 0 or self.min_lr < 0 or self.weight_decay < 0:
-            raise ValueError("lr must be > 0, min_lr and weight_decay >= 0")
+            raise InvalidInput("lr must be > 0, min_lr and weight_decay >= 0")
 
 
 def _init_weights(model: torch.nn.Module, path: str) -> int:
@@ -101,8 +102,8 @@ class Trainer:
         self.steps_per_epoch = len(self.train_loader)
         self.global_batch = cfg.batch_size * self.dist.world
         if self.steps_per_epoch == 0:
-            raise ValueError(f"training set has fewer images than one global batch "
-                             f"({self.global_batch})")
+            raise InvalidInput(f"training set has fewer images than one global batch "
+                               f"({self.global_batch})")
         total = cfg.epochs * self.steps_per_epoch
         warmup = int(cfg.warmup_epochs * self.steps_per_epoch)
         groups = param_groups(self.model, cfg.weight_decay, cfg.lr, cfg.lr_backbone or None)
@@ -148,7 +149,7 @@ class Trainer:
             print("note: BatchNorm statistics are per process on CPU (SyncBatchNorm needs "
                   "CUDA); --freeze-bn keeps them fixed", flush=True)
 
-    def state(self, rng) -> Dict:
+    def state(self, rng: Optional[Dict]) -> Dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                 "epoch": self.epoch, "step": self.step, "epoch_step": self.epoch_step,
@@ -199,7 +200,7 @@ class Trainer:
     def _stop(self) -> bool:
         return bool(self.cfg.max_steps) and self.step >= self.cfg.max_steps
 
-    def train_step(self, batch):
+    def train_step(self, batch: Any):
         with torch.autocast(self.device.split(":")[0], dtype=self.amp_dtype, enabled=self.amp):
             loss, parts = self.task.loss(self.net, batch, self.device)
         if not torch.isfinite(loss):
@@ -237,7 +238,7 @@ class Trainer:
         record["best"] = self.best
         return record
 
-    def save(self, record: Dict, metric: float, rng) -> None:
+    def save(self, record: Dict, metric: float, rng: Optional[Dict]) -> None:
         """Rank 0: log line; when the metric improves, model.safetensors and last.pt (its
         new best: otherwise the last.pt run() wrote before evaluating is already this state)."""
         improved = metric > self.best
@@ -256,7 +257,7 @@ class Trainer:
                          self.task.spec, extra)
             self.write_last(rng)
 
-    def write_last(self, rng) -> None:
+    def write_last(self, rng: Optional[Dict]) -> None:
         """Rank 0 replaces ``last.pt`` atomically."""
         if not self.main:
             return

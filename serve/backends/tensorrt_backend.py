@@ -9,6 +9,7 @@ import numpy as np
 
 from irpe.artifact.contract import engine_spec, read_onnx_spec
 from irpe.artifact.trained import ModelSpec, read_spec
+from irpe.errors import MissingFile
 
 from . import Artifact, Backend, output_names
 
@@ -33,8 +34,8 @@ class TensorRTBackend(Backend):
         try:
             return engine_spec(self.cfg.path)
         except FileNotFoundError as exc:
-            raise FileNotFoundError(f"model {self.cfg.name}: {exc}; set metadata: to the "
-                                    "exported .onnx") from None
+            raise MissingFile(f"model {self.cfg.name}: {exc}; set metadata: to the "
+                              "exported .onnx") from None
 
     def load(self) -> None:
         if self.cfg.device == "cpu":
