@@ -1,3 +1,4 @@
+# Follows the code of microsoft/Cream iRPE (MIT): see NOTICE.
 """iRPE modules: configuration, bias/contextual encodings on queries, keys and values.
 
 Parameter names and shapes equal the official ones (``lookup_table_bias`` (H|1, nb),
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple, Union
+from typing import Any, Callable, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -22,6 +23,10 @@ __all__ = ["RPEConfig", "get_rpe_config", "build_rpe", "iRPE", "iRPECross", "set
            "randomize_tables"]
 
 _MODES = {"bias": "bias", "contextual": "contextual", "ctx": "contextual"}
+# a grid side: an int, a 0-d tensor while tracing dynamic sizes, or None (a square grid); Any,
+# as the code mixes the int and tensor cases (bucket_ids picks the path)
+GridSide = Any
+RPEModule = Union["iRPE", "iRPECross"]  # what build_rpe makes for q, k or v
 
 
 @dataclass(frozen=True)
@@ -142,7 +147,8 @@ class iRPE(nn.Module):
             for p in self.parameters():
                 initializer(p)
 
-    def grid(self, length: int, height=None, width=None) -> Tuple[int, int, int]:
+    def grid(self, length: int, height: Optional[int] = None,
+             width: Optional[int] = None) -> Tuple[int, int, int]:
         """(height, width, skip) for a sequence; without H/W the grid is floor(sqrt(L)) square."""
         if height is None or width is None:
             if height is not None or width is not None:
@@ -150,10 +156,11 @@ class iRPE(nn.Module):
             height = width = int(math.isqrt(length))
         skip = length - height * width
         if skip < 0:
-            raise ValueError(f"sequence of {length} tokens is shorter than the {height}x{width} grid")
+            raise ValueError(f"sequence of {length} tokens is shorter than the {height}x{width} "
+                             "grid")
         return height, width, skip
 
-    def bucket_ids(self, length: int, height=None, width=None,
+    def bucket_ids(self, length: int, height: GridSide = None, width: GridSide = None,
                    device: Optional[torch.device] = None) -> torch.Tensor:
         """Bucket ids (L, L) for this module's method; cached unless tracing dynamic sizes."""
         if self.fixed_grid:  # exporting one static size: the ids become a graph constant
@@ -176,13 +183,14 @@ class iRPE(nn.Module):
         return BUCKET_IDS.get_or_build(key, lambda: _to_device(
             bucket_ids(self.method, self.ratio, height, width, skip), device))  # one LRU by bytes
 
-    def _skip(self, skip):
+    def _skip(self, skip: int) -> int:
         if isinstance(skip, int) and (skip > 0) != (self.skip > 0):
             raise ValueError(f"input has {skip} skip tokens but the module was built with "
                              f"skip={self.skip} ({self.num_buckets} buckets)")
         return skip
 
-    def forward(self, x: torch.Tensor, height=None, width=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, height: GridSide = None,
+                width: GridSide = None) -> torch.Tensor:
         """Encoding for x (B,H,L,D) on Q/K -> (B|1,H,L,L); for attn (B,H,L,L) on V -> (B,H,L,D)."""
         ids = self.bucket_ids(x.shape[2], height, width, device=x.device)
         if not self.transposed:
@@ -197,7 +205,8 @@ class iRPE(nn.Module):
         """Contextual lookup table x @ W: (B,H,L,D) -> (B,H,L,K) per-token bucket values."""
         return torch.matmul(x, self.lookup_table_weight.unsqueeze(0).to(x.dtype))
 
-    def forward_transposed(self, x: torch.Tensor, height=None, width=None) -> torch.Tensor:
+    def forward_transposed(self, x: torch.Tensor, height: GridSide = None,
+                           width: GridSide = None) -> torch.Tensor:
         """``forward(x).transpose(2, 3)`` for Q/K (the iRPE-Q logits term), layout-free on export.
 
         When exporting one static grid size (``set_traceable(m, fixed_grid=True)``), the table
@@ -233,27 +242,30 @@ class iRPECross(nn.Module):
     def num_buckets(self) -> int:
         return self.rp_rows.num_buckets
 
-    def forward(self, x: torch.Tensor, height=None, width=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, height: GridSide = None,
+                width: GridSide = None) -> torch.Tensor:
         return self.rp_rows(x, height, width) + self.rp_cols(x, height, width)
 
-    def forward_transposed(self, x: torch.Tensor, height=None, width=None) -> torch.Tensor:
+    def forward_transposed(self, x: torch.Tensor, height: GridSide = None,
+                           width: GridSide = None) -> torch.Tensor:
         """``forward(x).transpose(2, 3)``, see :meth:`iRPE.forward_transposed`."""
         return (self.rp_rows.forward_transposed(x, height, width)
                 + self.rp_cols.forward_transposed(x, height, width))
 
 
 @torch.inference_mode(False)  # cached ids must stay usable by autograd
-def _to_device(ids: torch.Tensor, device) -> torch.Tensor:
+def _to_device(ids: torch.Tensor, device: torch.device) -> torch.Tensor:
     return ids.to(device)
 
 
 def build_rpe(config: Optional[RPEConfig], head_dim: int, num_heads: int,
-              initializer: Optional[Callable[[torch.Tensor], None]] = None):
+              initializer: Optional[Callable[[torch.Tensor], None]] = None
+              ) -> Tuple[Optional[RPEModule], Optional[RPEModule], Optional[RPEModule]]:
     """Build (rpe_q, rpe_k, rpe_v) modules for a config; absent encodings are None."""
     if config is None:
         return None, None, None
 
-    def one(on: str, transposed: bool):
+    def one(on: str, transposed: bool) -> Optional[RPEModule]:
         if on not in config.on:
             return None
         cls = iRPECross if config.method == Method.CROSS else iRPE

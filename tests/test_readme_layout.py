@@ -2,9 +2,9 @@
 every folder of the packages irpe/, serve/, export/, plugins/, and nothing that is not there;
 plugins/README.md's map lists every entry of plugins/; every folder README's module table names
 every source file of its folder (and of its subfolders without a README of their own) and only
-files that exist; every markdown table row is inside a table. The tree is `git ls-files`
-(tracked files present in the working tree), so build outputs, caches and ignored files never
-count."""
+files that exist; every markdown table row is inside a table; NOTICE names exactly the files
+that point to it. The tree is `git ls-files` (tracked files present in the working tree), so
+build outputs, caches and ignored files never count."""
 from __future__ import annotations
 
 import os
@@ -209,3 +209,17 @@ def test_readme_check_catches_drift_both_ways():
         "pkg/a.py", "pkg/b.cpp", "pkg/sub/x.py", "pkg/sub/y.h"]  # no module table at all
     lone = list(tables("| h | x |\n|---|---|\n| `a` | b |\n\ntext\n| `c` | d |\n"))
     assert [(start, len(lines)) for start, lines in lone] == [(1, 3), (6, 1)]
+
+
+def test_notice_names_exactly_the_files_that_point_to_it():
+    """NOTICE lists the files that follow another project's code; each of them, and no other
+    source file, says so at its top ("see NOTICE")."""
+    notice = (ROOT / "NOTICE").read_text()
+    named = set(re.findall(r"^\s+- (\S+)\s", notice, re.M))
+    assert named, "NOTICE lists no file"
+    missing = sorted(n for n in named if not (ROOT / n).is_file())
+    assert not missing, f"NOTICE names files the tree does not have: {missing}"
+    pointing = {f for f in tracked_files() if f.endswith(SOURCES)
+                and "see NOTICE" in (ROOT / f).read_text(errors="replace")[:300]}
+    assert pointing == named, (f"listed but not pointing: {sorted(named - pointing)}; "
+                               f"pointing but not listed: {sorted(pointing - named)}")

@@ -1,3 +1,4 @@
+# Follows the code of facebookresearch/detr (Apache-2.0) and timm (Apache-2.0): see NOTICE.
 """The one image preprocessing used by training, evaluation, export validation and serving.
 
 Classification follows timm/DeiT eval: resize the shorter side to ``int(size / crop_pct)``

@@ -1,3 +1,4 @@
+# Follows the code of facebookresearch/detr (Apache-2.0): see NOTICE.
 """DETR set loss: cross-entropy (down-weighted "no object"), L1 and GIoU on matched boxes."""
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ class SetCriterion(nn.Module):
                    num_boxes: float) -> Dict[str, torch.Tensor]:
         """L1 and 1 - GIoU of matched boxes, averaged over the number of target boxes."""
         src = torch.cat([outputs["pred_boxes"][i, s] for i, (s, _) in enumerate(matches)])
-        tgt = torch.cat([t["boxes"][j] for t, (_, j) in zip(targets, matches)]).to(src.device)
+        tgt = torch.cat([t["boxes"][j]
+                         for t, (_, j) in zip(targets, matches, strict=True)]).to(src.device)
         l1 = F.l1_loss(src.float(), tgt, reduction="sum") / num_boxes
         giou = generalized_box_iou(box_cxcywh_to_xyxy(src.float()), box_cxcywh_to_xyxy(tgt))
         return {"loss_bbox": l1, "loss_giou": (1 - torch.diag(giou)).sum() / num_boxes}
