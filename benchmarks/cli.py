@@ -8,6 +8,7 @@ from typing import Sequence
 from benchmarks.common import choice_list, int_list, size_list
 from benchmarks.fits import fits
 from benchmarks.report import envelope, out_dir, render, save
+from irpe.errors import InvalidInput
 
 __all__ = ["add_parser"]
 
@@ -84,7 +85,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.quick:
         conc, args.duration, args.rate, models = conc[:2], 1.0, min(args.rate, 10.0), ["tiny"]
     if min(args.rate, args.rate_deit_s, args.duration) <= 0:
-        raise ValueError("--rate, --rate-deit-s and --duration must be positive")
+        raise InvalidInput("--rate, --rate-deit-s and --duration must be positive")
     cuda = args.device.startswith("cuda")
     per_request = int_list(args.images_per_request or ("1,8" if cuda else "1"))
     settings = {"backend": args.backend, "models": models, "concurrency": conc,
@@ -114,7 +115,7 @@ def cmd_attention(args: argparse.Namespace) -> int:
     parts = tuple(choice_list(args.parts, ["layers", "models"], "part"))
     terms = tuple(choice_list(args.terms, ["k", "q", "v", "qk", "kv", "qkv"], "iRPE terms"))
     if min(args.rounds, args.iters) < 1 or args.warmup < 0:
-        raise ValueError("--rounds and --iters must be >= 1, --warmup >= 0")
+        raise InvalidInput("--rounds and --iters must be >= 1, --warmup >= 0")
     settings, results = ab.run(args.dtype, args.rounds, args.iters, args.warmup, args.smoke,
                                parts, terms)
     notes = ["round-robin: every round times each variant of a case once (iters calls); median "
@@ -133,7 +134,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     folder = out_dir(args.out)
     paths = sorted(folder.glob("bench_*.json"))
     if not paths:
-        raise ValueError(f"no bench_*.json in {folder}")
+        raise InvalidInput(f"no bench_*.json in {folder}")
     for path in paths:
         _print_files(render(path))
     return 0

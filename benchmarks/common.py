@@ -11,6 +11,8 @@ import re
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+from irpe.errors import InvalidInput
+
 __all__ = ["device_name", "device_slug", "int_list", "size_list", "choice_list"]
 
 
@@ -43,13 +45,13 @@ def device_slug(device: Optional[str] = None) -> str:
 
 
 def int_list(text: str) -> List[int]:
-    """'1,4,16' -> [1, 4, 16] (positive integers); ValueError otherwise."""
+    """'1,4,16' -> [1, 4, 16] (positive integers); InvalidInput (a ValueError) otherwise."""
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise ValueError(f"not a comma-separated list of integers: {text!r}") from None
+        raise InvalidInput(f"not a comma-separated list of integers: {text!r}") from None
     if not values or min(values) < 1:
-        raise ValueError(f"need positive integers, got {text!r}")
+        raise InvalidInput(f"need positive integers, got {text!r}")
     return values
 
 
@@ -59,9 +61,9 @@ def size_list(text: str) -> List[Tuple[int, int]]:
         sizes = [tuple(int(v) for v in part.lower().split("x")) for part in text.split(",")
                  if part.strip()]
     except ValueError:
-        raise ValueError(f"not a comma-separated list of HxW sizes: {text!r}") from None
+        raise InvalidInput(f"not a comma-separated list of HxW sizes: {text!r}") from None
     if not sizes or any(len(s) != 2 or min(s) < 1 for s in sizes):
-        raise ValueError(f"not a comma-separated list of HxW sizes: {text!r}")
+        raise InvalidInput(f"not a comma-separated list of HxW sizes: {text!r}")
     return sizes  # type: ignore[return-value]
 
 
@@ -70,6 +72,6 @@ def choice_list(text: str, allowed: Sequence[str], what: str) -> List[str]:
     values = [v.strip() for v in text.split(",") if v.strip()]
     bad = [v for v in values if v not in allowed]
     if bad or not values:
-        raise ValueError(f"unknown {what} {', '.join(bad) or repr(text)}; choose from "
-                         f"{', '.join(allowed)}")
+        raise InvalidInput(f"unknown {what} {', '.join(bad) or repr(text)}; choose from "
+                           f"{', '.join(allowed)}")
     return values

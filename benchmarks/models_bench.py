@@ -22,7 +22,8 @@ import torch
 
 from benchmarks.ops_common import time_round_robin
 from benchmarks.report import latency_ms
-from irpe.precision import PRECISIONS, torch_dtype  # noqa: F401 - PRECISIONS: the CLI's choices
+from irpe.errors import InvalidInput
+from irpe.precision import PRECISIONS, torch_dtype  # noqa: F401 (PRECISIONS: benchmarks.cli)
 
 DEIT = {"plain": "deit_{s}_patch16_224", "irpe_k": "deit_{s}_patch16_224_ctx_product_50_shared_k",
         "irpe_qk": "deit_{s}_patch16_224_ctx_product_50_shared_qk",
@@ -61,7 +62,7 @@ def variants(family: str, only: Optional[Sequence[str]] = None) -> Dict[str, Ent
     these variants, where "timm" adds timm's plain twin of a DeiT family when timm imports."""
     from irpe.models import list_models
     if family not in FAMILIES:
-        raise ValueError(f"unknown model family {family!r}; choose from {', '.join(FAMILIES)}")
+        raise InvalidInput(f"unknown model family {family!r}; choose from {', '.join(FAMILIES)}")
     known = set(list_models("*"))
     found = {k: v for k, v in FAMILIES[family].items() if entry(v)[0] in known}
     if only is not None and "timm" in only and family in TIMM_TWINS and timm_available():
@@ -202,7 +203,7 @@ def ort_runner(value: Entry, inputs, cache: Path, threads: int) -> Runner:
         _export(value, path)
     sess, _ = create_session(path, threads=threads, options=OrtOptions.from_env())
     task = "detection" if len(inputs) == 2 else "classification"
-    feeds = {n: t.cpu().numpy() for n, t in zip(io_spec(task)[0], inputs, strict=False)}
+    feeds = {n: t.cpu().numpy() for n, t in zip(io_spec(task)[0], inputs, strict=True)}
     return lambda: sess.run(None, feeds)
 
 

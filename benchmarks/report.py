@@ -15,6 +15,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from benchmarks.common import device_slug
 from benchmarks.fits import fits
+from irpe.errors import InvalidInput
 
 RESULTS = Path(__file__).parent / "results"
 KINDS = ("models", "ops", "serve")
@@ -95,7 +96,7 @@ def render(path: Path) -> List[Path]:
     doc = json.loads(Path(path).read_text())
     kind = doc.get("kind")
     if kind not in KINDS:
-        raise ValueError(f"{path}: not an irpe bench report (kind {kind!r})")
+        raise InvalidInput(f"{path}: not an irpe bench report (kind {kind!r})")
     header, rows = TABLES[kind](doc["results"])
     md = path.with_suffix(".md")
     md.write_text(markdown(doc, header, rows) + "".join(

@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from irpe.artifact.trained import ModelSpec
+from irpe.errors import InvalidInput, MissingFile
 from irpe.models import pad_images
 
 __all__ = ["Batch", "make_batches", "default_sizes", "image_files", "IMAGE_SUFFIXES"]
@@ -44,12 +45,12 @@ def image_files(image_dir: Optional[os.PathLike]) -> List[Path]:
         return []
     folder = Path(image_dir)
     if not folder.is_dir():
-        raise FileNotFoundError(f"image folder not found: {folder}")
+        raise MissingFile(f"image folder not found: {folder}")
     files = sorted(p for p in folder.rglob("*")  # class subfolders too (ImageFolder layout)
                    if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
     if not files:
-        raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {folder} or its "
-                         "subfolders")
+        raise InvalidInput(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {folder} or its "
+                           "subfolders")
     return files
 
 
@@ -74,7 +75,7 @@ def make_batches(spec: ModelSpec, num_inputs: int, image_dir: Optional[os.PathLi
                  image_size: Optional[int] = None) -> List[Batch]:
     """``num_inputs`` images in total: the folder's images first, random ones after."""
     if num_inputs < 1:
-        raise ValueError(f"num_inputs must be >= 1, got {num_inputs}")
+        raise InvalidInput(f"num_inputs must be >= 1, got {num_inputs}")
     sizes = list(sizes) if sizes else default_sizes(spec)
     files = image_files(image_dir)[:num_inputs]
     images = _real_images(spec, files)

@@ -10,6 +10,7 @@ import json
 from typing import Dict, List, Optional
 
 from irpe.artifact.contract import ENGINE_SUFFIXES
+from irpe.errors import InvalidInput
 
 from .source import Source
 
@@ -58,9 +59,10 @@ def _differences(path: str, props: Dict[str, str], src: Source) -> List[str]:
 
 
 def check_pair(path: str, props: Dict[str, str], src: Source, name: str) -> None:
-    """ValueError naming every difference (task, class count, input size, DETR queries)
-    between the file (its irpe metadata and ONNX tensor dims) and the source model."""
+    """InvalidInput (a ValueError) naming every difference (task, class count, input size,
+    DETR queries) between the file (its irpe metadata and ONNX tensor dims) and the source
+    model."""
     differ = _differences(path, props, src)
     if differ:
-        raise ValueError(f"{path} and source {name} do not match ({'; '.join(differ)}); "
-                         "pass the model the file was exported from")
+        raise InvalidInput(f"{path} and source {name} do not match ({'; '.join(differ)}); "
+                           "pass the model the file was exported from")

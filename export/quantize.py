@@ -32,6 +32,7 @@ from irpe.artifact.contract import (
     read_onnx_spec,
 )
 from irpe.atomic import atomic_path, refuse_same_file
+from irpe.errors import InvalidInput, MissingFile
 
 from .inputs import image_files
 
@@ -135,28 +136,28 @@ def check_settings(settings: QuantizeSettings) -> None:
     would silently not do what they say); ValueError, one line."""
     static = settings.mode is QuantMode.STATIC
     if settings.target is Target.TENSORRT and not static:
-        raise ValueError("--target tensorrt is for static quantisation: dynamic mode writes "
+        raise InvalidInput("--target tensorrt is for static quantisation: dynamic mode writes "
                          "ConvInteger / MatMulInteger / DynamicQuantizeLinear, which TensorRT "
                          "cannot parse (use --mode static --calibration DIR|shapes)")
     if settings.activations is Activations.UINT8 and (not static or
                                                        settings.target is Target.TENSORRT):
-        raise ValueError("uint8 activations are for static quantisation for ONNX Runtime "
+        raise InvalidInput("uint8 activations are for static quantisation for ONNX Runtime "
                          "(TensorRT takes symmetric int8 only; dynamic mode picks its own)")
     if static and not settings.calibration:
-        raise ValueError("static quantisation needs a calibration set (a folder of images or "
+        raise InvalidInput("static quantisation needs a calibration set (a folder of images or "
                          f"'{SHAPES}'); --mode dynamic needs none")
     if settings.samples < 1 or settings.batch < 1:
-        raise ValueError(f"calibration samples and batch must be >= 1, got {settings.samples}, "
+        raise InvalidInput(f"calibration samples and batch must be >= 1, got {settings.samples}, "
                          f"{settings.batch}")
     if settings.target is Target.OPENVINO and (
             not static or settings.activations is Activations.UINT8 or
             settings.method is not CalibrationMethod.MINMAX or not settings.per_channel):
-        raise ValueError("--target openvino: NNCF picks activations, ranges and per-channel "
+        raise InvalidInput("--target openvino: NNCF picks activations, ranges and per-channel "
                          "weights itself; --mode dynamic, --activations, --method and "
                          "--per-tensor are for the ONNX Runtime and TensorRT targets")
     empty = [name for name in settings.excluded if not name.strip()]
     if empty:
-        raise ValueError("--exclude needs a node name, got an empty one")
+        raise InvalidInput("--exclude needs a node name, got an empty one")
 
 
 def weight_nodes(model: ModelProto, excluded: Sequence[str] = (),
@@ -192,7 +193,7 @@ def _check_excluded(model: ModelProto, settings: QuantizeSettings) -> Tuple[str,
         present = {n.name for n in model.graph.node}
         why = "; ".join(f"{name!r} is {'kept float anyway' if name in present else 'no node'}"
                         for name in bad)
-        raise ValueError(f"--exclude: {why}; the layers this run quantises, which --exclude can "
+        raise InvalidInput(f"--exclude: {why}; the layers this run quantises, which --exclude can "
                          f"keep float: {', '.join(candidates) or 'none'}")
     return wanted
 
@@ -242,14 +243,15 @@ def calibration_feeds(spec: ModelSpec, calibration: str, samples: int = 64, batc
 
     from irpe.models import pad_images
     if samples < 1 or batch < 1:
-        raise ValueError(f"calibration samples and batch must be >= 1, got {samples}, {batch}")
+        raise InvalidInput(f"calibration samples and batch must be >= 1, got {samples}, "
+                           f"{batch}")
     if calibration == SHAPES:
         items = list(_shapes_items(spec, samples, seed))
     elif os.path.isdir(calibration):
         items = list(_folder_items(spec, calibration, samples))
     else:
-        raise FileNotFoundError(f"calibration set not found: {calibration} (a folder of images, "
-                                f"or '{SHAPES}')")
+        raise MissingFile(f"calibration set not found: {calibration} (a folder of images, "
+                          f"or '{SHAPES}')")
     feeds = []
     for start in range(0, len(items), batch):
         chunk = items[start:start + batch]
@@ -307,7 +309,7 @@ def _read_source(source: Path):
     props = read_onnx_props(source)
     spec = read_onnx_spec(source)
     if onnx_precision(props) != "fp32":
-        raise ValueError(f"{source} is already quantised ({onnx_precision(props)})")
+        raise InvalidInput(f"{source} is already quantised ({onnx_precision(props)})")
     return props, spec
 
 
@@ -331,7 +333,7 @@ def quantize(model_path: os.PathLike | str, output: os.PathLike | str,
     excluded = _check_excluded(model, settings)
     nodes = weight_nodes(model, excluded, settings.input_layers)
     if not nodes:
-        raise ValueError(f"{source} has no Conv, Gemm or MatMul with weights to quantise")
+        raise InvalidInput(f"{source} has no Conv, Gemm or MatMul with weights to quantise")
     feeds: List[Dict[str, np.ndarray]] = []
     if settings.mode is QuantMode.STATIC:
         feeds = calibration_feeds(spec, settings.calibration or SHAPES, settings.samples,
@@ -352,7 +354,7 @@ def _openvino(source: Path, output: Path, settings: QuantizeSettings, props: Dic
 
     from .quantize_openvino import quantize_openvino
     if output.suffix != IR_SUFFIX:
-        raise ValueError(f"--target openvino writes an OpenVINO IR: name the output *{IR_SUFFIX} "
+        raise InvalidInput(f"--target openvino writes an OpenVINO IR: name the output *{IR_SUFFIX} "
                          f"(its weights go beside it as .bin), not {output.name}")
     return quantize_openvino(source, output, settings, props, spec)
 

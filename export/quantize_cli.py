@@ -14,6 +14,12 @@ def _default_output(model: str, target: str = "onnxruntime") -> str:
     return stem + (".int8.xml" if target == "openvino" else ".int8.onnx")
 
 
+def _from_onnxruntime(exc: Exception) -> bool:
+    """An error of onnxruntime's own (calibration runs a session: Fail, InvalidGraph, ... of
+    onnxruntime.capi), which says what ONNX Runtime could not do with the user's file."""
+    return type(exc).__module__.startswith("onnxruntime")
+
+
 def cmd_quantize(args: argparse.Namespace) -> int:
     """Quantise the file; prints one summary line on stdout (what was quantised and how), and
     nothing else there: ONNX Runtime's calibration chatter goes to stderr."""
@@ -40,9 +46,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     try:
         with contextlib.redirect_stdout(sys.stderr):  # entropy / percentile progress lines
             record = quantize(args.model, output, settings)
-    except (ValueError, OSError, CLIError):
-        raise
-    except Exception as exc:  # onnxruntime's own errors (calibration runs a session)
+    except Exception as exc:
+        if not _from_onnxruntime(exc):  # ours: a user error is one line, a bug a traceback
+            raise
         text = str(exc).strip().splitlines()
         raise CLIError(f"quantisation failed: {text[0] if text else type(exc).__name__}") \
             from None

@@ -15,6 +15,7 @@ from torch import nn
 
 from irpe.artifact.trained import ModelSpec, default_spec, load_trained, read_spec
 from irpe.checkpoint import CheckpointError
+from irpe.errors import InvalidInput, MissingFile
 from irpe.models import ModelInfo, model_info
 from irpe.models.registry import bundled_weights
 
@@ -45,14 +46,14 @@ def load_source(source: SourceLike, checkpoint: Optional[str] = None,
     source = os.fspath(source)
     if _is_file_source(source):
         if checkpoint is not None:
-            raise ValueError(f"{source} is a trained-model file and carries its weights; "
-                             "do not pass a checkpoint as well")
+            raise InvalidInput(f"{source} is a trained-model file and carries its weights; "
+                               "do not pass a checkpoint as well")
         model, file_spec = load_trained(source)
         return Source(model, spec or file_spec, f"trained:{os.path.abspath(source)}")
-    info = model_info(source)  # KeyError naming close matches; the one registry look-up
+    info = model_info(source)  # UnknownName naming close matches; the one registry look-up
     if checkpoint is not None:
         if not os.path.isfile(checkpoint):
-            raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
+            raise MissingFile(f"checkpoint not found: {checkpoint}")
         spec = spec or _checkpoint_spec(info, checkpoint)
         model = spec.build(checkpoint, info=_entry(info, spec))
         return Source(model.eval(), spec, f"checkpoint:{os.path.abspath(checkpoint)}")
@@ -80,8 +81,8 @@ def _checkpoint_spec(info: ModelInfo, checkpoint: str) -> ModelSpec:
     except (CheckpointError, ValueError):  # a plain checkpoint (.pth, safetensors w/o metadata)
         return default_spec(info)
     if spec.model_name != info.name:
-        raise ValueError(f"{checkpoint} is a trained {spec.model_name} model, not {info.name}; "
-                         f"name the file alone to export it")
+        raise InvalidInput(f"{checkpoint} is a trained {spec.model_name} model, not "
+                           f"{info.name}; name the file alone to export it")
     return spec
 
 
@@ -110,5 +111,5 @@ def weights_from_metadata(weights: str, spec: ModelSpec) -> Source:
             torch.manual_seed(int(value.partition("=")[2] or RANDOM_SEED))
             model = spec.build()
         return Source(model.eval(), spec, weights)
-    raise ValueError(f"cannot rebuild the PyTorch model from weights {weights!r}; "
-                     "pass the source model (and checkpoint) explicitly")
+    raise InvalidInput(f"cannot rebuild the PyTorch model from weights {weights!r}; "
+                       "pass the source model (and checkpoint) explicitly")

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Sequence
 from irpe.artifact.contract import ENGINE_SUFFIXES, read_onnx_props, read_sidecar, sidecar_path
 from irpe.artifact.triton_config import TensorInfo, model_config, onnx_io, pbtxt
 from irpe.atomic import atomic_dir
+from irpe.errors import InvalidInput
 from irpe.runtime.onnxruntime.session import default_library
 
 __all__ = ["RepoOptions", "TensorInfo", "onnx_io", "write_repository", "config_text",
@@ -83,32 +84,32 @@ def write_repository(repo: os.PathLike, artifacts: Sequence[str],
 
 def _check_options(options: RepoOptions, count: int) -> None:
     if options.name and count != 1:
-        raise ValueError("--name needs exactly one artifact")
+        raise InvalidInput("--name needs exactly one artifact")
     if options.kind not in ("gpu", "cpu", "auto"):
-        raise ValueError(f"instance kind must be gpu, cpu or auto, got {options.kind!r}")
+        raise InvalidInput(f"instance kind must be gpu, cpu or auto, got {options.kind!r}")
     if options.max_batch_size is not None and options.max_batch_size < 1:
-        raise ValueError(f"--max-batch-size must be >= 1, got {options.max_batch_size}")
+        raise InvalidInput(f"--max-batch-size must be >= 1, got {options.max_batch_size}")
     if options.instances < 1 or options.max_queue_delay_us < 0:
-        raise ValueError("--instances must be >= 1 and --max-queue-delay-us >= 0")
+        raise InvalidInput("--instances must be >= 1 and --max-queue-delay-us >= 0")
 
 
 def _check_target(repo: Path, force: bool) -> None:
     if repo.exists() and not repo.is_dir():
-        raise ValueError(f"{repo} exists and is not a directory")
+        raise InvalidInput(f"{repo} exists and is not a directory")
     if repo.is_dir() and any(repo.iterdir()) and not force:
-        raise ValueError(f"{repo} is not empty: pass --force to replace the models written "
-                         "there (other entries are kept)")
+        raise InvalidInput(f"{repo} is not empty: pass --force to replace the models written "
+                           "there (other entries are kept)")
 
 
 def _check_names(models: List[_Model]) -> None:
     seen = set()
     for m in models:
         if not _NAME.match(m.name):
-            raise ValueError(f"model name {m.name!r} is not a valid Triton model directory "
-                             "name (letters, digits, _ . -; at most 64)")
+            raise InvalidInput(f"model name {m.name!r} is not a valid Triton model directory "
+                               "name (letters, digits, _ . -; at most 64)")
         if m.name in seen:
-            raise ValueError(f"two artifacts give the model name {m.name!r}: use one call "
-                             "per model with --name")
+            raise InvalidInput(f"two artifacts give the model name {m.name!r}: use one call "
+                               "per model with --name")
         seen.add(m.name)
 
 
@@ -142,7 +143,7 @@ def _ort_library(path: Path, props: Dict[str, str], choice: str) -> List[Path]:
     if choice != "auto":
         lib = Path(choice)
         if not lib.is_file():
-            raise ValueError(f"ONNX Runtime custom-op library not found: {lib}")
+            raise InvalidInput(f"ONNX Runtime custom-op library not found: {lib}")
         return [lib] if has_nodes else []
     if not (has_nodes and DEFAULT_ORT_OPS.is_file()):
         return []
@@ -173,11 +174,11 @@ def _from_engine(path: Path, options: RepoOptions) -> _Model:
     side = _sidecar(path)
     module = side.get("tensorrt_module", "")
     if not module.startswith("tensorrt") or "rtx" in module:
-        raise ValueError(f"{path} was built with {module or 'an unknown module'} "
-                         f"{side.get('tensorrt_version', '')}: Triton's tensorrt_plan backend "
-                         "loads engines built by full TensorRT of the server's version only")
+        raise InvalidInput(f"{path} was built with {module or 'an unknown module'} "
+                           f"{side.get('tensorrt_version', '')}: Triton's tensorrt_plan backend "
+                           "loads engines built by full TensorRT of the server's version only")
     if options.kind == "cpu":
-        raise ValueError("a TensorRT plan needs GPU instances: drop --kind cpu")
+        raise InvalidInput("a TensorRT plan needs GPU instances: drop --kind cpu")
     onnx_path = _engine_onnx(path, side)
     inputs, outputs = onnx_io(onnx_path)
     batch = _batch_size(inputs, options.max_batch_size, _profile_max_batch(side, inputs))
@@ -191,9 +192,9 @@ def _sidecar(path: Path) -> Dict:
     try:
         return read_sidecar(path)
     except FileNotFoundError:
-        raise ValueError(f"no sidecar {sidecar_path(path)}: build the engine with `irpe "
-                         "build-engine`, which records the ONNX file, profiles and plugin use "
-                         "beside it") from None
+        raise InvalidInput(f"no sidecar {sidecar_path(path)}: build the engine with `irpe "
+                           "build-engine`, which records the ONNX file, profiles and plugin use "
+                           "beside it") from None
 
 
 def _engine_onnx(path: Path, side: Dict) -> Path:
@@ -201,8 +202,8 @@ def _engine_onnx(path: Path, side: Dict) -> Path:
     for candidate in (side.get("onnx"), path.with_suffix(".onnx")):
         if candidate and Path(candidate).is_file():
             return Path(candidate)
-    raise ValueError(f"the ONNX file of {path} ({side.get('onnx')}) is missing: its inputs and "
-                     "outputs are needed for config.pbtxt")
+    raise InvalidInput(f"the ONNX file of {path} ({side.get('onnx')}) is missing: its inputs and "
+                       "outputs are needed for config.pbtxt")
 
 
 def _profile_max_batch(side: Dict, inputs: List[TensorInfo]) -> Optional[int]:
@@ -217,7 +218,7 @@ def _plugin_libraries(path: Path, side: Dict, given: Sequence[str]) -> List[Path
     """The TensorRT plugin library the engine needs, or an error when it has none."""
     for lib in given:
         if not Path(lib).is_file():
-            raise ValueError(f"TensorRT plugin library not found: {lib}")
+            raise InvalidInput(f"TensorRT plugin library not found: {lib}")
     if given:
         return [Path(p) for p in given]
     layers = side.get("plugin_layers") or []
@@ -225,9 +226,9 @@ def _plugin_libraries(path: Path, side: Dict, given: Sequence[str]) -> List[Path
         return []
     found = [Path(p) for p in side.get("plugin_libraries") or [] if Path(p).is_file()]
     if not found:
-        raise ValueError(f"{path} runs {len(layers)} iRPE plugin layers but its plugin library "
-                         f"({', '.join(side.get('plugin_libraries') or []) or 'none recorded'})"
-                         " is not here: pass --trt-plugin LIB (plugins/build.sh builds it)")
+        raise InvalidInput(f"{path} runs {len(layers)} iRPE plugin layers but its plugin library "
+                           f"({', '.join(side.get('plugin_libraries') or []) or 'none recorded'})"
+                           " is not here: pass --trt-plugin LIB (plugins/build.sh builds it)")
     return found
 
 
@@ -235,11 +236,11 @@ def _batch_size(inputs: List[TensorInfo], wanted: Optional[int], limit: Optional
     """max_batch_size: 0 when the first axis is not a dynamic batch; else wanted or default."""
     if not inputs or not all(t.batch_dynamic for t in inputs):
         if wanted:
-            raise ValueError("--max-batch-size needs a model with a dynamic batch axis")
+            raise InvalidInput("--max-batch-size needs a model with a dynamic batch axis")
         return 0
     if limit is not None and wanted is not None and wanted > limit:
-        raise ValueError(f"--max-batch-size {wanted} exceeds the engine's profile maximum "
-                         f"{limit}")
+        raise InvalidInput(f"--max-batch-size {wanted} exceeds the engine's profile maximum "
+                           f"{limit}")
     return wanted or limit or 8
 
 

@@ -27,6 +27,7 @@ from irpe.artifact.contract import (
 from irpe.artifact.openvino_ir import is_ir, read_ir_props
 from irpe.artifact.trained import spec_from_metadata
 from irpe.atomic import write_text
+from irpe.errors import InvalidInput, MissingFile
 from irpe.runtime.onnxruntime.session import OrtOptions
 from irpe.runtime.openvino.session import OvOptions
 
@@ -115,7 +116,7 @@ def _reference(src: Source) -> Runner:
         out = module(*[feeds[n] for n in names])
         out = out if isinstance(out, tuple) else (out,)
         keys = ["logits"] if src.spec.task == "classification" else ["pred_logits", "pred_boxes"]
-        return {k: v.numpy() for k, v in zip(keys, out, strict=False)}
+        return {k: v.numpy() for k, v in zip(keys, out, strict=True)}
 
     return run
 
@@ -186,8 +187,8 @@ def _resolve(path: str, source: Optional[SourceLike], checkpoint: Optional[str],
                    else type(source).__name__)  # usage error before any run
         return run, src, label
     if "irpe.weights" not in props:
-        raise ValueError(f"{path} does not say which weights it was exported from; "
-                         "pass the source model (and checkpoint)")
+        raise InvalidInput(f"{path} does not say which weights it was exported from; "
+                           "pass the source model (and checkpoint)")
     spec = spec_from_metadata(props)
     if checkpoint is not None:
         return run, load_source(spec.model_name, checkpoint, spec), label
@@ -258,13 +259,13 @@ def validate(onnx_or_engine_path: os.PathLike, source: Optional[SourceLike] = No
     ov_options = (ov_options or OvOptions()).with_(
         precision="bf16" if precision == "bf16" else "fp32")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"file not found: {path}")
+        raise MissingFile(f"file not found: {path}")
     atol = TOLERANCES[precision][0] if atol is None else atol
     rtol = TOLERANCES[precision][1] if rtol is None else rtol
     start = time.perf_counter()
     run, src, label = _resolve(path, source, checkpoint, runtime, ort_options, ov_options)
     if sizes and src.spec.task != "detection":
-        raise ValueError("sizes apply to detection models only")
+        raise InvalidInput("sizes apply to detection models only")
     img = getattr(getattr(src.model, "patch_embed", None), "img_size", None)
     batches = make_batches(src.spec, num_inputs, image_dir, sizes, img)
     got, exp, rows = _run_all(batches, run, _reference(src))

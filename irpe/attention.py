@@ -1,3 +1,4 @@
+# Follows the code of facebookresearch/deit (Apache-2.0): see NOTICE.
 """Multi-head self-attention with iRPE, in the order of operations of the official DeiT code."""
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from torch import nn
 
 from .fused.cpu import cpu_attention
 from .fused.dispatch import cpu_supported, exporting, fused_attention, fused_supported
-from .rpe import RPEConfig, build_rpe
+from .rpe import GridSide, RPEConfig, RPEModule, build_rpe
 
 __all__ = ["RPEAttention", "rpe_attention", "unfused_attention"]
 
@@ -25,8 +26,10 @@ def _plain_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=scale)
 
 
-def rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, rpe_q=None,
-                  rpe_k=None, rpe_v=None, height=None, width=None,
+def rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                  rpe_q: Optional[RPEModule] = None, rpe_k: Optional[RPEModule] = None,
+                  rpe_v: Optional[RPEModule] = None, height: GridSide = None,
+                  width: GridSide = None,
                   key_padding_mask: Optional[torch.Tensor] = None,
                   dropout: Optional[nn.Module] = None) -> torch.Tensor:
     """Scaled dot-product attention with iRPE terms, official order; q, k, v (B, H, L, D).
@@ -50,7 +53,9 @@ def rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
 
 
 def unfused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                      rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=None,
+                      rpe_q: Optional[RPEModule] = None, rpe_k: Optional[RPEModule] = None,
+                      rpe_v: Optional[RPEModule] = None, height: GridSide = None,
+                      width: GridSide = None,
                       key_padding_mask: Optional[torch.Tensor] = None,
                       dropout: Optional[nn.Module] = None) -> torch.Tensor:
     """The manual path (L x L logits), the official order of operations; the export graph."""

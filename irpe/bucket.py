@@ -1,3 +1,4 @@
+# Follows the code of microsoft/Cream iRPE (MIT): see NOTICE.
 """Bucket index math of iRPE: piecewise index, the four 2-D methods, skip tokens, bucket counts.
 
 Semantics follow the official implementation (microsoft/Cream, iRPE/) bit for bit, because
@@ -13,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import Union
+from typing import Callable, Union
 
 import torch
 
@@ -21,8 +22,8 @@ from .idcache import BUCKET_IDS
 
 __all__ = [
     "Method", "METHOD_IDS", "Coefficients", "parse_method", "coefficients", "num_buckets",
-    "piecewise_index", "piecewise_index_traceable", "ids_from_offsets", "bucket_ids", "bucket_ids_traceable",
-    "relative_offsets",
+    "piecewise_index", "piecewise_index_traceable", "ids_from_offsets", "bucket_ids",
+    "bucket_ids_traceable", "relative_offsets",
 ]
 
 IntOrTensor = Union[int, torch.Tensor]
@@ -129,7 +130,7 @@ def relative_offsets(height: int, width: int) -> torch.Tensor:
 
 
 def ids_from_offsets(method: Method, dr: torch.Tensor, dc: torch.Tensor, ratio: float,
-                      piecewise) -> torch.Tensor:
+                      piecewise: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """Bucket ids of relative offsets (dr, dc) by ``method``'s composition, shared by the id
     matrices and the fused kernel's offset tables; ``piecewise`` is :func:`piecewise_index` or
     :func:`piecewise_index_traceable` (with the coefficients bound)."""

@@ -14,15 +14,18 @@ from typing import Any, Dict
 import torch
 from torch import nn
 
+from .errors import IrpeError
+
 __all__ = ["CheckpointError", "read_state_dict", "load_torch_file", "load_checkpoint",
            "save_checkpoint"]
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, unsafe, or does not fit the model."""
+class CheckpointError(IrpeError, RuntimeError):
+    """A checkpoint that is missing, unsafe, or does not fit the model (a user error: one line
+    from the CLI)."""
 
 
-def _unwrap(obj: object) -> Dict[str, torch.Tensor]:
+def _unwrap(obj: Any) -> Dict[str, torch.Tensor]:
     for key in ("model", "state_dict", "model_state"):
         if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
             obj = obj[key]

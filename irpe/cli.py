@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Callable, List, Optional, Sequence
@@ -10,12 +11,12 @@ import torch
 
 from . import __version__
 from .argtypes import positive
-from .checkpoint import CheckpointError
 from .bucket import Method, bucket_ids, coefficients, piecewise_index
-from .errors import CLIError
-from .models import create_model, list_models, model_info
+from .errors import CLIError, IrpeError
+from .models import list_models, model_info
 
 DEFAULT_CHECK_MODEL = "deit_tiny_patch16_224_ctx_product_50_shared_k"
+DEBUG_ENV = "IRPE_DEBUG"  # 1 (true, yes): every error with its traceback, as --debug
 
 
 # Subcommands defined next to the code they drive; each module has ``add_parser(subparsers)``
@@ -65,7 +66,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     grid = (size[0] // stride, size[1] // stride)
     height, width = args.height or grid[0], args.width or grid[1]
     print(f"model      {info.name} (family {info.family})")
-    print(f"input      {size[0]}x{size[1]} -> grid {grid[0]}x{grid[1]}, top-1 {info.top1 or '-'}, url {info.url or '-'}")
+    print(f"input      {size[0]}x{size[1]} -> grid {grid[0]}x{grid[1]}, "
+          f"top-1 {info.top1 or '-'}, url {info.url or '-'}")
     if cfg is None:
         print("iRPE       none (baseline model)")
         return 0
@@ -123,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="irpe", description="iRPE models: inspect, check, "
                                      "and (in later commands) export and serve.")
     parser.add_argument("--version", action="version", version=f"irpe {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of every "
+                        f"error, a user error too (also {DEBUG_ENV}=1)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("models", help="list registered models with params and MACs")
     p.add_argument("pattern", nargs="?", default="*", help="shell pattern, e.g. 'deit_small*'")
@@ -212,17 +216,34 @@ def _foreign_package(top: str) -> Optional[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of the ``irpe`` console script."""
+    """Entry point of the ``irpe`` console script. A user error (:class:`irpe.errors.IrpeError`)
+    is one line and exit status 2; any other exception propagates with its traceback (a bug's
+    traceback is what its report needs). ``--debug`` or ``IRPE_DEBUG=1``: user errors too."""
     args = build_parser().parse_args(argv)
+    debug = args.debug or os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes")
     try:
         return args.func(args)
     except BrokenPipeError:  # `irpe info ... | head`: the reader left, nothing to report
         sys.stderr.close()
         return 0
-    except (CLIError, KeyError, ValueError, OSError, CheckpointError) as exc:
-        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"irpe {args.command}: error: {msg}", file=sys.stderr)
-        return 2
+    except IrpeError as exc:
+        if debug:
+            raise
+        return _user_error(args.command, exc)
+    except OSError as exc:
+        # An OSError that carries a filename comes from the system about a path (open, stat,
+        # mkdir, ... of a file or folder the user named or chose: "[Errno 2] No such file or
+        # directory: 'x.onnx'"): the line names the file and the system's reason, which is all
+        # the user needs, so it is reported like a user error. One without a filename (a socket,
+        # a library) is not known to be the user's input: it keeps its traceback.
+        if debug or exc.filename is None:
+            raise
+        return _user_error(args.command, exc)
+
+
+def _user_error(command: str, exc: Exception) -> int:
+    print(f"irpe {command}: error: {exc}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

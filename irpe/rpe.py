@@ -1,3 +1,4 @@
+# Follows the code of microsoft/Cream iRPE (MIT): see NOTICE.
 """iRPE modules: configuration, bias/contextual encodings on queries, keys and values.
 
 Parameter names and shapes equal the official ones (``lookup_table_bias`` (H|1, nb),

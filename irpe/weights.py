@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from .atomic import atomic_path, write_text
+from .errors import InvalidInput
 from .weights_http import CHUNK, WeightsError, stream
 
 __all__ = ["KNOWN_SHA256", "WeightsError", "Fetched", "cache_dir", "weights_dir", "download",
@@ -72,10 +73,11 @@ def weights_dir() -> Path:
 
 
 def parse_sha256(text: str) -> str:
-    """Normalise a hex sha256 (64 hex digits, any case); anything else raises ValueError."""
+    """Normalise a hex sha256 (64 hex digits, any case); anything else raises InvalidInput (a
+    ValueError)."""
     digest = text.strip().lower()
     if not _SHA256.fullmatch(digest):
-        raise ValueError(f"not a sha256 digest (64 hex digits): {text!r}")
+        raise InvalidInput(f"not a sha256 digest (64 hex digits): {text!r}")
     return digest
 
 
@@ -91,14 +93,14 @@ def file_sha256(path: Path) -> str:
 def _check_scheme(url: str) -> None:
     scheme = urllib.parse.urlsplit(url).scheme.lower()
     if scheme not in ("http", "https"):
-        raise ValueError(f"only http and https URLs are accepted, not {scheme or 'no'} scheme: "
-                         f"{url}")
+        raise InvalidInput(f"only http and https URLs are accepted, not {scheme or 'no'} scheme: "
+                           f"{url}")
 
 
 def _file_name(url: str) -> str:
     name = urllib.parse.unquote(posixpath.basename(urllib.parse.urlsplit(url).path))
     if name in ("", ".", "..") or "/" in name or "\\" in name:
-        raise ValueError(f"cannot take a file name from URL {url}")
+        raise InvalidInput(f"cannot take a file name from URL {url}")
     return name
 
 
@@ -115,10 +117,10 @@ def resolve(name_or_url: str, base_url: Optional[str] = None) -> Tuple[str, str,
         name = posixpath.splitext(_file_name(url))[0]
     else:
         from .models import model_info
-        info = model_info(name_or_url)  # KeyError naming close matches
+        info = model_info(name_or_url)  # UnknownName naming close matches
         if not info.url:
-            raise ValueError(f"{info.name} has no official checkpoint URL (only the iRPE zoo "
-                             "models do; see `irpe models`)")
+            raise InvalidInput(f"{info.name} has no official checkpoint URL (only the iRPE zoo "
+                               "models do; see `irpe models`)")
         name, url = info.name, info.url
     base = base_url or os.environ.get(BASE_URL_ENV)
     if base:
@@ -212,14 +214,14 @@ def fetch(name_or_url: str, dest_dir: Optional[str] = None, sha256: Optional[str
           require_sha256: bool = False) -> Fetched:
     """Like :func:`download`, returning the digest and whether it was verified or cached."""
     if not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        raise InvalidInput(f"timeout must be > 0 seconds, got {timeout}")
     name, url, registered = resolve(name_or_url, base_url)
     expected = parse_sha256(sha256) if sha256 is not None else KNOWN_SHA256.get(name)
     path = Path(dest_dir or weights_dir()) / _file_name(url)
     result = _from_cache(name, url, path, expected)
     if require_sha256 and expected is None and not (result and result.verified):
-        raise ValueError(f"no sha256 known for {name}: pass --sha256 HEX (sha256=) with a digest "
-                         "you trust, or drop --require-sha256")
+        raise InvalidInput(f"no sha256 known for {name}: pass --sha256 HEX (sha256=) with a digest "
+                           "you trust, or drop --require-sha256")
     if result is None:
         result = _download_new(name, url, path, expected, registered, progress, timeout)
     if not result.verified:

@@ -10,14 +10,16 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import BinaryIO, Optional, Tuple
+from typing import IO, BinaryIO, Optional, Tuple, Union
+
+from .errors import IrpeError
 
 __all__ = ["CHUNK", "WeightsError", "stream"]
 
 CHUNK = 1 << 20
 
 
-class WeightsError(OSError):
+class WeightsError(IrpeError, OSError):
     """A download that failed or did not match its digest; names the URL and the cause."""
 
     __module__ = "irpe.weights"  # raised and documented as irpe.weights.WeightsError
@@ -26,7 +28,9 @@ class WeightsError(OSError):
 class _HttpOnlyRedirect(urllib.request.HTTPRedirectHandler):
     """Follow redirects (release assets live behind one) but only to http/https."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
+                         headers: http.client.HTTPMessage,
+                         newurl: str) -> Optional[urllib.request.Request]:
         if urllib.parse.urlsplit(newurl).scheme.lower() not in ("http", "https"):
             raise urllib.error.URLError(f"refused redirect to {newurl} (only http and https)")
         return super().redirect_request(req, fp, code, msg, headers, newurl)
@@ -41,7 +45,8 @@ def _progress_bar(total: Optional[int], desc: str):
                 file=sys.stderr)
 
 
-def _copy(resp, out: BinaryIO, progress: bool, desc: str) -> Tuple[str, int, Optional[int]]:
+def _copy(resp: http.client.HTTPResponse, out: BinaryIO, progress: bool,
+          desc: str) -> Tuple[str, int, Optional[int]]:
     length = resp.headers.get("Content-Length", "").strip()
     total, digest, size = int(length) if length.isdigit() else None, hashlib.sha256(), 0
     bar = _progress_bar(total, desc) if progress else None
@@ -76,7 +81,7 @@ def stream(url: str, out: BinaryIO, timeout: float, progress: bool, desc: str) -
     return digest, size
 
 
-def _cause(reason, timeout: float) -> str:
+def _cause(reason: Union[str, BaseException], timeout: float) -> str:
     if isinstance(reason, TimeoutError):
         return f"timed out after {timeout:g} s"
     return str(reason) or type(reason).__name__

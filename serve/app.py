@@ -11,7 +11,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 
 import irpe
-from irpe.errors import GPURequired
+from irpe.errors import GPURequired, InvalidInput
 from irpe.fused.dispatch import set_fused_attention
 from irpe.idcache import BUCKET_IDS
 
@@ -36,11 +36,11 @@ log = logging.getLogger("irpe.serve")
 def build_models(settings: ServeSettings, metrics: Metrics) -> Dict[str, ServedModel]:
     """Validate every model config (files, metadata, labels) without loading weights."""
     if not settings.models:
-        raise ValueError("no models configured (repository file, IRPE_SERVE_MODELS or --demo)")
+        raise InvalidInput("no models configured (repository file, IRPE_SERVE_MODELS or --demo)")
     names = settings.model_names()
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise ValueError(f"model names used twice: {', '.join(duplicates)}")
+        raise InvalidInput(f"model names used twice: {', '.join(duplicates)}")
     for m in settings.models:
         _check_device(m.name, m.device)
     models = {m.name: ServedModel(m, metrics, settings.threads, settings.max_images,
@@ -78,10 +78,10 @@ def _check_defaults(settings: ServeSettings, models: Dict[str, ServedModel]) -> 
         if name is None:
             continue
         if name not in models:
-            raise ValueError(f"{key} {name!r} is not a configured model; configured: "
-                             f"{', '.join(models)}")
+            raise InvalidInput(f"{key} {name!r} is not a configured model; configured: "
+                               f"{', '.join(models)}")
         if models[name].task != task:
-            raise ValueError(f"{key} {name!r} is a {models[name].task} model, not {task}")
+            raise InvalidInput(f"{key} {name!r} is a {models[name].task} model, not {task}")
 
 
 def create_app(settings: ServeSettings) -> FastAPI:

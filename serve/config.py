@@ -31,6 +31,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from irpe.errors import InvalidInput, MissingFile
 from irpe.runtime.onnxruntime.rewrites import STAGES, parse_stages
 from irpe.switch import Switch, normalize_switch
 
@@ -307,10 +308,10 @@ def read_repository(path: Path) -> Dict[str, Any]:
     """Parse a YAML/TOML repository file; model paths become relative to its folder."""
     data = _parse(path)
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level")
+        raise InvalidInput(f"{path}: expected a mapping at the top level")
     models = data.get("models", [])
     if not isinstance(models, list):
-        raise ValueError(f"{path}: 'models' must be a list")
+        raise InvalidInput(f"{path}: 'models' must be a list")
     base = path.resolve().parent
     data["models"] = [_relative_to(m, base) if isinstance(m, dict) else m for m in models]
     library = data.get("ort_ops_library")
@@ -322,24 +323,24 @@ def read_repository(path: Path) -> Dict[str, Any]:
 def _parse(path: Path) -> Any:
     not_repo = f"{path} is not a YAML/TOML repository file"
     if path.suffix.lower() not in (".toml", ".yaml", ".yml"):
-        raise ValueError(f"{not_repo} (expected .yaml, .yml or .toml)")
+        raise InvalidInput(f"{not_repo} (expected .yaml, .yml or .toml)")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise FileNotFoundError(f"model repository not found: {path}") from None
+        raise MissingFile(f"model repository not found: {path}") from None
     except UnicodeDecodeError:
-        raise ValueError(f"{not_repo} (not UTF-8 text)") from None
+        raise InvalidInput(f"{not_repo} (not UTF-8 text)") from None
     if path.suffix.lower() == ".toml":
         import tomllib
         try:
             return tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"{path}: invalid TOML: {exc}") from None
+            raise InvalidInput(f"{path}: invalid TOML: {exc}") from None
     import yaml
     try:
         return yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: invalid YAML: {exc}".replace("\n", " ")) from None
+        raise InvalidInput(f"{path}: invalid YAML: {exc}".replace("\n", " ")) from None
 
 
 def _relative_to(model: Dict[str, Any], base: Path) -> Dict[str, Any]:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from irpe.data.transforms import Preprocess
+from irpe.errors import InvalidInput
 from irpe.models import pad_images
 
 from .backends import Backend, create_backend
@@ -24,7 +25,7 @@ from .gc_freeze import freeze_loaded, thaw
 from .metrics import Metrics
 from .nvjpeg import available as nvjpeg_available
 from .nvjpeg import decode_on_device
-from .preprocess_pool import decode_numbered, map_images, map_images_fifo
+from .preprocess_pool import decode_numbered, map_images_fifo
 
 __all__ = ["ServedModel", "Input", "check_count"]
 
@@ -53,8 +54,8 @@ class ServedModel:
         self.spec = self.backend.spec
         self.task = self.spec.task
         if cfg.task is not None and cfg.task != self.task:
-            raise ValueError(f"model {cfg.name}: configured task {cfg.task} but {cfg.path} is "
-                             f"a {self.task} model")
+            raise InvalidInput(f"model {cfg.name}: configured task {cfg.task} but {cfg.path} is "
+                               f"a {self.task} model")
         self.labels = self._labels(cfg.class_names())
         self.preprocess: Preprocess = self.spec.transform()
         self.gpu_decode = cfg.gpu_decode and cfg.backend == "torch" and \
@@ -71,8 +72,8 @@ class ServedModel:
         if configured is None:
             return names
         if len(configured) != len(names):
-            raise ValueError(f"model {self.name}: {len(configured)} labels configured for a "
-                             f"model with {len(names)} classes")
+            raise InvalidInput(f"model {self.name}: {len(configured)} labels configured for a "
+                               f"model with {len(names)} classes")
         return list(configured)
 
     @property
@@ -145,22 +146,16 @@ class ServedModel:
         return (await self.batcher.submit(len(inputs), functools.partial(_given, inputs),
                                           timeout_s or self.cfg.timeout_s))[1]
 
-    def prepare(self, blobs: Sequence[bytes]) -> List[Input]:
-        """Decode and resize images (the artifact's Preprocess, minus normalisation) to uint8
-        in this thread: JPEGs on the GPU (serve.nvjpeg) on CUDA with torchvision, else several
-        images of one request in the host-sized pool."""
+    async def decode(self, blobs: Sequence[bytes]) -> List[Input]:
+        """Decode and resize a request's images (the artifact's Preprocess, minus normalisation)
+        to uint8: JPEGs on the GPU (serve.nvjpeg, in a worker thread) on CUDA with torchvision;
+        otherwise, or when one image is not a plain JPEG, each image a task of the shared FIFO
+        decode pool (requests are not overtaken in a pool of their own)."""
         if self.gpu_decode:
-            on_device = decode_on_device(blobs, self.preprocess, self.cfg.device)
+            on_device = await asyncio.to_thread(decode_on_device, blobs, self.preprocess,
+                                                self.cfg.device)
             if on_device is not None:
                 return [Input(*d) for d in on_device]
-        decode = functools.partial(decode_numbered, self.preprocess, len(blobs))
-        return [Input(*d) for d in map_images(decode, blobs)]
-
-    async def decode(self, blobs: Sequence[bytes]) -> List[Input]:
-        """:meth:`prepare` for a request, from the event loop: on the CPU each image is a task
-        of the shared FIFO decode pool (requests are not overtaken in a pool of their own)."""
-        if self.gpu_decode:
-            return await asyncio.to_thread(self.prepare, blobs)
         decode = functools.partial(decode_numbered, self.preprocess, len(blobs))
         return [Input(*d) for d in await map_images_fifo(decode, blobs)]
 
@@ -207,7 +202,7 @@ class ServedModel:
     def precision(self) -> str:
         """What the model runs in: int8 for a quantised file (its metadata), else the
         configured precision (an openvino model checks it against the compiled model)."""
-        return getattr(self.backend, "file_precision", None) or self.cfg.run_precision()
+        return self.backend.file_precision or self.cfg.run_precision()
 
 
 async def _given(inputs: List[Input]) -> List[Input]:

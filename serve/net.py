@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import socket
 
+from irpe.errors import ResourceError
+
 __all__ = ["listen_socket"]
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
-    """A bound TCP socket for uvicorn (port 0 = any free port); OSError names host:port."""
+    """A bound TCP socket for uvicorn (port 0 = any free port); ResourceError (an OSError)
+    names host:port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -20,5 +23,5 @@ def listen_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        raise ResourceError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     return sock

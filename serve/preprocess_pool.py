@@ -17,7 +17,7 @@ import numpy as np
 
 from irpe.data.transforms import ImageError, Preprocess, load_image_for
 
-__all__ = ["decode_u8", "decode_numbered", "host_workers", "set_decode_threads", "map_images",
+__all__ = ["decode_u8", "decode_numbered", "host_workers", "set_decode_threads",
            "map_images_fifo"]
 
 T = TypeVar("T")
@@ -53,13 +53,6 @@ def _shared_pool() -> ThreadPoolExecutor:
         if _pool is None:
             _pool = ThreadPoolExecutor(_threads or host_workers(), thread_name_prefix="decode")
         return _pool
-
-
-def map_images(fn: Callable[[int, bytes], T], blobs: Sequence[bytes]) -> List[T]:
-    """``[fn(i, blob)]`` in order; one image runs in the calling thread, several in the pool."""
-    if len(blobs) <= 1:
-        return [fn(i, b) for i, b in enumerate(blobs)]
-    return list(_shared_pool().map(fn, range(len(blobs)), blobs))
 
 
 async def map_images_fifo(fn: Callable[[int, bytes], T], blobs: Sequence[bytes]) -> List[T]:

@@ -8,8 +8,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from irpe.artifact.trained import ModelSpec
-from serve.backends import Backend, create_backend, register_backend
+from serve.backends import Artifact, Backend, create_backend, register_backend
 
 __all__ = ["FaultBackend", "InjectedFault", "fault_backend"]
 
@@ -28,18 +27,17 @@ class FaultBackend(Backend):
     def __init__(self, cfg, threads: int = 0, inner: str = "torch", delay_s: float = 0.0,
                  load_delay_s: float = 0.0, fail: bool = False,
                  gate: Optional[threading.Event] = None) -> None:
-        self.inner_name, self.delay_s, self.load_delay_s, self.fail, self.gate = (
-            inner, delay_s, load_delay_s, fail, gate)
+        self.delay_s, self.load_delay_s, self.fail, self.gate = (delay_s, load_delay_s, fail,
+                                                                 gate)
+        self.inner = create_backend(cfg.model_copy(update={"backend": inner}), threads)
         super().__init__(cfg, threads)
 
     def _pass_gate(self) -> None:
         if self.gate is not None and not self.gate.wait(120):
             raise InjectedFault(f"gate of model {self.cfg.name} not opened within 120 s")
 
-    def read_spec(self) -> ModelSpec:
-        self.inner = create_backend(self.cfg.model_copy(update={"backend": self.inner_name}),
-                                    self.threads)
-        return self.inner.spec
+    def read_artifact(self) -> Artifact:
+        return Artifact(self.inner.spec, self.inner.file_precision)
 
     def load(self) -> None:
         self._pass_gate()

@@ -122,6 +122,23 @@ def serve_batches(cfg, *batches) -> Tuple[ServedModel, list]:
     return model, asyncio.run(run())
 
 
+
+def decoded(model: ServedModel, blobs: List[bytes]) -> list:
+    """A request's images as the server decodes them (``ServedModel.decode``: nvJPEG or the
+    shared FIFO pool), from synchronous test code: the uint8 inputs ``[(image, original)]``."""
+    import asyncio
+    return asyncio.run(model.decode(blobs))
+
+
+def map_images(fn: Callable[[int, bytes], object], blobs: List[bytes]) -> list:
+    """``serve.preprocess_pool.map_images_fifo`` from synchronous test code: ``[fn(i, blob)]``
+    in order, each a task of the shared decode pool."""
+    import asyncio
+
+    from serve.preprocess_pool import map_images_fifo
+    return asyncio.run(map_images_fifo(fn, blobs))
+
+
 # ------------------------------------------------------------------------ servers
 
 def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:

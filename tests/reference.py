@@ -1,3 +1,4 @@
+# Follows the code of microsoft/Cream iRPE (MIT): see NOTICE.
 """Independent references used only by tests: scalar piecewise math and naive O(L^2 d) iRPE."""
 import math
 

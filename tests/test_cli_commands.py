@@ -26,8 +26,8 @@ def _one_line(err: str, command: str) -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 def test_engine_without_gpu_is_a_one_line_usage_error(tmp_path, capsys):
-    from irpe.runtime.tensorrt.runner import TRTRunner
     from irpe.errors import CLIError, GPURequired
+    from irpe.runtime.tensorrt.runner import TRTRunner
     engine = tmp_path / "m.engine"
     engine.write_bytes(b"ftrt" + bytes(60))  # passes the magic check, then needs CUDA
     code, out, err = _run(capsys, "validate", str(engine), "-n", "2")
@@ -166,3 +166,87 @@ def test_check_on_a_detector_passes_every_step(name, capsys):
     out = capsys.readouterr().out
     assert code == 0 and "6 passed, 0 failed" in out, out  # main: 3 of 6 FAIL
     assert "pred_logits (1, " in out and "padded pair" in out
+
+
+# ---- a user error is one line, any other exception keeps its traceback; --debug, IRPE_DEBUG ----
+
+BUG = ("import sys\nimport irpe.cli as cli\n\n"
+       "def broken(args):\n    raise KeyError('no such key: a bug, not the user')\n\n"
+       "cli.cmd_info = broken\nsys.exit(cli.main(sys.argv[1:]))\n")
+
+
+def test_an_unexpected_exception_shows_its_traceback():
+    """A bug (here a KeyError no check raised on purpose) is not turned into a one-line usage
+    error: Python prints the traceback and exits 1."""
+    from tests.helpers import run_python
+    done = run_python(["-c", BUG, "info", "deit_shapes_irpe"], timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback (most recent call last)" in done.stderr
+    assert "KeyError: 'no such key: a bug, not the user'" in done.stderr
+    assert "irpe info: error:" not in done.stderr
+
+
+@pytest.mark.parametrize("exc", [KeyError("k"), ValueError("v"), TypeError("t"),
+                                 OSError(5, "Input/output error")])
+def test_exceptions_that_are_not_user_errors_propagate(monkeypatch, capsys, exc):
+    import irpe.cli as cli
+
+    def broken(args):
+        raise exc
+    monkeypatch.setattr(cli, "cmd_info", broken)
+    monkeypatch.delenv("IRPE_DEBUG", raising=False)
+    with pytest.raises(type(exc)):
+        main(["info", "deit_shapes_irpe"])
+    assert capsys.readouterr().err == ""
+
+
+def test_an_oserror_about_a_named_file_is_one_line(monkeypatch, capsys, tmp_path):
+    """The system's error about a path (it carries the file name) is the user's to fix."""
+    import irpe.cli as cli
+    missing = tmp_path / "x.onnx"
+
+    def reads(args):
+        return len(missing.read_bytes())
+    monkeypatch.setattr(cli, "cmd_info", reads)
+    monkeypatch.delenv("IRPE_DEBUG", raising=False)
+    code, out, err = _run(capsys, "info", "deit_shapes_irpe")
+    assert code == 2 and out == ""
+    _one_line(err, "info")
+    assert f"No such file or directory: '{missing}'" in err
+
+
+def test_a_user_error_is_one_line_unless_debug(monkeypatch, capsys):
+    from irpe.errors import IrpeError, UnknownName
+    monkeypatch.delenv("IRPE_DEBUG", raising=False)
+    code, out, err = _run(capsys, "info", "deit_smal")
+    assert code == 2 and out == ""
+    _one_line(err, "info")
+    assert "irpe info: error: unknown model 'deit_smal'; did you mean" in err
+    with pytest.raises(UnknownName, match="unknown model 'deit_smal'") as info:
+        main(["--debug", "info", "deit_smal"])
+    assert isinstance(info.value, (IrpeError, KeyError))
+    for value in ("1", "true", "YES"):
+        monkeypatch.setenv("IRPE_DEBUG", value)
+        with pytest.raises(UnknownName):
+            main(["info", "deit_smal"])
+    monkeypatch.setenv("IRPE_DEBUG", "0")
+    code, _, err = _run(capsys, "info", "deit_smal")
+    assert code == 2
+    _one_line(err, "info")
+
+
+def test_debug_traceback_of_a_user_error_from_the_console(tmp_path):
+    """``irpe --debug`` and ``IRPE_DEBUG=1`` as a user runs them: the traceback ends with the
+    error the one-line form shows, exit 1."""
+    import os
+
+    from tests.helpers import run_python
+    env = {k: v for k, v in os.environ.items() if k != "IRPE_DEBUG"}
+    plain = run_python(["-m", "irpe", "info", "deit_smal"], timeout=300, env=env)
+    assert plain.returncode == 2 and "Traceback" not in plain.stderr
+    for argv, extra in ((["--debug"], {}), ([], {"IRPE_DEBUG": "1"})):
+        done = run_python(["-m", "irpe", *argv, "info", "deit_smal"], timeout=300,
+                          env={**env, **extra})
+        assert done.returncode == 1, done.stderr
+        assert "Traceback (most recent call last)" in done.stderr
+        assert "irpe.errors.UnknownName: unknown model 'deit_smal'" in done.stderr

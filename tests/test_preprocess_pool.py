@@ -10,10 +10,18 @@ import pytest
 import torch
 from PIL import Image
 
-from irpe.data.transforms import (ImageError, Preprocess, load_image, load_image_for,
-                                  normalize, resize_shorter, to_tensor)
+from irpe.data.transforms import (
+    ImageError,
+    Preprocess,
+    load_image,
+    load_image_for,
+    normalize,
+    resize_shorter,
+    to_tensor,
+)
 from serve import preprocess_pool
-from serve.preprocess_pool import decode_u8, map_images
+from serve.preprocess_pool import decode_u8
+from tests.helpers import decoded, map_images
 
 CLS = Preprocess()
 DET = Preprocess(task="detection", min_size=200, max_size=333)
@@ -107,19 +115,20 @@ def test_map_images_keeps_order_and_names_the_bad_image(files):
     assert map_images(lambda i, b: (i, len(b)), blobs) == [(i, len(b)) for i, b in
                                                             enumerate(blobs)]
     model = ServedModel(ModelConfig(name="d", path=files["det"]), Metrics())
-    prepared = model.prepare(blobs)
+    prepared = decoded(model, blobs)
     assert [p[1] for p in prepared] == [(90, 120 + 10 * i) for i in range(5)]  # original (h, w)
     with pytest.raises(ImageError, match=r"^image 2: cannot decode image"):
-        model.prepare(blobs[:2] + [b"not an image"] + blobs[3:])
+        decoded(model, blobs[:2] + [b"not an image"] + blobs[3:])
     with pytest.raises(ImageError, match="empty image data"):
-        model.prepare([b""])
+        decoded(model, [b""])
 
 
 def test_request_decode_is_fifo_in_the_shared_pool(files):
-    """What a request awaits (ServedModel.decode): the prepare() answer, each image a task of
+    """What a request awaits (ServedModel.decode): each image's decode_u8, each image a task of
     the one shared decode pool (its FIFO queue is what the tail-latency fix relies on)."""
     import asyncio
     import threading
+
     from serve.config import ModelConfig
     from serve.metrics import Metrics
     from serve.model import ServedModel
@@ -140,8 +149,8 @@ def test_request_decode_is_fifo_in_the_shared_pool(files):
             await model.decode([blobs[0], b"not an image"])
         return got, order
     got, order = asyncio.run(run())
-    assert [(g[0].tobytes(), g[1]) for g in got] == [(p[0].tobytes(), p[1])
-                                                    for p in model.prepare(blobs)]
+    assert [(g[0].tobytes(), g[1]) for g in got] == [(p[0].tobytes(), p[1]) for p in
+                                                    (decode_u8(b, model.preprocess) for b in blobs)]
     assert order == [[0]] * 5 and sorted(started) == [0] * 5
     assert asyncio.run(preprocess_pool.map_images_fifo(record, blobs)) == list(range(5))
     assert threads and all(t.startswith("decode") for t in threads)  # the shared pool's

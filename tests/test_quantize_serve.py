@@ -44,6 +44,24 @@ def test_models_listing_shows_the_files_precision(client):
     assert listed["int8"]["state"] == "ready" and listed["int8"]["backend"] == "onnxruntime"
 
 
+def test_file_precision_is_read_with_the_spec(files):
+    """The backend's file_precision comes with its spec (serve.backends.Artifact), also through
+    a backend that wraps another (the tests' fault backend), not probed as an attribute."""
+    from serve.backends import create_backend
+    from serve.config import ModelConfig
+    from serve.metrics import Metrics
+    from serve.model import ServedModel
+    from tests.helpers import fault_backend
+    int8 = ModelConfig(name="q", path=str(files["int8"]), backend="onnxruntime")
+    assert create_backend(int8).file_precision == "int8"
+    wrapped = int8.model_copy(update={"backend": fault_backend(inner="onnxruntime")})
+    assert ServedModel(wrapped, Metrics()).describe()["precision"] == "int8"
+    fp32 = ModelConfig(name="f", path=str(DEMO))  # torch: no file precision, the configured one
+    assert create_backend(fp32).file_precision is None
+    assert ServedModel(fp32.model_copy(update={"precision": "bf16"}),
+                       Metrics()).describe()["precision"] == "bf16"
+
+
 def test_quantised_model_classifies_like_fp32(client):
     files = [("file", (f"{i}.png", shape_png(i))) for i in range(6)]
     tops = {}
@@ -51,7 +69,7 @@ def test_quantised_model_classifies_like_fp32(client):
         reply = client.post(f"/v1/models/{name}/classify?top_k=3", files=files)
         assert reply.status_code == 200, reply.text
         tops[name] = [r["indices"][0] for r in reply.json()["results"]]
-    assert sum(a == b for a, b in zip(tops["fp32"], tops["int8"])) >= 5
+    assert sum(a == b for a, b in zip(tops["fp32"], tops["int8"], strict=True)) >= 5
 
 
 def test_bad_image_is_a_400_and_the_model_keeps_serving(client):

@@ -14,7 +14,15 @@ import numpy as np
 from serve.config import ModelConfig
 from serve.metrics import Metrics
 from serve.model import ServedModel
-from tests.helpers import metric, serve_batches, shape_png, start_cli, wait_ready, wait_until
+from tests.helpers import (
+    decoded,
+    metric,
+    serve_batches,
+    shape_png,
+    start_cli,
+    wait_ready,
+    wait_until,
+)
 
 PNG = {"content-type": "image/png"}
 
@@ -22,13 +30,13 @@ PNG = {"content-type": "image/png"}
 def test_two_instances_both_used_with_identical_outputs(cls_file):
     blobs = [shape_png(i) for i in range(6)]
     one = ModelConfig(name="m", path=cls_file, max_batch_size=1)
-    images = [p[0] for p in ServedModel(one, Metrics()).prepare(blobs)]
+    images = [p[0] for p in decoded(ServedModel(one, Metrics()), blobs)]
     single, (expected,) = serve_batches(one, images)
     double, (got,) = serve_batches(one.model_copy(update={"instances": 2}), images)
     assert single.instance_batches == [6]
     assert len(double.backends) == 2 and double.backends[0] is not double.backends[1]
     assert sum(double.instance_batches) == 6 and min(double.instance_batches) >= 1
-    for a, b in zip(expected, got):
+    for a, b in zip(expected, got, strict=True):
         np.testing.assert_array_equal(a["logits"], b["logits"])
     assert double.describe()["instances"] == 2
 

@@ -18,7 +18,7 @@ from serve.backends import torch_backend
 from serve.config import ModelConfig
 from serve.metrics import Metrics
 from serve.model import ServedModel
-from tests.helpers import ROOT, serve_batches, shape_png
+from tests.helpers import ROOT, decoded, serve_batches, shape_png
 
 
 @pytest.mark.parametrize("options,message", [
@@ -47,7 +47,7 @@ def test_default_precision_by_device():
 
 
 def _inputs(cfg: ModelConfig, blobs):
-    return [p[0] for p in ServedModel(cfg, Metrics()).prepare(blobs)]
+    return [p[0] for p in decoded(ServedModel(cfg, Metrics()), blobs)]
 
 
 def test_bf16_checked_against_fp32_at_warmup_and_close_to_fp32(cls_file, caplog):
@@ -84,7 +84,7 @@ def test_uint8_batches_give_the_float_path_outputs(files, task):
     model = ServedModel(cfg, Metrics())
     floats = [model.preprocess(load_image(b)).numpy() for b in blobs]
     _, (u8, f32) = serve_batches(cfg, uint8, floats)
-    for a, b in zip(u8, f32):
+    for a, b in zip(u8, f32, strict=True):
         assert a.keys() == b.keys()
         for key in a:
             np.testing.assert_array_equal(a[key], b[key])

@@ -15,11 +15,12 @@ from typing import Dict, List, Optional, Tuple
 from irpe.artifact.filecheck import check_file
 from irpe.artifact.trained import ModelSpec, spec_from_metadata
 from irpe.checkpoint import CheckpointError
+from irpe.errors import InvalidInput, MissingFile
 from irpe.rpe import RPEConfig
 
 __all__ = ["TASKS", "MIN_OPSET", "DEFAULT_OPSET", "MAX_OPSET", "check_opset", "input_names",
            "output_names", "dynamic_axes", "io_spec",
-           "onnx_metadata", "read_onnx_props",
+           "onnx_metadata", "read_onnx_props", "onnx_spec",
            "read_onnx_spec", "ENGINE_SUFFIXES", "sidecar_path", "write_sidecar", "read_sidecar",
            "engine_spec", "PRECISION_KEY", "QUANTIZATION_KEY", "quantization_metadata",
            "onnx_precision", "onnx_quantization"]
@@ -114,21 +115,26 @@ def read_onnx_props(path: os.PathLike) -> Dict[str, str]:
     try:
         model = onnx.load(path, load_external_data=False)
     except Exception as exc:  # protobuf DecodeError and friends
-        raise ValueError(f"{path} is not a readable ONNX file: {exc}") from None
+        raise InvalidInput(f"{path} is not a readable ONNX file: {exc}") from None
     return {p.key: p.value for p in model.metadata_props}
+
+
+def onnx_spec(props: Dict[str, str], path: os.PathLike) -> "ModelSpec":
+    """The :class:`irpe.artifact.trained.ModelSpec` in an ONNX file's metadata_props (from
+    :func:`read_onnx_props`; ``path`` names the file in the error)."""
+    if not any(key.startswith("irpe.") for key in props):
+        raise InvalidInput(f"{os.fspath(path)} is an ONNX file without irpe metadata (no irpe.* "
+                           "keys): only files written by `irpe export` record the model, task "
+                           "and preprocessing; export the model with `irpe export`")
+    try:
+        return spec_from_metadata(props)
+    except CheckpointError as exc:
+        raise InvalidInput(f"{os.fspath(path)}: {exc}") from None
 
 
 def read_onnx_spec(path: os.PathLike) -> "ModelSpec":
     """The :class:`irpe.artifact.trained.ModelSpec` stored in an exported ONNX file."""
-    props = read_onnx_props(path)
-    if not any(key.startswith("irpe.") for key in props):
-        raise ValueError(f"{os.fspath(path)} is an ONNX file without irpe metadata (no irpe.* "
-                         "keys): only files written by `irpe export` record the model, task "
-                         "and preprocessing; export the model with `irpe export`")
-    try:
-        return spec_from_metadata(props)
-    except CheckpointError as exc:
-        raise ValueError(f"{os.fspath(path)}: {exc}") from None
+    return onnx_spec(read_onnx_props(path), path)
 
 
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")  # file names read as TensorRT engines
@@ -147,14 +153,15 @@ def write_sidecar(engine_path: os.PathLike, sidecar: Dict) -> Path:
 
 
 def read_sidecar(engine_path: os.PathLike) -> Dict:
-    """An engine's sidecar dict; FileNotFoundError naming the sidecar when it is absent."""
+    """An engine's sidecar dict; MissingFile (a FileNotFoundError) naming the sidecar when it
+    is absent."""
     path = sidecar_path(engine_path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} (the engine's sidecar) not found")
+        raise MissingFile(f"{path} (the engine's sidecar) not found")
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not a JSON sidecar: {exc}") from None
+        raise InvalidInput(f"{path} is not a JSON sidecar: {exc}") from None
 
 
 def engine_spec(engine_path: os.PathLike) -> "ModelSpec":
@@ -162,4 +169,4 @@ def engine_spec(engine_path: os.PathLike) -> "ModelSpec":
     try:
         return spec_from_metadata(read_sidecar(engine_path).get("onnx_metadata", {}))
     except CheckpointError as exc:
-        raise ValueError(f"{sidecar_path(engine_path)}: {exc}") from None
+        raise InvalidInput(f"{sidecar_path(engine_path)}: {exc}") from None

@@ -1,7 +1,7 @@
 """Triton's model configuration (``ModelConfig``), written once for both of its readers.
 
-``irpe triton-repo`` writes it as ``config.pbtxt`` (export/triton_repo.py) and ``irpe serve`` answers
-it as JSON on ``GET /v2/models/{name}/config`` (Triton's HTTP API, what ``tritonclient``'s
+``irpe triton-repo`` writes it as ``config.pbtxt`` (export/triton_repo.py) and ``irpe serve``
+answers it as JSON on ``GET /v2/models/{name}/config`` (Triton's HTTP API, what ``tritonclient``'s
 ``get_model_config`` reads): both come from :func:`model_config`, so they cannot drift apart.
 The dict uses the proto's field names, as Triton's JSON does (int64 values as numbers).
 """
@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+
+from irpe.errors import InvalidInput
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = ["TensorInfo", "onnx_io", "model_config", "pbtxt", "V2_TYPES"]
 
@@ -46,11 +51,11 @@ def onnx_io(path: os.PathLike) -> Tuple[List[TensorInfo], List[TensorInfo]]:
     return ins, [_onnx_tensor(v) for v in model.graph.output]
 
 
-def _onnx_tensor(value) -> TensorInfo:
+def _onnx_tensor(value: onnx.ValueInfoProto) -> TensorInfo:
     ttype = value.type.tensor_type
     if ttype.elem_type not in _ONNX_TYPES:
-        raise ValueError(f"tensor {value.name!r} has ONNX element type {ttype.elem_type}, "
-                         "which Triton cannot serve")
+        raise InvalidInput(f"tensor {value.name!r} has ONNX element type {ttype.elem_type}, "
+                           "which Triton cannot serve")
     dims = [d.dim_value if d.HasField("dim_value") else -1 for d in ttype.shape.dim]
     first = ttype.shape.dim[0] if dims else None
     dynamic = first is not None and not first.HasField("dim_value")

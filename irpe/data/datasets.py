@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data import Dataset
 
+from ..errors import InvalidInput
 from . import shapes
 from .transforms import load_image
 
@@ -27,7 +28,7 @@ def _check_index(index: int, length: int) -> int:
     return index % length
 
 
-def _apply(transform: Optional[Callable], image):
+def _apply(transform: Optional[Callable], image: Any) -> Any:
     return image if transform is None else transform(image)
 
 
@@ -46,19 +47,19 @@ class ImageFolder(Dataset):
 
     def __init__(self, root: str, transform: Optional[Callable] = None) -> None:
         if not os.path.isdir(root):
-            raise ValueError(f"image folder {root!r} does not exist or is not a directory")
+            raise InvalidInput(f"image folder {root!r} does not exist or is not a directory")
         self.root, self.transform = str(root), transform
         self.classes = sorted(e.name for e in os.scandir(root)
                               if e.is_dir() and not e.name.startswith("."))
         if not self.classes:
-            raise ValueError(f"image folder {root!r} has no class directories")
+            raise InvalidInput(f"image folder {root!r} has no class directories")
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
         self.samples: List[Tuple[str, int]] = []
         for label, name in enumerate(self.classes):
             files = _image_files(os.path.join(root, name))
             if not files:
-                raise ValueError(f"class directory {os.path.join(root, name)!r} has no images "
-                                 f"({', '.join(IMAGE_EXTENSIONS)})")
+                raise InvalidInput(f"class directory {os.path.join(root, name)!r} has no images "
+                                   f"({', '.join(IMAGE_EXTENSIONS)})")
             self.samples += [(path, label) for path in files]
 
     def __len__(self) -> int:
@@ -115,8 +116,9 @@ def detection_target(annotations: Sequence[Dict], width: int, height: int, image
 
 def check_same_classes(found: Sequence[str], expected: Sequence[str], what: str,
                        expected_what: str, ordered: bool = True) -> None:
-    """ValueError unless ``found`` equals ``expected``: names and order (labels are indices),
-    or with ``ordered=False`` the same names each once (labels matched by name)."""
+    """InvalidInput (a ValueError) unless ``found`` equals ``expected``: names and order
+    (labels are indices), or with ``ordered=False`` the same names each once (labels matched
+    by name)."""
     found, expected = list(found), list(expected)
     if found == expected or (not ordered and sorted(found) == sorted(expected)
                              and len(set(found)) == len(found)):
@@ -127,9 +129,9 @@ def check_same_classes(found: Sequence[str], expected: Sequence[str], what: str,
     detail = ", ".join(part for part in (missing and f"missing {missing}",
                                          extra and f"extra {extra}",
                                          repeated and f"repeated {repeated}") if part)
-    raise ValueError(f"{what} differ from the {expected_what} "
-                     f"({detail or 'same names, other order'}): {len(found)} vs "
-                     f"{len(expected)} classes")
+    raise InvalidInput(f"{what} differ from the {expected_what} "
+                       f"({detail or 'same names, other order'}): {len(found)} vs "
+                       f"{len(expected)} classes")
 
 
 def _coco_defaults(ann: Dict) -> Dict:
@@ -145,10 +147,10 @@ def _read_coco(path: str) -> Dict:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        raise InvalidInput(f"{path}: not valid JSON ({exc})") from None
     missing = [k for k in ("images", "annotations", "categories") if k not in data]
     if missing:
-        raise ValueError(f"{path}: not a COCO detection file (missing {', '.join(missing)})")
+        raise InvalidInput(f"{path}: not a COCO detection file (missing {', '.join(missing)})")
     return data
 
 
@@ -160,10 +162,10 @@ class CocoDetection(Dataset):
         ann_path = os.path.join(root, "annotations", f"instances_{split}.json")
         self.image_dir = os.path.join(root, split)
         if not os.path.isfile(ann_path):
-            raise ValueError(f"no annotation file {ann_path!r} (COCO layout: "
-                             f"root/annotations/instances_{split}.json and root/{split}/)")
+            raise InvalidInput(f"no annotation file {ann_path!r} (COCO layout: "
+                               f"root/annotations/instances_{split}.json and root/{split}/)")
         if not os.path.isdir(self.image_dir):
-            raise ValueError(f"no image directory {self.image_dir!r} for split {split!r}")
+            raise InvalidInput(f"no image directory {self.image_dir!r} for split {split!r}")
         self.transform, self.ann_path = transform, ann_path
         self._coco = _read_coco(ann_path)
         cats = sorted(self._coco["categories"], key=lambda c: c["id"])
@@ -174,16 +176,16 @@ class CocoDetection(Dataset):
         self._annotations: Dict[int, List[Dict]] = {im["id"]: [] for im in self.images}
         for ann in self._coco["annotations"]:
             if ann.get("image_id") not in self._annotations:
-                raise ValueError(f"{ann_path}: annotation {ann.get('id')} refers to unknown "
-                                 f"image {ann.get('image_id')!r}")
+                raise InvalidInput(f"{ann_path}: annotation {ann.get('id')} refers to unknown "
+                                   f"image {ann.get('image_id')!r}")
             if ann.get("category_id") not in self._label_of:
-                raise ValueError(f"{ann_path}: annotation {ann.get('id')} has unknown "
-                                 f"category {ann.get('category_id')!r}")
+                raise InvalidInput(f"{ann_path}: annotation {ann.get('id')} has unknown "
+                                   f"category {ann.get('category_id')!r}")
             bbox = ann.get("bbox")
             if not (isinstance(bbox, list) and len(bbox) == 4
                     and all(isinstance(v, (int, float)) for v in bbox)):
-                raise ValueError(f"{ann_path}: annotation {ann.get('id')} has no bbox "
-                                 f"[x, y, w, h] (got {bbox!r})")
+                raise InvalidInput(f"{ann_path}: annotation {ann.get('id')} has no bbox "
+                                   f"[x, y, w, h] (got {bbox!r})")
             self._annotations[ann["image_id"]].append(_coco_defaults(ann))
 
     def __len__(self) -> int:

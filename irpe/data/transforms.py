@@ -1,3 +1,4 @@
+# Follows the code of facebookresearch/detr (Apache-2.0) and timm (Apache-2.0): see NOTICE.
 """The one image preprocessing used by training, evaluation, export validation and serving.
 
 Classification follows timm/DeiT eval: resize the shorter side to ``int(size / crop_pct)``
@@ -10,10 +11,15 @@ from __future__ import annotations
 import io
 import numbers
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
+
+from ..errors import InvalidInput, IrpeError
+
+if TYPE_CHECKING:
+    from PIL.Image import Image as PILImage
 
 Array = Union[np.ndarray, torch.Tensor]  # numpy on the host, torch on any device
 
@@ -33,7 +39,7 @@ _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 DraftRequest = Callable[[int, int], Optional[Tuple[int, int]]]
 
 
-class ImageError(ValueError):
+class ImageError(IrpeError, ValueError):
     """Bytes that are not a decodable image, or an image too large to decode safely."""
 
 
@@ -41,13 +47,13 @@ class ImageTooLargeError(ImageError):
     """An image whose header claims more pixels than allowed (refused before decoding)."""
 
 
-def load_image(source: Union[bytes, str], max_pixels: int = MAX_IMAGE_PIXELS):
+def load_image(source: Union[bytes, str], max_pixels: int = MAX_IMAGE_PIXELS) -> PILImage:
     """Decode bytes or a file path to an RGB PIL image; refuse undecodable input and bombs."""
     return _decode(source, max_pixels, None)[0]
 
 
 def load_image_for(source: Union[bytes, str], preprocess: "Preprocess",
-                   max_pixels: int = MAX_IMAGE_PIXELS):
+                   max_pixels: int = MAX_IMAGE_PIXELS) -> Tuple[PILImage, Tuple[int, int]]:
     """Decode for ``preprocess``: a JPEG much larger than the model input is decoded reduced
     (draft mode). Returns (RGB image, upright (width, height) of the full image); give that
     size to ``preprocess(image, size)`` so geometry (and detection boxes) match a full decode."""
@@ -81,20 +87,20 @@ def _decode(source: Union[bytes, str], max_pixels: int, draft: Optional[DraftReq
         raise ImageError(f"cannot decode image: {exc}") from None
 
 
-def _draft(image, request: Optional[Tuple[int, int]], transposed: bool) -> None:
+def _draft(image: PILImage, request: Optional[Tuple[int, int]], transposed: bool) -> None:
     """Let the JPEG decoder scale by 1/2..1/8 while staying at least ``request`` (upright)."""
     if request is not None:
         image.draft(image.mode, request[::-1] if transposed else request)
 
 
-def _upright(image, orientation):
+def _upright(image: PILImage, orientation: Optional[int]) -> PILImage:
     """Apply the EXIF ``orientation`` tag (read once by the caller), so pixels (and boxes)
     are those a viewer displays."""
     from PIL import ImageOps
     return image if orientation in (1, None) else ImageOps.exif_transpose(image)
 
 
-def to_rgb8(image):
+def to_rgb8(image: PILImage) -> PILImage:
     """Any PIL image -> 8-bit RGB; 16/32-bit and float images are scaled, not clamped at 255.
 
     PIL's convert("RGB") clips values above 255, so a 16-bit image becomes solid white. 16-bit
@@ -143,13 +149,15 @@ def center_crop_box(size: Tuple[int, int], crop: int) -> Tuple[int, int, int, in
     return left, top, left + crop, top + crop
 
 
-def to_tensor(image, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> torch.Tensor:
+def to_tensor(image: PILImage, mean: Sequence[float] = IMAGENET_MEAN,
+              std: Sequence[float] = IMAGENET_STD) -> torch.Tensor:
     """RGB PIL image -> normalised float32 (3, H, W) (:func:`normalize`)."""
     pixels = torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1)
     return normalize(pixels, mean, std).contiguous()
 
 
-def normalize(pixels: Array, mean=IMAGENET_MEAN, std=IMAGENET_STD,
+def normalize(pixels: Array, mean: Union[Sequence[float], torch.Tensor] = IMAGENET_MEAN,
+              std: Union[Sequence[float], torch.Tensor] = IMAGENET_STD,
               sizes: Optional[Union[np.ndarray, torch.Tensor]] = None) -> Array:
     """uint8 (..., 3, H, W) pixels -> float32 (x / 255 - mean) / std: the one normalisation of
     training, evaluation and every serving backend. A torch tensor stays a tensor on its device
@@ -172,7 +180,7 @@ def normalize(pixels: Array, mean=IMAGENET_MEAN, std=IMAGENET_STD,
     return xp.where(inside[:, None], x, 0.0)
 
 
-def _per_channel(values, like: Array) -> Array:
+def _per_channel(values: Union[Sequence[float], torch.Tensor], like: Array) -> Array:
     """Channel values as float32 (3, 1, 1) of ``like``'s kind and device (no copy when there)."""
     if isinstance(like, np.ndarray):
         return np.asarray(values, dtype=np.float32).reshape(-1, 1, 1)
@@ -193,33 +201,35 @@ class Preprocess:
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+            raise InvalidInput(f"task must be one of {TASKS}, got {self.task!r}")
         for name in ("size", "min_size", "max_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise InvalidInput(f"{name} must be a positive integer, got {value!r}")
         if not _is_number(self.crop_pct) or not 0 < self.crop_pct <= 1:
-            raise ValueError(f"crop_pct must be a number in (0, 1], got {self.crop_pct!r}")
+            raise InvalidInput(f"crop_pct must be a number in (0, 1], got {self.crop_pct!r}")
         for name in ("mean", "std"):
             value = getattr(self, name)
             if not isinstance(value, (list, tuple)) or len(value) != 3 \
                     or not all(map(_is_number, value)):
-                raise ValueError(f"{name} must be 3 numbers (R, G, B), got {value!r}")
+                raise InvalidInput(f"{name} must be 3 numbers (R, G, B), got {value!r}")
             object.__setattr__(self, name, tuple(value))  # JSON lists -> hashable tuples
         if min(self.std) <= 0:
-            raise ValueError(f"std must be positive, got {self.std}")
+            raise InvalidInput(f"std must be positive, got {self.std}")
 
-    def __call__(self, image, source_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+    def __call__(self, image: PILImage,
+                 source_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
         """PIL image -> normalised (3, H, W) tensor for this model; ``source_size`` = (w, h)
         of the full image when ``image`` is a reduced (draft) decode of it."""
         return to_tensor(self.resized(image, source_size), self.mean, self.std)
 
-    def resized(self, image, source_size: Optional[Tuple[int, int]] = None):
+    def resized(self, image: PILImage,
+                source_size: Optional[Tuple[int, int]] = None) -> PILImage:
         """The RGB PIL image the model sees, before normalisation (geometry from
         ``source_size`` when given, so a draft decode gives a full decode's shape)."""
         from PIL import Image
         image = to_rgb8(image)
-        size = tuple(source_size) if source_size is not None else image.size
+        size = (source_size[0], source_size[1]) if source_size is not None else image.size
         if self.task == "classification":
             return _resize_crop(image, int(self.size / self.crop_pct), self.size, size)
         return image.resize(resize_shorter(size, self.min_size, self.max_size), Image.BILINEAR)
@@ -247,20 +257,22 @@ class Preprocess:
 
     @classmethod
     def from_dict(cls, data: Dict) -> "Preprocess":
-        """Inverse of :meth:`to_dict`; unknown keys and bad values are a ValueError."""
+        """Inverse of :meth:`to_dict`; unknown keys and bad values are an InvalidInput (a
+        ValueError)."""
         if not isinstance(data, dict):
-            raise ValueError(f"preprocessing must be a dict, got {type(data).__name__}")
+            raise InvalidInput(f"preprocessing must be a dict, got {type(data).__name__}")
         extra = set(data) - set(cls.__dataclass_fields__)
         if extra:
-            raise ValueError(f"unknown preprocessing fields: {sorted(extra)}")
+            raise InvalidInput(f"unknown preprocessing fields: {sorted(extra)}")
         return cls(**data)
 
 
-def _is_number(value) -> bool:
+def _is_number(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value
 
 
-def _resize_crop(image, shorter: int, crop: int, size: Optional[Tuple[int, int]] = None):
+def _resize_crop(image: PILImage, shorter: int, crop: int,
+                 size: Optional[Tuple[int, int]] = None) -> PILImage:
     """Resize the shorter side to ``shorter`` (bicubic), then centre crop ``crop`` x ``crop``;
     geometry from ``size`` (the full image's (w, h)) when given."""
     from PIL import Image

@@ -1,3 +1,5 @@
+# Follows the code of facebookresearch/detr (Apache-2.0) and torchvision
+# (BSD-3-Clause): see NOTICE.
 """ResNet backbones for DETR with torchvision-compatible keys and frozen BatchNorm.
 
 Padding-exact: every conv input is zeroed outside each image's valid region (sizes tracked with
@@ -6,7 +8,7 @@ Keys under ``body.`` equal torchvision's resnet (minus ``fc``); DETR nests it as
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -26,7 +28,8 @@ class FrozenBatchNorm2d(nn.Module):
                            ("running_var", 1.0)):
             self.register_buffer(name, torch.full((num_features,), fill))
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+    def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str, *args,
+                              **kwargs) -> None:
         state_dict.pop(prefix + "num_batches_tracked", None)  # torchvision checkpoints carry it
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
@@ -57,8 +60,8 @@ def masked(layer: nn.Module, x: torch.Tensor, sizes: Optional[Sizes]):
     return layer(x), conv_out_size(sizes, k, s, p)
 
 
-def _first(v) -> int:
-    return v[0] if isinstance(v, (tuple, list)) else v
+def _first(v: Union[int, Sequence[int]]) -> int:
+    return v if isinstance(v, int) else v[0]
 
 
 def _conv(cin: int, cout: int, k: int, stride: int = 1) -> nn.Conv2d:
@@ -129,7 +132,7 @@ class ResNetBody(nn.Module):
         self.bn1 = FrozenBatchNorm2d(widths[0])
         self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
         cin = widths[0]
-        for i, (n, width) in enumerate(zip(layers, widths)):
+        for i, (n, width) in enumerate(zip(layers, widths, strict=False)):  # widths: a prefix
             blocks = []
             for j in range(n):
                 blocks.append(cls(cin, width, stride=2 if (j == 0 and i > 0) else 1))
@@ -140,7 +143,8 @@ class ResNetBody(nn.Module):
         if norm == "batch":
             _swap_norms(self)
 
-    def forward(self, x: torch.Tensor, sizes: Optional[Sizes] = None):
+    def forward(self, x: torch.Tensor, sizes: Optional[Sizes] = None
+                ) -> Tuple[torch.Tensor, Optional[Sizes]]:
         x, sizes = masked(self.conv1, x, sizes)
         x = self.bn1(x).relu()
         x, sizes = masked(self.maxpool, x, sizes)  # inputs >= 0 after relu: 0 == -inf pad

@@ -1,3 +1,5 @@
+# Follows the code of facebookresearch/deit (Apache-2.0), timm (Apache-2.0) and
+# microsoft/Cream iRPE (MIT): see NOTICE.
 """DeiT / ViT classifiers with optional iRPE, keys equal to the official DeiT and iRPE models.
 
 Registered names: ``deit_{tiny,small,base}_patch16_224`` (no iRPE, the overhead baseline),
@@ -8,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Optional
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -100,8 +102,9 @@ class VisionTransformer(nn.Module):
             x = blk(x, height, width)
         return self.norm(x)
 
-    def forward(self, x: torch.Tensor):
-        """Logits (B, num_classes); distilled models average both heads in eval mode."""
+    def forward(self, x: torch.Tensor) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        """Logits (B, num_classes); distilled models average both heads in eval mode (in train
+        mode both heads' logits)."""
         feats = self.forward_features(x)
         logits = self.head(feats[:, 0])
         if self.head_dist is None:

@@ -1,3 +1,4 @@
+# Follows the code of timm (Apache-2.0): see NOTICE.
 """Small ViT building blocks with timm-compatible parameter names (no timm dependency)."""
 from __future__ import annotations
 

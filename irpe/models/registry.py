@@ -6,6 +6,8 @@ from typing import Callable, Dict, List, Optional, Union
 
 from torch import nn
 
+from ..errors import InvalidInput, MissingFile, UnknownName
+
 __all__ = ["ModelInfo", "register_model", "create_model", "list_models", "model_info"]
 
 
@@ -33,7 +35,8 @@ _REGISTRY: Dict[str, ModelInfo] = {}
 
 def register_model(name: str, family: str, config: Optional[Dict] = None,
                    url: Optional[str] = None, top1: Optional[float] = None,
-                   preprocess: Optional[Dict] = None, weights: Optional[str] = None):
+                   preprocess: Optional[Dict] = None, weights: Optional[str] = None
+                   ) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
     """Decorator registering ``builder(**overrides) -> nn.Module`` under ``name``."""
     def wrap(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         if name in _REGISTRY:
@@ -65,11 +68,12 @@ def suggest(name: str, names: List[str], count: int = 3) -> List[str]:
 
 
 def model_info(name: str) -> ModelInfo:
-    """Registry entry for ``name``; unknown names raise KeyError listing close matches."""
+    """Registry entry for ``name``; unknown names raise UnknownName (a KeyError) listing close
+    matches."""
     if name not in _REGISTRY:
         close = suggest(name, list(_REGISTRY))
         hint = f"; did you mean {', '.join(close)}?" if close else "; see `irpe models`"
-        raise KeyError(f"unknown model {name!r}{hint}")
+        raise UnknownName(f"unknown model {name!r}{hint}")
     return _REGISTRY[name]
 
 
@@ -85,7 +89,7 @@ def create_model(name: Union[str, ModelInfo], checkpoint: Optional[str] = None,
     name = info.name
     if pretrained and checkpoint is None:
         if info.weights is None:
-            raise ValueError(f"{name} has no bundled weights; pass checkpoint= (official "
+            raise InvalidInput(f"{name} has no bundled weights; pass checkpoint= (official "
                              "checkpoints: `irpe weights download NAME`)")
         checkpoint = bundled_weights(info)
     model = info.builder(**overrides)
@@ -101,6 +105,6 @@ def bundled_weights(info: ModelInfo) -> str:
     import os
     path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "demo", info.weights or "")
     if info.weights is None or not os.path.isfile(path):
-        raise FileNotFoundError(f"bundled weights of {info.name} missing: {path} (rebuild them "
+        raise MissingFile(f"bundled weights of {info.name} missing: {path} (rebuild them "
                                 "with `make demo-models`)")
     return path

@@ -1,3 +1,5 @@
+# Follows the code of facebookresearch/detr (Apache-2.0) and microsoft/Cream iRPE
+# (MIT): see NOTICE.
 """DETR transformer with iRPE in the encoder self-attention (keys as facebookresearch/detr).
 
 Post-norm encoder/decoder layers; attention modules keep nn.MultiheadAttention's parameter names
@@ -7,14 +9,14 @@ are batch-first (B, L, C) here; the math equals DETR's sequence-first code.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Iterable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..attention import rpe_attention
-from ..rpe import RPEConfig, build_rpe
+from ..rpe import GridSide, RPEConfig, build_rpe
 
 __all__ = ["RPEMultiheadAttention", "PositionEmbeddingSine", "Transformer"]
 
@@ -41,7 +43,8 @@ class RPEMultiheadAttention(nn.Module):
         return y.view(x.shape[0], x.shape[1], self.num_heads, self.head_dim).transpose(1, 2)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                key_padding_mask: Optional[torch.Tensor] = None, hw=None) -> torch.Tensor:
+                key_padding_mask: Optional[torch.Tensor] = None,
+                hw: Optional[Sequence[GridSide]] = None) -> torch.Tensor:
         """query (B, Lq, E), key/value (B, Lk, E); mask (B, Lk) True = padding; hw = (h, w)."""
         q, k, v = self._heads(query, 0), self._heads(key, 1), self._heads(value, 2)
         height, width = hw if hw is not None else (None, None)
@@ -65,7 +68,8 @@ class PositionEmbeddingSine(nn.Module):
         y = y / (y[:, -1:, :] + 1e-6) * self.scale
         x = x / (x[:, :, -1:] + 1e-6) * self.scale
         i = torch.arange(self.num_pos_feats, dtype=torch.float32, device=mask.device)
-        dim_t = self.temperature ** (2 * torch.div(i, 2, rounding_mode="floor") / self.num_pos_feats)
+        dim_t = self.temperature ** (2 * torch.div(i, 2, rounding_mode="floor")
+                                     / self.num_pos_feats)
         def sincos(t: torch.Tensor) -> torch.Tensor:
             t = t[..., None] / dim_t
             return torch.stack((t[..., 0::2].sin(), t[..., 1::2].cos()), dim=4).flatten(3)
@@ -82,7 +86,8 @@ class EncoderLayer(nn.Module):
         self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, src, mask, pos, hw):
+    def forward(self, src: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
+                hw: Sequence[GridSide]) -> torch.Tensor:
         qk = src + pos
         src = self.norm1(src + self.dropout(self.self_attn(qk, qk, src, mask, hw)))
         ffn = self.linear2(self.dropout(F.relu(self.linear1(src))))
@@ -98,7 +103,8 @@ class DecoderLayer(nn.Module):
         self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, tgt, memory, mask, pos, query_pos):
+    def forward(self, tgt: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor,
+                pos: torch.Tensor, query_pos: torch.Tensor) -> torch.Tensor:
         qk = tgt + query_pos
         tgt = self.norm1(tgt + self.dropout(self.self_attn(qk, qk, tgt)))
         attn = self.multihead_attn(tgt + query_pos, memory + pos, memory, mask)
@@ -108,7 +114,7 @@ class DecoderLayer(nn.Module):
 
 
 class _Stack(nn.Module):
-    def __init__(self, layers, norm: Optional[nn.Module] = None) -> None:
+    def __init__(self, layers: Iterable[nn.Module], norm: Optional[nn.Module] = None) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)
         if norm is not None:
@@ -135,7 +141,8 @@ class Transformer(nn.Module):
                 pos: torch.Tensor) -> torch.Tensor:
         """src/pos (B, C, h, w), mask (B, h, w), queries (Q, C) -> (layers, B, Q, C)."""
         hw = src.shape[-2:]
-        src, pos, mask = src.flatten(2).transpose(1, 2), pos.flatten(2).transpose(1, 2), mask.flatten(1)
+        src, pos = src.flatten(2).transpose(1, 2), pos.flatten(2).transpose(1, 2)
+        mask = mask.flatten(1)
         memory = src
         for layer in self.encoder.layers:
             memory = layer(memory, mask, pos, hw)

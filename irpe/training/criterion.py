@@ -1,3 +1,4 @@
+# Follows the code of facebookresearch/detr (Apache-2.0): see NOTICE.
 """DETR set loss: cross-entropy (down-weighted "no object"), L1 and GIoU on matched boxes."""
 from __future__ import annotations
 

@@ -14,6 +14,8 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch.utils.data import Sampler
 
+from ..errors import InvalidInput
+
 __all__ = ["Dist", "SINGLE", "setup", "resolve_device", "ShardSampler", "ResumableSampler"]
 
 DEFAULT_TIMEOUT_S = 600.0  # a collective waiting longer than this (a dead peer) fails the job
@@ -74,14 +76,14 @@ def resolve_device(name: str, local_rank: int = 0, world: int = 1) -> str:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ValueError("--device cuda requested but CUDA is not available")
+            raise InvalidInput("--device cuda requested but CUDA is not available")
         if world > 1:
             if ":" in name:
-                raise ValueError("under torchrun give --device cuda (each process takes "
-                                 "cuda:LOCAL_RANK), not a device index")
+                raise InvalidInput("under torchrun give --device cuda (each process takes "
+                                   "cuda:LOCAL_RANK), not a device index")
             return f"cuda:{local_rank}"
     elif name != "cpu":
-        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}")
+        raise InvalidInput(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}")
     return name
 
 
@@ -90,7 +92,7 @@ def _env_int(name: str, default: int) -> int:
     try:
         return default if value in (None, "") else int(value)
     except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+        raise InvalidInput(f"environment variable {name}={value!r} is not an integer") from None
 
 
 def setup(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> Tuple[Dist, str]:

@@ -5,12 +5,13 @@ import contextlib
 import io
 import os
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from ..errors import InvalidInput
 from ..models.detr import PostProcess
 from ..runtime.onnxruntime.session import OrtOptions
 from ..runtime.openvino.session import OvOptions
@@ -48,7 +49,7 @@ def evaluate_classification(model: nn.Module, loader: Iterable, device: str = "c
         total += labels.numel()
     top1, top5, total, loss = dist.all_sum([hits[1], hits[5], total, loss])
     if total == 0:
-        raise ValueError("evaluation set is empty")
+        raise InvalidInput("evaluation set is empty")
     return {"top1": 100.0 * top1 / total, "top5": 100.0 * top5 / total,
             "loss": loss / total, "images": int(total)}
 
@@ -59,8 +60,8 @@ def detections_to_coco(results: List[Dict[str, torch.Tensor]], image_ids: Sequen
     out = []
     for res, image_id in zip(results, image_ids, strict=True):
         if len(res["labels"]) and int(res["labels"].max()) >= len(category_ids):
-            raise ValueError(f"model label {int(res['labels'].max())} has no dataset category "
-                             f"({len(category_ids)} categories)")
+            raise InvalidInput(f"model label {int(res['labels'].max())} has no dataset category "
+                               f"({len(category_ids)} categories)")
         boxes = res["boxes"].float().tolist()
         for (x0, y0, x1, y1), score, label in zip(boxes, res["scores"].tolist(),
                                                    res["labels"].tolist(), strict=True):
@@ -135,7 +136,7 @@ class OnnxModel:
     def eval(self) -> "OnnxModel":
         return self
 
-    def to(self, device: object) -> "OnnxModel":
+    def to(self, device: Union[str, torch.device]) -> "OnnxModel":
         """Runs on ONNX Runtime's CPU provider whatever the device: inputs are read to host."""
         return self
 

@@ -1,3 +1,4 @@
+# Follows the code of facebookresearch/detr (Apache-2.0): see NOTICE.
 """Hungarian matching of DETR predictions to ground truth (one-to-one, scipy)."""
 from __future__ import annotations
 

@@ -1,3 +1,4 @@
+# Follows the code of facebookresearch/deit (Apache-2.0) and timm (Apache-2.0): see NOTICE.
 """Optimiser pieces of the DeiT recipe: AdamW groups, warmup + cosine, mixup/cutmix targets."""
 from __future__ import annotations
 
@@ -66,8 +67,8 @@ def mixup_cutmix(images: torch.Tensor, labels: torch.Tensor, num_classes: int,
     return images, targets * lam + targets.flip(0) * (1 - lam)
 
 
-def _cutmix(images: torch.Tensor, lam: float, generator: Optional[torch.Generator],
-            ) -> Tuple[torch.Tensor, float]:
+def _cutmix(images: torch.Tensor, lam: float,
+            generator: Optional[torch.Generator]) -> Tuple[torch.Tensor, float]:
     h, w = images.shape[-2:]
     cut_h, cut_w = int(h * math.sqrt(1 - lam)), int(w * math.sqrt(1 - lam))
     cy = int(torch.randint(h, (), generator=generator))

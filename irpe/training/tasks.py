@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
 from ..artifact.trained import default_spec
+from ..errors import InvalidInput
 from ..models import create_model, model_info
 from .criterion import SetCriterion, StepTotals
 from .distributed import SINGLE, Dist, ResumableSampler, ShardSampler
@@ -16,7 +17,7 @@ from .evaluate import evaluate_classification, evaluate_detection
 from .matcher import HungarianMatcher
 from .optim import mixup_cutmix, soft_cross_entropy
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # train.py imports this module
     from .train import TrainConfig
 
 SHAPES = "shapes"  # --data shapes: the synthetic set generated in memory
@@ -61,7 +62,7 @@ def _checked_spec(model: str, task: str):
     info = model_info(model)
     if info.task != task:
         other = "det" if task == "classification" else "cls"
-        raise ValueError(f"{model} is a {info.task} model; use `irpe train {other}`")
+        raise InvalidInput(f"{model} is a {info.task} model; use `irpe train {other}`")
     return default_spec(model)
 
 
@@ -84,7 +85,7 @@ class ClassificationTask:
             check_same_classes(self.val_set.classes, self.train_set.classes,
                                f"class folders of {self.val_set.root}", "training classes")
         classes = list(self.train_set.classes)
-        overrides = {"num_classes": len(classes), "drop_path_rate": cfg.drop_path}
+        overrides: Dict[str, Any] = {"num_classes": len(classes), "drop_path_rate": cfg.drop_path}
         self.model = create_model(cfg.model, **overrides)
         self.spec = default_spec(cfg.model, classes, num_classes=len(classes))
         self.cfg, self.dist, self.gen = cfg, dist, torch.Generator().manual_seed(cfg.seed + 1)

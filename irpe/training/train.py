@@ -13,12 +13,13 @@ import math
 import os
 import time
 from dataclasses import asdict, dataclass, fields
-from typing import ContextManager, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 
 from ..artifact.trained import save_trained
 from ..checkpoint import CheckpointError
+from ..errors import InvalidInput
 from .distributed import setup, teardown
 from .optim import param_groups, warmup_cosine
 from .state import check_fits, read_last, restore_rng, resume_step, rng_snapshot
@@ -65,14 +66,14 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
-            raise ValueError(f"task must be one of {sorted(TASKS)}, got {self.task!r}")
+            raise InvalidInput(f"task must be one of {sorted(TASKS)}, got {self.task!r}")
         for name in ("epochs", "batch_size", "grad_accum_steps"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1")
+                raise InvalidInput(f"{name} must be >= 1")
         if self.dist_timeout <= 0:
-            raise ValueError("dist_timeout must be > 0")
+            raise InvalidInput("dist_timeout must be > 0")
         if self.lr <= 0 or self.min_lr < 0 or self.weight_decay < 0:
-            raise ValueError("lr must be > 0, min_lr and weight_decay >= 0")
+            raise InvalidInput("lr must be > 0, min_lr and weight_decay >= 0")
 
 
 def _init_weights(model: torch.nn.Module, path: str) -> int:
@@ -104,8 +105,8 @@ class Trainer:
         self.steps_per_epoch = len(self.train_loader) // self.accum
         self.global_batch = cfg.batch_size * self.dist.world * self.accum
         if self.steps_per_epoch == 0:
-            raise ValueError(f"training set has fewer images than one global batch "
-                             f"({self.global_batch})")
+            raise InvalidInput(f"training set has fewer images than one global batch "
+                               f"({self.global_batch})")
         total = cfg.epochs * self.steps_per_epoch
         warmup = int(cfg.warmup_epochs * self.steps_per_epoch)
         groups = param_groups(self.model, cfg.weight_decay, cfg.lr, cfg.lr_backbone or None)

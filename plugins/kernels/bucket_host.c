@@ -1,3 +1,4 @@
+/* Follows the code of microsoft/Cream iRPE (MIT): see NOTICE. */
 /* Host-side entry points of the bucket math (plain C, no CUDA needed).
  *
  * Built into libirpe_kernels and, alone, into the small host library that the CPU tests load

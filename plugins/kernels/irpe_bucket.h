@@ -1,3 +1,4 @@
+/* Follows the code of microsoft/Cream iRPE (MIT): see NOTICE. */
 /* iRPE bucket-id math, compiled unchanged for the GPU (nvcc) and the host (gcc, g++).
  *
  * Mirrors irpe/bucket.py bit for bit: the official code evaluates the piecewise index in

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -24,23 +24,34 @@ from ..registry import backend_factory, backend_names, register_backend
 if TYPE_CHECKING:  # annotations only: the backends import without pydantic (tests/gpu on a bare
     from ..config import ModelConfig  # GPU image, where the serving stack is not installed)
 
-__all__ = ["Backend", "backend_names", "create_backend", "input_names", "output_names",
-           "register_backend"]
+__all__ = ["Artifact", "Backend", "backend_names", "create_backend", "input_names",
+           "output_names", "register_backend"]
+
+
+class Artifact(NamedTuple):
+    """What a backend reads from its file at construction, without loading weights."""
+
+    spec: ModelSpec  # task, labels, preprocessing
+    precision: Optional[str] = None  # the precision the file fixes (ONNX: fp32, or int8 when
+    # quantised); None: the model runs in the configured one (ModelConfig.run_precision)
 
 
 class Backend(ABC):
-    """A model artifact on one runtime. ``spec`` is read cheaply at construction (validation);
-    ``load`` does the heavy work and runs in the model's worker thread."""
+    """A model artifact on one runtime. ``spec`` and ``file_precision`` are read cheaply at
+    construction (validation); ``load`` does the heavy work and runs in the model's worker
+    thread."""
 
     platform = "unknown"  # Open Inference Protocol model metadata
 
     def __init__(self, cfg: ModelConfig, threads: int = 0) -> None:
         self.cfg, self.threads = cfg, threads
-        self.spec: ModelSpec = self.read_spec()
+        artifact = self.read_artifact()
+        self.spec: ModelSpec = artifact.spec
+        self.file_precision: Optional[str] = artifact.precision
 
     @abstractmethod
-    def read_spec(self) -> ModelSpec:
-        """The artifact's ModelSpec (task, labels, preprocessing) without loading weights."""
+    def read_artifact(self) -> Artifact:
+        """The artifact's ModelSpec and the precision its file fixes, without loading weights."""
 
     @abstractmethod
     def load(self) -> None:
@@ -69,7 +80,7 @@ class Backend(ABC):
         """First batch after loading (allocations, kernel selection); readiness waits for it."""
         return self.infer(images, sizes)
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a default, not abstract: not every runtime holds any
         """Release the runtime's resources."""
 
 

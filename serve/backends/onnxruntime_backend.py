@@ -6,11 +6,10 @@ from typing import Dict, List, Optional, Union
 
 import numpy as np
 
-from irpe.artifact.contract import read_onnx_spec
-from irpe.artifact.trained import ModelSpec
-from irpe.runtime.onnxruntime.session import GPU_PROVIDERS, OrtOptions, create_session
+from irpe.artifact.contract import onnx_precision, onnx_spec, read_onnx_props
+from irpe.runtime.onnxruntime.session import GPU_PROVIDERS
 
-from . import Backend, input_names, output_names
+from . import Artifact, Backend, input_names, output_names
 
 __all__ = ["OnnxRuntimeBackend", "providers_for"]
 
@@ -45,13 +44,16 @@ class OnnxRuntimeBackend(Backend):
 
     platform = "onnxruntime_onnx"
 
-    def read_spec(self) -> ModelSpec:
-        from irpe.artifact.contract import onnx_precision, read_onnx_props
-        self.file_precision = onnx_precision(read_onnx_props(self.cfg.path))  # int8: quantised
-        return read_onnx_spec(self.cfg.path)
+    def read_artifact(self) -> Artifact:
+        """The spec and the weights' precision (int8: quantised) from one read of the file's
+        metadata_props."""
+        props = read_onnx_props(self.cfg.path)
+        return Artifact(onnx_spec(props, self.cfg.path), onnx_precision(props))
 
     def load(self) -> None:
         import onnxruntime as ort
+
+        from irpe.runtime.onnxruntime.session import OrtOptions, create_session
         providers = providers_for(self.cfg.providers, self.cfg.device,
                                   ort.get_available_providers())
         options = OrtOptions().with_(self.cfg.ort_custom_ops, self.cfg.ort_ops_library,

@@ -7,10 +7,11 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from irpe.artifact.trained import ModelSpec, read_spec
 from irpe.artifact.contract import engine_spec, read_onnx_spec
+from irpe.artifact.trained import ModelSpec, read_spec
+from irpe.errors import MissingFile
 
-from . import Backend, output_names
+from . import Artifact, Backend, output_names
 
 __all__ = ["TensorRTBackend"]
 
@@ -20,8 +21,12 @@ class TensorRTBackend(Backend):
 
     platform = "tensorrt_plan"
 
-    def read_spec(self) -> ModelSpec:
-        """From ``metadata`` (.safetensors / .onnx) or the engine's JSON sidecar."""
+    def read_artifact(self) -> Artifact:
+        """The spec from ``metadata`` (.safetensors / .onnx) or the engine's JSON sidecar; no
+        file precision (listings show the configured one)."""
+        return Artifact(self._read_spec())
+
+    def _read_spec(self) -> ModelSpec:
         if self.cfg.metadata is not None:
             if Path(self.cfg.metadata).suffix == ".safetensors":
                 return read_spec(str(self.cfg.metadata))[0]
@@ -29,8 +34,8 @@ class TensorRTBackend(Backend):
         try:
             return engine_spec(self.cfg.path)
         except FileNotFoundError as exc:
-            raise FileNotFoundError(f"model {self.cfg.name}: {exc}; set metadata: to the "
-                                    "exported .onnx") from None
+            raise MissingFile(f"model {self.cfg.name}: {exc}; set metadata: to the "
+                              "exported .onnx") from None
 
     def load(self) -> None:
         if self.cfg.device == "cpu":

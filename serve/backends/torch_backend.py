@@ -13,16 +13,16 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import numpy as np
 import torch
 
-from irpe.artifact.trained import ModelSpec, load_trained, read_spec
+from irpe.artifact.trained import load_trained, read_spec
 from irpe.data.transforms import normalize
 from irpe.precision import torch_dtype
 
-from . import Backend, output_names
+from . import Artifact, Backend, output_names
 
 __all__ = ["PRECISION_TOLERANCE", "TorchBackend", "precision_error"]
 
@@ -46,8 +46,8 @@ class TorchBackend(Backend):
     platform = "pytorch_libtorch"
     graphs = None
 
-    def read_spec(self) -> ModelSpec:
-        return read_spec(str(self.cfg.path))[0]
+    def read_artifact(self) -> Artifact:
+        return Artifact(read_spec(str(self.cfg.path))[0])  # cast to the configured precision
 
     def load(self) -> None:
         device = torch.device(self.cfg.device)
@@ -139,8 +139,9 @@ class TorchBackend(Backend):
                                f"(relative; tolerance {limit:g}): use precision fp32")
         return out
 
-    def _forward(self, model, x: torch.Tensor, sizes: Optional[np.ndarray],
-                 graphs=None) -> Dict[str, torch.Tensor]:
+    def _forward(self, model: torch.nn.Module, x: torch.Tensor, sizes: Optional[np.ndarray],
+                 graphs: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+                 ) -> Dict[str, torch.Tensor]:
         if self.spec.task == "classification":
             return {"logits": graphs(x) if graphs is not None else model(x)}
         return model(x, torch.from_numpy(sizes).to(self.device))

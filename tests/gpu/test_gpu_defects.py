@@ -18,7 +18,7 @@ from irpe import RPEConfig
 from irpe.fused import set_fused_attention
 from irpe.idcache import BUCKET_IDS
 from serve.backends.cuda_graphs import GraphedClassifier
-from tests.helpers import jpeg_photo, tiny_deit
+from tests.helpers import decoded, jpeg_photo, tiny_deit
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
@@ -147,13 +147,13 @@ def test_nvjpeg_batch_under_a_busy_stream_equals_pil_path(cls_file):
     assert model.gpu_decode, "nvJPEG path not enabled (torchvision.io.decode_jpeg on CUDA)"
     model.backends[0].load()
     blobs = [jpeg_photo(451, 300), jpeg_photo(300, 451), jpeg_photo(640, 480)]
-    on_gpu = model.prepare(blobs)
+    on_gpu = decoded(model, blobs)
     assert all(isinstance(p.image, torch.Tensor) and p.image.is_cuda for p in on_gpu)
     quiet = model._run_batch(0, on_gpu)
     flipped = on_gpu[::-1]  # stale memory would hold the old order
     torch.cuda._sleep(int(1e9))  # ~0.5 s of GPU time queued ahead of the stack
     busy = model._run_batch(0, flipped)[::-1]
-    cpu = _cpu_only(model).prepare(blobs)
+    cpu = decoded(_cpu_only(model), blobs)
     pil = model._run_batch(0, cpu)
     model.backends[0].close()
     # not bitwise: a V-term scatter may use atomics
@@ -164,7 +164,7 @@ def test_nvjpeg_batch_under_a_busy_stream_equals_pil_path(cls_file):
 
 
 def _cpu_only(model):
-    """The same served model with the GPU decode off (the PIL path of ``prepare``)."""
+    """The same served model with the GPU decode off (the PIL path of ``decode``)."""
     import copy
     other = copy.copy(model)
     other.gpu_decode = False

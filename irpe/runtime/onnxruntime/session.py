@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
 
+from irpe.errors import InvalidInput, IrpeError
 from irpe.plugin_files import BUILD_DIR
 from irpe.runtime.onnxruntime.rewrites import STAGES, parse_stages
 from irpe.switch import Switch, parse_switch
@@ -51,7 +52,7 @@ GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 _shared_pool: Optional[int] = None  # intra-op threads of the process-wide pool, once made
 
 
-class CustomOpsError(RuntimeError):
+class CustomOpsError(IrpeError, RuntimeError):
     """The custom-op library was required (mode ``on``) and cannot serve."""
 
 
@@ -93,9 +94,13 @@ def resolve_mode(mode: Optional[str] = None) -> Switch:
 
 
 def _stages(stages: Union[str, Iterable[str]]) -> FrozenSet[str]:
-    """Rewrite stages from a setting string (rewrites.parse_stages) or a collection; checked."""
-    return (parse_stages(stages) if isinstance(stages, str)
-            else parse_stages(",".join(stages) or "0"))
+    """Rewrite stages from a setting string (rewrites.parse_stages) or a collection; checked:
+    an unknown stage is the user's setting (InvalidInput, a ValueError)."""
+    try:
+        return (parse_stages(stages) if isinstance(stages, str)
+                else parse_stages(",".join(stages) or "0"))
+    except ValueError as exc:  # parse_stages raises it for an unknown stage name only
+        raise InvalidInput(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -118,7 +123,7 @@ class OrtOptions:
     def from_env(cls) -> "OrtOptions":
         """The options of ``$IRPE_ORT_CUSTOM_OPS``, ``$IRPE_ORT_OPS_LIBRARY`` and
         ``$IRPE_ORT_FUSE`` (unset: the defaults): the ONE place they are read; a bad value
-        raises ValueError naming the variable. Entry points call it once."""
+        raises InvalidInput (a ValueError) naming the variable. Entry points call it once."""
         given = {"custom_ops": os.environ.get(MODE_ENV), "library": os.environ.get(LIBRARY_ENV),
                  "rewrites": os.environ.get(FUSE_ENV)}
         names = {"custom_ops": MODE_ENV, "library": LIBRARY_ENV, "rewrites": FUSE_ENV}
@@ -128,8 +133,8 @@ class OrtOptions:
                 continue
             try:
                 options = replace(options, **{key: value})
-            except ValueError as exc:
-                raise ValueError(f"{names[key]}={value!r}: {exc}") from None
+            except InvalidInput as exc:
+                raise InvalidInput(f"{names[key]}={value!r}: {exc}") from None
         return options
 
     def with_(self, custom_ops: Optional[str] = None, library: Optional[os.PathLike] = None,

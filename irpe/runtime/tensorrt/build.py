@@ -12,10 +12,11 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from irpe.artifact.contract import read_onnx_props, write_sidecar
 from irpe.atomic import atomic_path, refuse_same_file, write_bytes
+from irpe.errors import InvalidInput
 from irpe.runtime.tensorrt.common import (
     EngineBuildError,
     import_tensorrt,
@@ -34,20 +35,20 @@ Range3 = Tuple[int, int, int]
 def parse_compute_capability(trt: ModuleType, text: str) -> Any:
     """'SM89', 'sm_89', '8.9' or '89' -> trt.ComputeCapability.SM89 (TensorRT-RTX only)."""
     if not hasattr(trt, "ComputeCapability"):
-        raise ValueError(f"--compute-capability needs TensorRT-RTX; {trt.__name__} builds for "
-                         "the GPU it runs on")
+        raise InvalidInput(f"--compute-capability needs TensorRT-RTX; {trt.__name__} builds for "
+                           "the GPU it runs on")
     digits = "".join(ch for ch in text if ch.isdigit())
     member = "CURRENT" if text.strip().lower() == "current" else f"SM{digits}"
     if not digits and member != "CURRENT" or not hasattr(trt.ComputeCapability, member):
         known = [m for m in dir(trt.ComputeCapability) if m.startswith("SM")]
-        raise ValueError(f"unknown compute capability {text!r}; {trt.__name__} knows {known}")
+        raise InvalidInput(f"unknown compute capability {text!r}; {trt.__name__} knows {known}")
     return getattr(trt.ComputeCapability, member)
 
 
 def _check_range(name: str, values: Sequence[int]) -> Range3:
     values = tuple(int(v) for v in values)
     if len(values) != 3 or not 1 <= values[0] <= values[1] <= values[2]:
-        raise ValueError(f"{name} needs min <= opt <= max (all >= 1), got {values}")
+        raise InvalidInput(f"{name} needs min <= opt <= max (all >= 1), got {values}")
     return values  # type: ignore[return-value]
 
 
@@ -65,11 +66,11 @@ def _profiles(network: Any, batch: Range3, height: Optional[Range3],
                 for axis, rng, label in ((2, height, "height"), (3, width, "width")):
                     if shape[axis] == -1:
                         if rng is None:
-                            raise ValueError(f"input {tensor.name} has a dynamic {label}: "
-                                             f"give a {label} range (min,opt,max)")
+                            raise InvalidInput(f"input {tensor.name} has a dynamic {label}: "
+                                               f"give a {label} range (min,opt,max)")
                         shape[axis] = rng[k]
             if -1 in shape:
-                raise ValueError(f"input {tensor.name} {dims}: no range for a dynamic axis")
+                raise InvalidInput(f"input {tensor.name} {dims}: no range for a dynamic axis")
             rows.append(shape)
         shapes[tensor.name] = rows
     return shapes
@@ -81,11 +82,11 @@ def _parse(trt: ModuleType, builder: Any, logger: Any, onnx_path: str,
     parser = trt.OnnxParser(network, logger)
     if override:
         if not hasattr(trt.OnnxParserFlag, "ENABLE_PLUGIN_OVERRIDE"):
-            raise ValueError(f"{trt.__name__} {trt.__version__} has no ENABLE_PLUGIN_OVERRIDE")
+            raise InvalidInput(f"{trt.__name__} {trt.__version__} has no ENABLE_PLUGIN_OVERRIDE")
         parser.set_flag(trt.OnnxParserFlag.ENABLE_PLUGIN_OVERRIDE)
     if not parser.parse_from_file(onnx_path):
         errors = [str(parser.get_error(i).desc()) for i in range(parser.num_errors)]
-        raise ValueError(f"TensorRT could not parse {onnx_path}: {'; '.join(errors[:5])}")
+        raise InvalidInput(f"TensorRT could not parse {onnx_path}: {'; '.join(errors[:5])}")
     return network, parser
 
 
@@ -97,16 +98,16 @@ def _plugin_layers(trt: ModuleType, network: Any) -> List[str]:
 
 
 def _configure(trt: ModuleType, builder: Any, precision: str, workspace_mib: Optional[int],
-               compute_capability: Optional[str]):
+               compute_capability: Optional[str]) -> Tuple[Any, Any]:
     config = builder.create_builder_config()
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        raise InvalidInput(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if hasattr(trt.BuilderFlag, "TF32"):
         (config.set_flag if precision == "tf32" else config.clear_flag)(trt.BuilderFlag.TF32)
     if precision == "fp16":
         if not hasattr(trt.BuilderFlag, "FP16"):
-            raise ValueError(f"{trt.__name__} builds strongly typed networks (no FP16 builder "
-                             "flag): fp16 needs an fp16 ONNX graph; use fp32 or tf32")
+            raise InvalidInput(f"{trt.__name__} builds strongly typed networks (no FP16 builder "
+                               "flag): fp16 needs an fp16 ONNX graph; use fp32 or tf32")
         config.set_flag(trt.BuilderFlag.FP16)
     if hasattr(trt, "ProfilingVerbosity"):  # per-layer types for the engine inspector
         config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
@@ -127,8 +128,8 @@ def _rtx_target(trt: ModuleType, compute_capability: Optional[str]):
         return parse_compute_capability(trt, compute_capability)
     import torch
     if not torch.cuda.is_available():
-        raise ValueError("no CUDA GPU here: pass a compute capability to build ahead of time "
-                         "(e.g. --compute-capability SM89)")
+        raise InvalidInput("no CUDA GPU here: pass a compute capability to build ahead of time "
+                           "(e.g. --compute-capability SM89)")
     return trt.ComputeCapability.CURRENT
 
 
@@ -155,13 +156,13 @@ def default_ranges(props: Dict[str, str]) -> Dict[str, Range3]:
     return {"batch": (1, 2, 8), "height": (32, short, long), "width": (32, opt, long)}
 
 
-def _check_fixed_size(props: Dict[str, str], onnx_path: str, height: Any,
-                      width: Any) -> None:
+def _check_fixed_size(props: Dict[str, str], onnx_path: str, height: Optional[Sequence[int]],
+                      width: Optional[Sequence[int]]) -> None:
     """Refuse height/width ranges for a classifier: its input size is fixed in the file."""
     if (height is not None or width is not None) and props.get("irpe.task") != "detection":
         flags = " and ".join(f for f, v in (("--height", height), ("--width", width)) if v)
-        raise ValueError(f"{flags}: {props.get('irpe.model_name', onnx_path)} takes a fixed "
-                         "input size (height/width ranges are for detection models)")
+        raise InvalidInput(f"{flags}: {props.get('irpe.model_name', onnx_path)} takes a fixed "
+                           "input size (height/width ranges are for detection models)")
 
 
 def check_parsable(props: Dict[str, str], onnx_path: os.PathLike | str) -> None:
@@ -249,10 +250,10 @@ def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision:
     return sidecar
 
 
-def _sidecar(trt: ModuleType, props: Dict[str, str], onnx_path: os.PathLike | str,
-             engine_path: Path, precision: str, shapes: Dict, target: Any,
-             plugins: Sequence[str], creators: Any, override: bool, plugin_layers: List[str],
-             seconds: float) -> Dict:
+def _sidecar(trt: ModuleType, props: Dict[str, str], onnx_path: Union[str, os.PathLike],
+             engine_path: Path, precision: str, shapes: Dict[str, List[List[int]]], target: Any,
+             plugins: Sequence[str], creators: List[str], override: bool,
+             plugin_layers: List[str], seconds: float) -> Dict:
     """The sidecar's fields; ``props``: the ONNX file's metadata, read once by build_engine."""
     return {
         "engine": engine_path.name, "onnx": os.path.abspath(onnx_path),

@@ -13,10 +13,13 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
-__all__ = ["TensorRTUnavailable", "EngineBuildError", "import_tensorrt", "is_rtx", "make_logger", "load_plugins",
-           "abi_mismatch", "MODULES", "WHEEL_LIBS", "wheel_library_dirs", "library_dir"]
+from irpe.errors import IrpeError, MissingFile, ResourceError
+
+__all__ = ["TensorRTUnavailable", "EngineBuildError", "import_tensorrt", "is_rtx", "make_logger",
+           "load_plugins", "abi_mismatch", "MODULES", "WHEEL_LIBS", "wheel_library_dirs",
+           "library_dir"]
 
 MODULES = ("tensorrt", "tensorrt_rtx_bindings", "tensorrt_rtx")
 # packages of the wheels that ship the shared libraries (tensorrt-rtx-cu13-libs, tensorrt-cu*-libs)
@@ -30,7 +33,7 @@ class EngineBuildError(RuntimeError):
     """TensorRT did not produce an engine (or the build process died)."""
 
 
-class TensorRTUnavailable(ImportError):
+class TensorRTUnavailable(IrpeError, ImportError):
     """No TensorRT Python module can be imported here."""
 
 
@@ -57,7 +60,7 @@ def is_rtx(trt: ModuleType) -> bool:
 _QUIET = ("already exists, the output tensors of this new instance will not be queryable",)
 
 
-def make_logger(trt: ModuleType, verbose: bool = False):
+def make_logger(trt: ModuleType, verbose: bool = False) -> Any:
     """An ILogger that prints warnings and errors to stderr and keeps them for reports."""
 
     class _Logger(trt.ILogger):
@@ -66,7 +69,7 @@ def make_logger(trt: ModuleType, verbose: bool = False):
             self.messages: List[str] = []
             self.suppressed = 0
 
-        def log(self, severity, msg: str) -> None:
+        def log(self, severity: Any, msg: str) -> None:
             if any(q in msg for q in _QUIET):
                 self.suppressed += 1
                 return
@@ -85,13 +88,13 @@ def load_plugins(trt: ModuleType, paths: Sequence[str]) -> List[str]:
     before = {(c.name, c.plugin_namespace) for c in registry.all_creators}
     for path in paths:
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"plugin library not found: {path}")
+            raise MissingFile(f"plugin library not found: {path}")
         loaded = registry.load_library(os.path.abspath(path)) is not None
         known = {(c.name, c.plugin_namespace) for c in registry.all_creators}
         # nothing new is fine when the library was already loaded in this process
         refused = abi_mismatch(trt, path) if not loaded or known <= before else None
         if refused or not loaded:
-            raise OSError(refused or f"TensorRT could not load plugin library {path}")
+            raise ResourceError(refused or f"TensorRT could not load plugin library {path}")
     after = {(c.name, c.plugin_namespace) for c in registry.all_creators}
     return sorted(f"{ns}::{name}" if ns else name for name, ns in after - before)
 

@@ -16,8 +16,10 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Dict, List
 
-from irpe.runtime.tensorrt.common import (EngineBuildError, TensorRTUnavailable,
-                                          wheel_library_dirs)
+from irpe.artifact.filecheck import ArtifactError, ArtifactMissing
+from irpe.checkpoint import CheckpointError
+from irpe.errors import GPURequired, InvalidInput, MissingFile, ResourceError
+from irpe.runtime.tensorrt.common import EngineBuildError, TensorRTUnavailable, wheel_library_dirs
 
 __all__ = ["build_in_subprocess", "child_main", "link_unversioned"]
 
@@ -26,8 +28,11 @@ CHILD = "irpe.runtime.tensorrt.build"  # the module whose __main__ builds in the
 
 
 def _errors() -> Dict[str, type]:
-    """Exception types a child's error is re-raised as (the first one in its MRO)."""
-    kinds = (EngineBuildError, TensorRTUnavailable, FileNotFoundError, ValueError, OSError)
+    """Exception types a child's error is re-raised as (the first one in its MRO): the
+    project's user errors keep their type, so the CLI reports them in one line."""
+    kinds = (EngineBuildError, TensorRTUnavailable, ArtifactMissing, ArtifactError,
+             CheckpointError, GPURequired, InvalidInput, MissingFile, ResourceError,
+             FileNotFoundError, ValueError, OSError)
     return {c.__name__: c for c in kinds}
 
 
@@ -64,7 +69,7 @@ def build_in_subprocess(kwargs: Dict) -> Dict:
     """
     for path in kwargs.get("plugins", ()):
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"plugin library not found: {path}")
+            raise MissingFile(f"plugin library not found: {path}")
     with tempfile.TemporaryDirectory(prefix="irpe-trt-") as tmp:
         link_dir, result = Path(tmp) / "lib", Path(tmp) / "result.json"
         link_dir.mkdir()

@@ -9,19 +9,18 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from irpe.errors import GPURequired
 from irpe.artifact.filecheck import check_file
-
+from irpe.errors import GPURequired, InvalidInput
 from irpe.runtime.tensorrt.common import import_tensorrt, load_plugins, make_logger
 
 __all__ = ["TRTRunner"]
 
 
-def _torch_dtype(trt, dtype) -> torch.dtype:
+def _torch_dtype(trt: Any, dtype: Any) -> torch.dtype:
     table = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloat16,
              "INT32": torch.int32, "INT64": torch.int64, "INT8": torch.int8,
              "UINT8": torch.uint8, "BOOL": torch.bool}
@@ -84,8 +83,8 @@ class TRTRunner:
         for name in self.input_names:
             tensor = inputs[name].to(self.device, self.dtypes[name]).contiguous()
             if not self.context.set_input_shape(name, tuple(tensor.shape)):
-                raise ValueError(f"input {name} shape {tuple(tensor.shape)} is outside the "
-                                 f"engine's profile {self.profile_shapes(name)}")
+                raise InvalidInput(f"input {name} shape {tuple(tensor.shape)} is outside the "
+                                   f"engine's profile {self.profile_shapes(name)}")
             self.context.set_tensor_address(name, tensor.data_ptr())
             keep.append(tensor)
         return keep
