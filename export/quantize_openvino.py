@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List
 
 from irpe.artifact.contract import quantization_metadata
+from irpe.errors import InvalidInput
 
 if TYPE_CHECKING:
     import openvino
@@ -54,7 +55,7 @@ def _check_excluded(model: "openvino.Model", excluded: List[str]) -> None:
     names = {op.get_friendly_name() for op in model.get_ops()}
     unknown = [name for name in excluded if name not in names]
     if unknown:
-        raise ValueError(f"--exclude {', '.join(unknown)}: no such layer in the model")
+        raise InvalidInput(f"--exclude {', '.join(unknown)}: no such layer in the model")
 
 
 def quantize_openvino(source: Path, output: Path, settings: "QuantizeSettings",

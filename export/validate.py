@@ -201,23 +201,23 @@ def file_runtime(path: str, runtime: Optional[str] = None) -> str:
     kind = ("tensorrt" if path.endswith(ENGINE_SUFFIXES) else "openvino" if is_ir(path)
             else None)
     if runtime is not None and runtime not in RUNTIMES:
-        raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+        raise InvalidInput(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
     if kind is not None and runtime not in (None, kind):
-        raise ValueError(f"{path} runs on {kind}, not on {runtime}")
+        raise InvalidInput(f"{path} runs on {kind}, not on {runtime}")
     if kind is None and runtime == "tensorrt":
-        raise ValueError(f"{path}: tensorrt runs an engine; build one with irpe build-engine")
+        raise InvalidInput(f"{path}: tensorrt runs an engine; build one with irpe build-engine")
     return kind or runtime or "onnxruntime"
 
 
 def _check_precision(precision: str, runtime: str) -> None:
     """bf16 is OpenVINO's (it compiles in bf16); OpenVINO runs fp32, bf16 or an int8 file."""
     if precision not in TOLERANCES:
-        raise ValueError(f"precision must be one of {sorted(TOLERANCES)}, got {precision!r}")
+        raise InvalidInput(f"precision must be one of {sorted(TOLERANCES)}, got {precision!r}")
     if precision == "bf16" and runtime != "openvino":
-        raise ValueError(f"precision bf16 needs --runtime openvino ({runtime} runs the file in "
+        raise InvalidInput(f"precision bf16 needs --runtime openvino ({runtime} runs the file in "
                          "the precision it was built or exported in)")
     if runtime == "openvino" and precision not in ("fp32", "bf16", "int8"):
-        raise ValueError(f"precision {precision}: openvino runs fp32 or bf16 (int8: a "
+        raise InvalidInput(f"precision {precision}: openvino runs fp32 or bf16 (int8: a "
                          "quantised file)")
 
 

@@ -23,11 +23,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator, List, Optional, Sequence
 
+from .errors import InvalidInput
+
 __all__ = ["SameFileError", "same_file", "refuse_same_file", "temp_name", "held_interrupts",
            "atomic_path", "atomic_open", "write_bytes", "write_text", "atomic_dir"]
 
 
-class SameFileError(ValueError):
+class SameFileError(InvalidInput):
     """The output names one of the inputs: writing it would destroy that input."""
 
 

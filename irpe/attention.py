@@ -10,7 +10,7 @@ from torch import nn
 
 from .fused.cpu import cpu_attention
 from .fused.dispatch import cpu_supported, exporting, fused_attention, fused_supported
-from .rpe import GridSide, RPEConfig, RPEModule, build_rpe
+from .rpe import Encoding, GridSize, RPEConfig, build_rpe
 
 __all__ = ["RPEAttention", "rpe_attention", "unfused_attention"]
 
@@ -27,9 +27,9 @@ def _plain_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
 
 
 def rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                  rpe_q: Optional[RPEModule] = None, rpe_k: Optional[RPEModule] = None,
-                  rpe_v: Optional[RPEModule] = None, height: GridSide = None,
-                  width: GridSide = None,
+                  rpe_q: Optional[Encoding] = None, rpe_k: Optional[Encoding] = None,
+                  rpe_v: Optional[Encoding] = None, height: GridSize = None,
+                  width: GridSize = None,
                   key_padding_mask: Optional[torch.Tensor] = None,
                   dropout: Optional[nn.Module] = None) -> torch.Tensor:
     """Scaled dot-product attention with iRPE terms, official order; q, k, v (B, H, L, D).
@@ -53,9 +53,9 @@ def rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
 
 
 def unfused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                      rpe_q: Optional[RPEModule] = None, rpe_k: Optional[RPEModule] = None,
-                      rpe_v: Optional[RPEModule] = None, height: GridSide = None,
-                      width: GridSide = None,
+                      rpe_q: Optional[Encoding] = None, rpe_k: Optional[Encoding] = None,
+                      rpe_v: Optional[Encoding] = None, height: GridSize = None,
+                      width: GridSize = None,
                       key_padding_mask: Optional[torch.Tensor] = None,
                       dropout: Optional[nn.Module] = None) -> torch.Tensor:
     """The manual path (L x L logits), the official order of operations; the export graph."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Dict, Literal, Tuple
 
+from irpe.errors import InvalidInput
+
 __all__ = ["Switch", "SWITCHES", "SWITCH_ALIASES", "normalize_switch", "parse_switch"]
 
 Switch = Literal["auto", "on", "off"]
@@ -35,4 +37,4 @@ def parse_switch(text: str, what: str) -> Switch:
     for switch in SWITCHES:
         if value == switch:
             return switch
-    raise ValueError(f"{what} must be auto, on or off, got {text!r}")
+    raise InvalidInput(f"{what} must be auto, on or off, got {text!r}")

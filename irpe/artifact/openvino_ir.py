@@ -14,6 +14,7 @@ import xml.etree.ElementTree as ET
 from typing import TYPE_CHECKING, Dict, Union
 
 from irpe.artifact.filecheck import check_file
+from irpe.errors import InvalidInput
 
 if TYPE_CHECKING:
     import openvino
@@ -47,10 +48,10 @@ def read_ir_props(path: FileName) -> Dict[str, str]:
     try:
         root = ET.parse(path).getroot()
     except ET.ParseError as exc:
-        raise ValueError(f"{path} is not a readable OpenVINO IR file: {exc}") from None
+        raise InvalidInput(f"{path} is not a readable OpenVINO IR file: {exc}") from None
     node = root.find(f"rt_info/{RT_INFO_NODE}")
     if root.tag != "net" or node is None:
-        raise ValueError(f"{path} is an OpenVINO IR without the irpe metadata (not written by "
+        raise InvalidInput(f"{path} is an OpenVINO IR without the irpe metadata (not written by "
                          "`irpe quantize --target openvino`)")
     return {child.tag: child.get("value", "") for child in node}
 
@@ -63,7 +64,7 @@ def read_ir_spec(path: FileName) -> "ModelSpec":
     try:
         return spec_from_metadata(props)
     except CheckpointError as exc:
-        raise ValueError(f"{os.fspath(path)}: {exc}") from None
+        raise InvalidInput(f"{os.fspath(path)}: {exc}") from None
 
 
 def set_ir_props(model: "openvino.Model", props: Dict[str, str]) -> None:

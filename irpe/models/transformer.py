@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import rpe_attention
-from ..rpe import GridSide, RPEConfig, build_rpe
+from ..rpe import GridSize, RPEConfig, build_rpe
 
 __all__ = ["RPEMultiheadAttention", "PositionEmbeddingSine", "Transformer"]
 
@@ -44,7 +44,7 @@ class RPEMultiheadAttention(nn.Module):
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 key_padding_mask: Optional[torch.Tensor] = None,
-                hw: Optional[Sequence[GridSide]] = None) -> torch.Tensor:
+                hw: Optional[Sequence[GridSize]] = None) -> torch.Tensor:
         """query (B, Lq, E), key/value (B, Lk, E); mask (B, Lk) True = padding; hw = (h, w)."""
         q, k, v = self._heads(query, 0), self._heads(key, 1), self._heads(value, 2)
         height, width = hw if hw is not None else (None, None)
@@ -87,7 +87,7 @@ class EncoderLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, src: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
-                hw: Sequence[GridSide]) -> torch.Tensor:
+                hw: Sequence[GridSize]) -> torch.Tensor:
         qk = src + pos
         src = self.norm1(src + self.dropout(self.self_attn(qk, qk, src, mask, hw)))
         ffn = self.linear2(self.dropout(F.relu(self.linear1(src))))

@@ -1,4 +1,4 @@
-"""OpenVINO backend: an exported ``.onnx`` (iRPE nodes lowered in memory) or an OpenVINO IR
+"""OpenVINO backend: an exported ``.onnx`` (iRPE ops converted by OpenVINO's frontend) or an IR
 ``.xml`` compiled for OpenVINO's CPU plugin by :mod:`irpe.runtime.openvino.session`.
 
 The model is compiled once with its dynamic axes (batch; height and width for DETR), so every
@@ -15,9 +15,9 @@ import numpy as np
 
 from irpe.artifact.contract import onnx_precision, read_onnx_props, read_onnx_spec
 from irpe.artifact.openvino_ir import is_ir, read_ir_props, read_ir_spec
-from irpe.artifact.trained import ModelSpec
+from irpe.errors import InvalidInput
 
-from . import Backend, input_names, output_names
+from . import Artifact, Backend, input_names, output_names
 
 __all__ = ["OpenVINOBackend"]
 
@@ -30,20 +30,21 @@ class OpenVINOBackend(Backend):
 
     platform = "openvino"  # Triton's name for its OpenVINO backend
 
-    def read_spec(self) -> ModelSpec:
-        """The file's spec; first the checks that need no model loaded: OpenVINO installed, the
-        options valid, bf16 only where the CPU has BF16 (so ``irpe serve`` stops with one line)."""
+    def read_artifact(self) -> Artifact:
+        """The file's spec and precision (int8 for an NNCF IR, else the configured one); first
+        the checks that need no model loaded: OpenVINO installed, the options valid, bf16 only
+        where the CPU has BF16 (so ``irpe serve`` stops with one line)."""
         from irpe.runtime.openvino.session import check_precision, cpu_capabilities
         self.options = self._options()
         try:
             check_precision(self.options.precision, cpu_capabilities())
         except ValueError as exc:
-            raise ValueError(f"model {self.cfg.name}: {exc}") from None
+            raise InvalidInput(f"model {self.cfg.name}: {exc}") from None
         ir = is_ir(self.cfg.path)
         props = read_ir_props(self.cfg.path) if ir else read_onnx_props(self.cfg.path)
-        quantised = onnx_precision(props) == "int8"
-        self.file_precision: Optional[str] = "int8" if quantised else None  # /v1/models
-        return read_ir_spec(self.cfg.path) if ir else read_onnx_spec(self.cfg.path)
+        precision = "int8" if onnx_precision(props) == "int8" else None  # /v1/models
+        spec = read_ir_spec(self.cfg.path) if ir else read_onnx_spec(self.cfg.path)
+        return Artifact(spec, precision)
 
     def _options(self) -> Any:
         """OvOptions of this model: its config (completed by ServeSettings), else the server

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
 
 from irpe.artifact.openvino_ir import is_ir, weights_path
-from irpe.errors import CLIError
+from irpe.errors import CLIError, InvalidInput
 
 if TYPE_CHECKING:
     import openvino
@@ -68,16 +68,16 @@ class OvOptions:
     def __post_init__(self) -> None:
         precision = str(self.precision).strip().lower()
         if precision not in PRECISIONS:
-            raise ValueError(f"openvino precision must be one of {', '.join(PRECISIONS)}, got "
+            raise InvalidInput(f"openvino precision must be one of {', '.join(PRECISIONS)}, got "
                              f"{self.precision!r}")
         hint = str(self.performance_hint).strip().lower()
         if hint not in HINTS:
-            raise ValueError(f"openvino performance hint must be one of {', '.join(HINTS)}, "
+            raise InvalidInput(f"openvino performance hint must be one of {', '.join(HINTS)}, "
                              f"got {self.performance_hint!r}")
         for name in ("threads", "streams"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"openvino {name} must be an integer >= 0 (0: OpenVINO's "
+                raise InvalidInput(f"openvino {name} must be an integer >= 0 (0: OpenVINO's "
                                  f"choice), got {value!r}")
         object.__setattr__(self, "precision", precision)
         object.__setattr__(self, "performance_hint", hint)
@@ -119,7 +119,7 @@ def check_precision(precision: str, capabilities: Sequence[str]) -> None:
     """Refuse bf16 on a CPU whose OpenVINO capabilities lack BF16 (there OpenVINO would run f32
     without saying so): a ValueError naming the capability, the CPU's list and the way out."""
     if precision == "bf16" and "BF16" not in capabilities:
-        raise ValueError(f"precision bf16 needs a CPU with BF16 (AVX-512 BF16 or AMX): OpenVINO "
+        raise InvalidInput(f"precision bf16 needs a CPU with BF16 (AVX-512 BF16 or AMX): OpenVINO "
                          f"lists this CPU's capabilities as {', '.join(capabilities) or 'none'}, "
                          "without BF16; use precision fp32")
 
@@ -152,7 +152,7 @@ def read_model(path: Union[str, "os.PathLike[str]"], ov_core: Optional["openvino
     except RuntimeError as exc:
         if not is_ir(path):
             _check_onnx(path)  # a corrupt ONNX file: the parser's own reason
-        raise ValueError(f"{path}: OpenVINO cannot read it: {_ov_message(exc)}") from None
+        raise InvalidInput(f"{path}: OpenVINO cannot read it: {_ov_message(exc)}") from None
 
 
 def _check_onnx(path: str) -> None:
@@ -162,7 +162,7 @@ def _check_onnx(path: str) -> None:
     try:
         onnx.load(path, load_external_data=False)
     except Exception as exc:  # protobuf DecodeError and friends
-        raise ValueError(f"{path} is not a readable ONNX file: {exc}") from None
+        raise InvalidInput(f"{path} is not a readable ONNX file: {exc}") from None
 
 
 def compiled_precision(compiled: "openvino.CompiledModel") -> str:
@@ -189,11 +189,11 @@ def compile_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOpti
     try:
         compiled = ov_core.compile_model(model, DEVICE, options.config())
     except RuntimeError as exc:
-        raise ValueError(f"{os.fspath(path)}: OpenVINO cannot compile it: "
+        raise InvalidInput(f"{os.fspath(path)}: OpenVINO cannot compile it: "
                          f"{_ov_message(exc)}") from None
     precision = compiled_precision(compiled)
     if precision != options.precision:
-        raise ValueError(f"{os.fspath(path)}: OpenVINO compiled it in {precision}, not in "
+        raise InvalidInput(f"{os.fspath(path)}: OpenVINO compiled it in {precision}, not in "
                          f"{options.precision} as asked")
     irpe_path = "as stored in the IR" if is_ir(path) else LOWERING
     line = (f"openvino {ov.__version__.split('-')[0]} {DEVICE}: {precision}, threads "
