@@ -40,8 +40,12 @@ from benchmarks import deit_forward
 from benchmarks.common import device_name
 from benchmarks.deit_forward import MODELS
 from benchmarks.report import write_json_md
-from irpe.runtime.onnxruntime.session import (OrtOptions, create_session, find_library,
-                                               share_thread_pool)
+from irpe.runtime.onnxruntime.session import (
+    OrtOptions,
+    create_session,
+    find_library,
+    share_thread_pool,
+)
 
 GOALS = {"irpe_k": 0.95, "irpe_qkv": 0.90, "irpe_k_ops": 0.98, "irpe_qkv_ops": 0.95}
 OPS_SUFFIX = "_ops"  # rows of the sessions with the custom-op library
@@ -71,6 +75,7 @@ def _graph(nodes, inputs, opset: int = 18, functions=()):
 def formulations() -> Dict[str, bytes]:
     """Gather / Q term / scatter as ONNX graphs: ours (the local functions) and alternatives."""
     from onnx import helper
+
     from export.functions import gather_function, scatter_function
     n = helper.make_node
     tbl, att, idx = ("table", True), ("attn", True), ("index", False)

@@ -22,7 +22,7 @@ import torch
 
 from benchmarks.ops_common import time_round_robin
 from benchmarks.report import latency_ms
-from irpe.precision import PRECISIONS, torch_dtype
+from irpe.precision import torch_dtype
 
 DEIT = {"plain": "deit_{s}_patch16_224", "irpe_k": "deit_{s}_patch16_224_ctx_product_50_shared_k",
         "irpe_qk": "deit_{s}_patch16_224_ctx_product_50_shared_qk",
@@ -155,6 +155,7 @@ def cuda_graph_runner(module: torch.nn.Module, inputs) -> Runner:
 def _export(value: Entry, path: Path) -> None:
     """export.onnx of a registry name, or of the module built with overrides."""
     import warnings
+
     from export.onnx import export_onnx
     from irpe.artifact.trained import default_spec
     from irpe.models import create_model

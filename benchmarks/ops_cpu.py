@@ -21,8 +21,16 @@ import torch
 
 from benchmarks.common import device_name
 from benchmarks.fits import growth
-from benchmarks.ops_common import (env_info, fmt, grid_ids, median_ms, official_flat_index,
-                                   official_gather, time_round_robin, write_report)
+from benchmarks.ops_common import (
+    env_info,
+    fmt,
+    grid_ids,
+    median_ms,
+    official_flat_index,
+    official_gather,
+    time_round_robin,
+    write_report,
+)
 from irpe.bucket import num_buckets
 from irpe.ops import rpe_gather, rpe_scatter
 

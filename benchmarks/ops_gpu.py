@@ -20,8 +20,16 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from benchmarks.common import device_slug
-from benchmarks.ops_common import (env_info, fmt, grid_ids, median_ms, official_flat_index,
-                                   official_gather, time_round_robin, write_report)
+from benchmarks.ops_common import (
+    env_info,
+    fmt,
+    grid_ids,
+    median_ms,
+    official_flat_index,
+    official_gather,
+    time_round_robin,
+    write_report,
+)
 from irpe.bucket import num_buckets
 
 # name: (batch, heads, method, ratio, grid rows, grid cols, skip)
@@ -60,8 +68,8 @@ def load_ours(device: str):
 
 def case_variants(case, dtype, device, ours) -> Dict[str, Dict]:
     """{op: {variant: (fn, bytes)}} for one case; also the reference outputs to compare."""
-    from plugins.kernel_sources import METHOD_IDS
     from irpe.bucket import parse_method
+    from plugins.kernel_sources import METHOD_IDS
     b, h, method, ratio, gh, gw, skip = case
     ids = grid_ids(method, ratio, gh, gw, skip, device)
     k, length = num_buckets(method, ratio, skip), ids.shape[0]

@@ -28,8 +28,13 @@ import torch
 from benchmarks import deit_forward
 from benchmarks.common import device_name
 from benchmarks.deit_forward import MODELS
-from benchmarks.export_ort import (OPS_SUFFIX, QUICK_OVERRIDES, round_robin, export_models,
-                                   session_runs)
+from benchmarks.export_ort import (
+    OPS_SUFFIX,
+    QUICK_OVERRIDES,
+    export_models,
+    round_robin,
+    session_runs,
+)
 from benchmarks.report import write_json_md
 from irpe.runtime.onnxruntime.session import OrtOptions, find_library, share_thread_pool
 

@@ -27,10 +27,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence
 
-from benchmarks.serve_process import start_serve, stop, wait_ready
 from benchmarks.common import int_list
 from benchmarks.rawhttp import LeanClient, Lost
 from benchmarks.report import latency_ms, percentile
+from benchmarks.serve_process import start_serve, stop, wait_ready
 
 __all__ = ["write_repository", "server_process", "closed_loop", "open_loop", "batch_histogram",
            "lean_closed_loop", "png", "main"]

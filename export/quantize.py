@@ -23,8 +23,12 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-from irpe.artifact.contract import (onnx_precision, quantization_metadata, read_onnx_props,
-                                    read_onnx_spec)
+from irpe.artifact.contract import (
+    onnx_precision,
+    quantization_metadata,
+    read_onnx_props,
+    read_onnx_spec,
+)
 
 from .inputs import image_files
 
@@ -159,6 +163,7 @@ def calibration_feeds(spec, calibration: str, samples: int = 64, batch: int = 8,
     subfolders too) or of the shapes training split, preprocessed as the model expects, in
     batches (detection: padded, with their ``sizes``)."""
     import torch
+
     from irpe.models import pad_images
     if samples < 1 or batch < 1:
         raise ValueError(f"calibration samples and batch must be >= 1, got {samples}, {batch}")

@@ -17,8 +17,15 @@ def _default_output(model: str) -> str:
 def cmd_quantize(args: argparse.Namespace) -> int:
     """Quantise the file; prints what was quantised and how."""
     import logging
-    from .quantize import Activations, CalibrationMethod, QuantizeSettings, QuantMode, Target, \
-        quantize
+
+    from .quantize import (
+        Activations,
+        CalibrationMethod,
+        QuantizeSettings,
+        QuantMode,
+        Target,
+        quantize,
+    )
     mode = QuantMode(args.mode)
     if mode is QuantMode.STATIC and not args.calibration:
         raise CLIError("static quantisation needs --calibration DIR|shapes "

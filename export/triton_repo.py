@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from irpe.artifact.contract import ENGINE_SUFFIXES, read_onnx_props, read_sidecar, sidecar_path
-from irpe.runtime.onnxruntime.session import default_library
 from irpe.artifact.triton_config import TensorInfo, model_config, onnx_io, pbtxt
+from irpe.runtime.onnxruntime.session import default_library
 
 __all__ = ["RepoOptions", "TensorInfo", "onnx_io", "write_repository", "config_text",
            "ort_library_problem", "DEFAULT_ORT_OPS", "ENGINE_SUFFIXES"]

@@ -16,9 +16,14 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from irpe.artifact.contract import (
+    ENGINE_SUFFIXES,
+    onnx_precision,
+    read_onnx_props,
+    read_sidecar,
+    sidecar_path,
+)
 from irpe.artifact.trained import spec_from_metadata
-from irpe.artifact.contract import (ENGINE_SUFFIXES, onnx_precision, read_onnx_props, read_sidecar,
-                                    sidecar_path)
 from irpe.runtime.onnxruntime.session import OrtOptions
 
 from .inputs import Batch, make_batches
@@ -43,6 +48,7 @@ def _onnx_runner(path: str, ort_options: Optional[OrtOptions] = None
     irpe.runtime.onnxruntime.session); with the library, a function-path session runs beside it
     and ``run.versus`` collects max |custom - functions|."""
     import onnxruntime as ort
+
     from irpe.runtime.onnxruntime.session import create_session
     props = read_onnx_props(path)
     session, ops = create_session(path, options=ort_options)

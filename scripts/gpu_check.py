@@ -13,7 +13,6 @@ benchmarks/results/<device>/). Never downloads: wheels carried in .whl/ are inst
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shlex
@@ -26,8 +25,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check_steps import (CALLS, CARRIED_ROOTS, PHASES, ROOT, Step, plan,  # noqa: E402
-                             select)
+from gpu_check_steps import CALLS, CARRIED_ROOTS, PHASES, ROOT, Step, plan, select  # noqa: E402
 
 sys.path.insert(1, str(ROOT))
 from gpu_check_report import env_facts, junit_summary, write_report  # noqa: E402

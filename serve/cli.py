@@ -68,8 +68,10 @@ def _share_ort_pool(settings) -> None:
 
 def _user_errors(fn, *args):
     """``fn(*args)`` with settings and exporter problems turned into one-line CLI errors."""
-    from irpe.errors import CLIError
     from pydantic import ValidationError
+
+    from irpe.errors import CLIError
+
     from .errors import validation_message
     try:
         return fn(*args)
@@ -103,6 +105,7 @@ def _with_precision(settings, precision: str):
 
 def _prepare(app) -> int:
     import asyncio
+
     from .state import AppState
     state: AppState = app.state.irpe
 
@@ -124,6 +127,7 @@ def _prepare(app) -> int:
 def _run(app, settings) -> int:
     """Serve on an explicit TCP socket; "serving" is logged once it accepts connections."""
     import uvicorn
+
     from .net import listen_socket
     from .server import AnnouncingServer
     sock = listen_socket(settings.host, settings.port)

@@ -15,8 +15,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from irpe.data.transforms import (MAX_IMAGE_PIXELS, Preprocess, center_crop_box,
-                                  resize_shorter)
+from irpe.data.transforms import MAX_IMAGE_PIXELS, Preprocess, center_crop_box, resize_shorter
 
 __all__ = ["available", "decode_on_device"]
 

@@ -107,6 +107,7 @@ def serve_batches(cfg, *batches) -> Tuple[ServedModel, list]:
     """Start a ServedModel (one thread), infer each batch (list of arrays), stop: (model,
     outputs per batch; none when the model did not become ready)."""
     import asyncio
+
     from serve.metrics import Metrics
     from serve.model import ServedModel
     model = ServedModel(cfg, Metrics(), threads=1)
@@ -150,6 +151,7 @@ def running_server(settings: ServeSettings, ready: bool = True,
     """Serve ``settings`` in a thread on a free port; yields the base URL (listening; ready
     when ``ready``), stops (draining) on exit."""
     import uvicorn
+
     from serve.app import create_app
     from serve.net import listen_socket
     from serve.server import socket_url
@@ -218,6 +220,7 @@ def start_cli(repo, env, faults: Optional[Dict[str, Dict]] = None
 def metric(url: str, name: str, **labels: str) -> float:
     """One sample of the server's /metrics (0 when absent)."""
     import re
+
     import httpx
     text = httpx.get(f"{url}/metrics", timeout=30).text
     want = ",".join(f'{k}="{v}"' for k, v in labels.items())
@@ -248,6 +251,7 @@ def ort_op_model(op: str, dtype: Optional[int] = None, index: Optional[int] = No
     """One irpe node (x, index) -> out with its local function, as a serialized model
     (dtype / index: onnx TensorProto types, default FLOAT / INT64)."""
     from onnx import TensorProto, helper
+
     from export.functions import gather_function, scatter_function
     dtype = TensorProto.FLOAT if dtype is None else dtype
     index = TensorProto.INT64 if index is None else index
@@ -278,6 +282,7 @@ def build_ort_library(out: Path, *extra: str) -> Path:
     except under CI=true, where it fails."""
     import os
     import shutil
+
     import pytest
     root = ort_headers()
     if root is None or shutil.which("cmake") is None:

@@ -26,8 +26,8 @@ def _one_line(err: str, command: str) -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 def test_engine_without_gpu_is_a_one_line_usage_error(tmp_path, capsys):
-    from irpe.runtime.tensorrt.runner import TRTRunner
     from irpe.errors import CLIError, GPURequired
+    from irpe.runtime.tensorrt.runner import TRTRunner
     engine = tmp_path / "m.engine"
     engine.write_bytes(b"ftrt" + bytes(60))  # passes the magic check, then needs CUDA
     code, out, err = _run(capsys, "validate", str(engine), "-n", "2")

@@ -11,10 +11,19 @@ from torch.utils.data import DataLoader
 
 from irpe.box_ops import box_iou
 from irpe.cli import main
-from irpe.data import (SHAPE_CLASSES, CocoDetection, ImageFolder, Preprocess,
-                       ShapesClassification, ShapesDetection, collate_detection,
-                       render_classification, render_detection, write_classification,
-                       write_detection)
+from irpe.data import (
+    SHAPE_CLASSES,
+    CocoDetection,
+    ImageFolder,
+    Preprocess,
+    ShapesClassification,
+    ShapesDetection,
+    collate_detection,
+    render_classification,
+    render_detection,
+    write_classification,
+    write_detection,
+)
 from irpe.data.shapes import classification_scene, detection_scene
 
 LUMA = np.array([0.299, 0.587, 0.114])

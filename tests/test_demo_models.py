@@ -6,9 +6,9 @@ from torch.utils.data import DataLoader
 from irpe.artifact.trained import default_spec, load_trained
 from irpe.data.datasets import ShapesClassification, ShapesDetection
 from irpe.data.shapes import SHAPE_CLASSES
-from irpe.training.evaluate import evaluate_classification, evaluate_detection
 from irpe.models import create_model, model_info
 from irpe.models.registry import bundled_weights
+from irpe.training.evaluate import evaluate_classification, evaluate_detection
 
 DEMOS = ["deit_shapes_irpe", "detr_shapes_irpe"]
 

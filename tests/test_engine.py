@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from irpe.box_ops import box_cxcywh_to_xyxy, box_xyxy_to_cxcywh, generalized_box_iou
+from irpe.models import create_model
 from irpe.training.criterion import SetCriterion
 from irpe.training.evaluate import coco_map, detections_to_coco, topk_accuracy
 from irpe.training.matcher import HungarianMatcher
 from irpe.training.optim import mixup_cutmix, param_groups, soft_cross_entropy, warmup_cosine
-from irpe.models import create_model
 
 
 def test_generalized_iou_hand_values():

@@ -150,6 +150,7 @@ def _detector_stub(path: Path, queries: int) -> dict:
     """A real (tiny) ONNX file with a DETR's tensor names and dims, and its irpe metadata."""
     import onnx
     from onnx import TensorProto, helper
+
     from irpe.artifact.trained import default_spec
     x = helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, "h", "w"])
     logits = helper.make_tensor_value_info("pred_logits", TensorProto.FLOAT,

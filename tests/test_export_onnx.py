@@ -12,8 +12,8 @@ import torch
 
 from export.functions import DOMAIN, GATHER, SCATTER
 from export.onnx import export_onnx
-from irpe.artifact.contract import read_onnx_props, read_onnx_spec
 from irpe import RPEConfig, create_model, randomize_tables
+from irpe.artifact.contract import read_onnx_props, read_onnx_spec
 from irpe.artifact.trained import default_spec, save_trained
 from tests.helpers import tiny_deit
 

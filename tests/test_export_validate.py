@@ -96,9 +96,9 @@ def test_bad_input(files, tmp_path):
 
 
 def test_validation_images_are_found_in_class_subfolders(tmp_path):
+    from export.inputs import make_batches
     from irpe.artifact.trained import default_spec
     from irpe.data.shapes import render_classification
-    from export.inputs import make_batches
     for index, cls in ((0, "circle"), (6, "star")):
         (tmp_path / cls).mkdir()
         render_classification(5, index, split="val")[0].save(tmp_path / cls / f"{index}.png")

@@ -14,13 +14,17 @@ import pytest
 import torch
 
 from irpe.attention import RPEAttention, rpe_attention, unfused_attention
-from irpe.fused import (fused_rpe_attention, fused_supported, reference_forward,
-                        set_fused_attention, set_fused_ids)
+from irpe.fused import (
+    fused_rpe_attention,
+    fused_supported,
+    reference_forward,
+    set_fused_attention,
+    set_fused_ids,
+)
 from irpe.fused.op import check_inputs
 from irpe.models.transformer import RPEMultiheadAttention
 from irpe.rpe import get_rpe_config, set_traceable
-from tests.fused_common import (check, count_launches, inputs, interpret,  # noqa: F401
-                                modules, needs_triton)
+from tests.fused_common import check, count_launches, inputs, interpret, modules, needs_triton  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,7 +19,6 @@ import sys
 import time
 
 import pytest
-
 import torch
 
 from irpe.fused.variants import FAMILIES

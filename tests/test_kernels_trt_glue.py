@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from tools import trt_plugin_build
 from tests.trt_plugin_env import ROOT, require
+from tools import trt_plugin_build
 
 SOURCES = ["plugins/tensorrt/rpe_fields.cpp", "plugins/tensorrt/rpe_plugin.cpp",
            "plugins/tensorrt/register.cpp", "tests/trt_glue/glue_driver.cpp"]

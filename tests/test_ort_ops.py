@@ -21,9 +21,9 @@ from onnx import TensorProto, helper
 from irpe import bucket_ids, rpe_gather, rpe_scatter
 from irpe.runtime.onnxruntime.session import CustomOpsError
 from tests.helpers import ORT_ATTRS as ATTRS
-from tests.helpers import env_session
 from tests.helpers import ORT_SOURCE as SOURCE
 from tests.helpers import build_ort_library as _build
+from tests.helpers import env_session
 from tests.helpers import ort_headers as headers
 from tests.helpers import ort_op_model as op_model
 from tests.ort_cases import add_model, gather_graph_model, layer

@@ -160,9 +160,9 @@ def test_serve_backend_uses_the_library_and_logs_it(ort_library, qkv_file, caplo
 def test_serve_backend_required_library_missing(qkv_file, tmp_path):
     """ort_custom_ops: on without the library: the load fails with one clear error (the server
     marks that model failed, 503); auto serves through the functions."""
+    from irpe.runtime.onnxruntime.session import CustomOpsError
     from serve.backends import create_backend
     from serve.config import ModelConfig
-    from irpe.runtime.onnxruntime.session import CustomOpsError
     path, _ = qkv_file
     cfg = ModelConfig(name="m", path=path, backend="onnxruntime", ort_custom_ops="on",
                       ort_ops_library=tmp_path / "gone.so")
@@ -229,6 +229,7 @@ def test_benchmark_attention_blocks_cut_from_exported_files(ort_library, qkv_fil
 
 def _fused_ops(graph: bytes, stages: str) -> set:
     import onnx
+
     from irpe.runtime.onnxruntime.rewrites import fuse_model, parse_stages
     fused, _ = fuse_model(graph, parse_stages(stages))
     return {n.op_type for n in onnx.load_from_string(fused).graph.node}

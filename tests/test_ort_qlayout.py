@@ -15,8 +15,7 @@ from export.onnx import export_onnx
 from irpe import RPEConfig
 from irpe.runtime.onnxruntime.rewrites import fuse_model
 from tests.helpers import ORT_ATTRS as ATTRS
-from tests.helpers import env_session
-from tests.helpers import tiny_deit
+from tests.helpers import env_session, tiny_deit
 
 pytestmark = pytest.mark.usefixtures("ort_library_env")  # fixtures: tests/conftest.py
 

@@ -10,8 +10,15 @@ import pytest
 import torch
 from PIL import Image
 
-from irpe.data.transforms import (ImageError, Preprocess, load_image, load_image_for,
-                                  normalize, resize_shorter, to_tensor)
+from irpe.data.transforms import (
+    ImageError,
+    Preprocess,
+    load_image,
+    load_image_for,
+    normalize,
+    resize_shorter,
+    to_tensor,
+)
 from serve import preprocess_pool
 from serve.preprocess_pool import decode_u8, map_images
 
@@ -120,6 +127,7 @@ def test_request_decode_is_fifo_in_the_shared_pool(files):
     the one shared decode pool (its FIFO queue is what the tail-latency fix relies on)."""
     import asyncio
     import threading
+
     from serve.config import ModelConfig
     from serve.metrics import Metrics
     from serve.model import ServedModel

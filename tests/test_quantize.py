@@ -224,6 +224,7 @@ def test_eval_runs_a_quantised_file_within_half_a_point_of_fp32(fp32, static, tm
 
 def test_eval_of_an_onnx_file_matches_pytorch_on_the_same_images(fp32):
     from torch.utils.data import DataLoader
+
     from irpe.data.datasets import ShapesClassification
     from irpe.training.cli import load_for_eval
     from irpe.training.evaluate import evaluate_classification

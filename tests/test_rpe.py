@@ -3,11 +3,11 @@ import itertools
 
 import pytest
 import torch
+from reference import naive_rpe
 
 from irpe import RPEConfig, build_rpe, get_rpe_config, iRPECross, set_traceable
 from irpe.attention import RPEAttention
 from irpe.fused import set_fused_attention
-from reference import naive_rpe
 
 METHODS = {"euc": 2.5, "quant": 2.0, "cross": 1.9, "product": 1.9}
 

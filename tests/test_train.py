@@ -167,6 +167,7 @@ def test_resume_equals_uninterrupted_run_bit_for_bit(tmp_path):
 
 def test_resume_refuses_another_class_count(cls_dir, tmp_path):
     import shutil
+
     from irpe.checkpoint import CheckpointError
     train(_cfg(tmp_path, "classification", "deit_shapes_irpe", max_steps=1))
     last = str(tmp_path / "run" / "last.pt")

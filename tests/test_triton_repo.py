@@ -14,11 +14,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2  # Triton's schema (tritonclient[grpc], dev extra)
 
 from export.onnx import export_onnx
 from irpe.artifact.contract import read_onnx_props
 from irpe.cli import main
-from tritonclient.grpc import model_config_pb2  # Triton's schema (tritonclient[grpc], dev extra)
 
 DEMO = Path(__file__).resolve().parents[1] / "irpe" / "demo"
 # ONNX element type -> Triton data type, written out independently of export/triton_repo.py

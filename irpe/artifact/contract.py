@@ -11,11 +11,10 @@ import os
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from irpe.checkpoint import CheckpointError
 from irpe.artifact.filecheck import check_file
 from irpe.artifact.trained import ModelSpec, spec_from_metadata
+from irpe.checkpoint import CheckpointError
 from irpe.rpe import RPEConfig
-
 
 __all__ = ["TASKS", "input_names", "output_names", "dynamic_axes", "io_spec",
            "onnx_metadata", "read_onnx_props",

@@ -13,8 +13,8 @@ from typing import Dict, List, Optional, Tuple, Union
 
 from torch import nn
 
-from irpe.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from irpe.artifact.filecheck import check_file
+from irpe.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from irpe.models import ModelInfo, create_model, model_info
 from irpe.rpe import RPEConfig
 

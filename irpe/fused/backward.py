@@ -10,8 +10,15 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .launch import (MAX_HEAD_DIM, broadcast_strides, cdiv, dot_in_f32, kernel_available,
-                     launch_forward, next_pow2)
+from .launch import (
+    MAX_HEAD_DIM,
+    broadcast_strides,
+    cdiv,
+    dot_in_f32,
+    kernel_available,
+    launch_forward,
+    next_pow2,
+)
 from .reference import reduce_grad_to, reference_backward
 
 __all__ = ["fused_rpe_attention_backward", "backward_shape"]

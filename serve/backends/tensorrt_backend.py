@@ -7,8 +7,8 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from irpe.artifact.trained import ModelSpec, read_spec
 from irpe.artifact.contract import engine_spec, read_onnx_spec
+from irpe.artifact.trained import ModelSpec, read_spec
 
 from . import Backend, output_names
 

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from export.onnx import export_onnx
-from irpe.runtime.tensorrt.build import build_engine
-from tests.trt_inspect import engine_plugin_layers
 from irpe import RPEConfig, create_model
 from irpe.artifact.trained import default_spec
+from irpe.runtime.tensorrt.build import build_engine
 from irpe.runtime.tensorrt.common import TensorRTUnavailable, import_tensorrt, is_rtx
-from tools import trt_plugin_build
 from tests.helpers import tiny_deit
+from tests.trt_inspect import engine_plugin_layers
 from tests.trt_plugin_env import BUILD_DIR
+from tools import trt_plugin_build
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                   reason="needs a CUDA GPU")]

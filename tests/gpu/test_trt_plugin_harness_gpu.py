@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tools import trt_plugin_build
 from tests.trt_harness import cases as harness
 from tests.trt_plugin_env import ROOT, require
+from tools import trt_plugin_build
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                   reason="needs a CUDA GPU")]

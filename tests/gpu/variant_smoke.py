@@ -9,7 +9,7 @@ from typing import List
 
 import torch
 
-from irpe.attention import rpe_attention, unfused_attention
+from irpe.attention import rpe_attention
 from irpe.fused import set_fused_attention, set_fused_ids
 from irpe.fused.variants import Variant
 from irpe.rpe import build_rpe, get_rpe_config

@@ -18,8 +18,13 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from irpe.runtime.onnxruntime.op_names import (ATTENTION, BUCKET_MATMUL_ADD, DOMAIN, GATHER_ADD2,
-                                               SOFTMAX_OPS)
+from irpe.runtime.onnxruntime.op_names import (
+    ATTENTION,
+    BUCKET_MATMUL_ADD,
+    DOMAIN,
+    GATHER_ADD2,
+    SOFTMAX_OPS,
+)
 
 __all__ = ["fuse_attention"]
 

@@ -18,9 +18,16 @@ from __future__ import annotations
 import logging
 from typing import Dict, FrozenSet, List, NamedTuple, Tuple, Union
 
-from irpe.runtime.onnxruntime.op_names import (BUCKET_MATMUL_ADD, DOMAIN, GATHER, GATHER_ADD,
-                                               GATHER_ADD2, SCATTER, SCATTER_MATMUL_ADD,
-                                               SOFTMAX_OPS)
+from irpe.runtime.onnxruntime.op_names import (
+    BUCKET_MATMUL_ADD,
+    DOMAIN,
+    GATHER,
+    GATHER_ADD,
+    GATHER_ADD2,
+    SCATTER,
+    SCATTER_MATMUL_ADD,
+    SOFTMAX_OPS,
+)
 from irpe.runtime.onnxruntime.rewrite_attention import fuse_attention
 from irpe.runtime.onnxruntime.rewrite_qlayout import relayout_q
 

@@ -15,8 +15,13 @@ from types import ModuleType
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from irpe.artifact.contract import read_onnx_props, write_sidecar
-from irpe.runtime.tensorrt.common import (EngineBuildError, import_tensorrt, is_rtx, load_plugins,
-                                          make_logger)
+from irpe.runtime.tensorrt.common import (
+    EngineBuildError,
+    import_tensorrt,
+    is_rtx,
+    load_plugins,
+    make_logger,
+)
 from irpe.runtime.tensorrt.isolate import build_in_subprocess, child_main
 
 __all__ = ["build_engine", "parse_compute_capability", "default_ranges", "PRECISIONS"]

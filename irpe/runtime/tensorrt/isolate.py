@@ -16,8 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Dict, List
 
-from irpe.runtime.tensorrt.common import (EngineBuildError, TensorRTUnavailable,
-                                          wheel_library_dirs)
+from irpe.runtime.tensorrt.common import EngineBuildError, TensorRTUnavailable, wheel_library_dirs
 
 __all__ = ["build_in_subprocess", "child_main", "link_unversioned"]
 

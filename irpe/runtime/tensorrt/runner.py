@@ -13,9 +13,8 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from irpe.errors import GPURequired
 from irpe.artifact.filecheck import check_file
-
+from irpe.errors import GPURequired
 from irpe.runtime.tensorrt.common import import_tensorrt, load_plugins, make_logger
 
 __all__ = ["TRTRunner"]
