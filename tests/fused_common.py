@@ -1,4 +1,5 @@
-"""Shared pieces of the fused-attention tests (CPU interpreter): skip marker, fixture, inputs."""
+"""Shared pieces of the fused-attention tests (CPU interpreter): skip marker, inputs, checks;
+the ``interpret`` fixture is in tests/conftest.py."""
 import contextlib
 import importlib.util
 import os
@@ -6,7 +7,6 @@ import os
 import pytest
 import torch
 
-from irpe.fused import set_fused_attention, set_fused_ids
 from irpe.rpe import build_rpe, get_rpe_config
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
@@ -15,21 +15,6 @@ needs_triton = pytest.mark.skipif(
     reason="triton not installed (pip install triton==3.9.0; the dev extra has it)")
 
 TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
-
-
-@pytest.fixture
-def interpret(monkeypatch):
-    """Triton kernels on the CPU interpreter, the fused path forced (restored afterwards).
-
-    conftest sets TRITON_INTERPRET=1 before triton is imported when there is no GPU; with a GPU
-    the process compiles for real (tests/gpu) and Triton cannot switch modes in one process."""
-    if torch.cuda.is_available():
-        pytest.skip("GPU machine: the kernels run compiled in tests/gpu, not interpreted")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    set_fused_attention("fused")
-    yield
-    set_fused_attention(None)
-    set_fused_ids("table")
 
 
 def modules(method, on, mode="ctx", skip=0, heads=2, head_dim=16, shared=True, dtype=None):
@@ -71,10 +56,10 @@ def count_launches():
             return getter(*args, **kwargs)
         return fetch
 
-    for (module, name, field), original in zip(getters, originals):
+    for (module, name, field), original in zip(getters, originals, strict=True):
         setattr(module, name, counted(original, field))
     try:
         yield seen
     finally:
-        for (module, name, _), original in zip(getters, originals):
+        for (module, name, _), original in zip(getters, originals, strict=True):
             setattr(module, name, original)

@@ -24,7 +24,7 @@ from irpe.fused import (
 from irpe.fused.op import check_inputs
 from irpe.models.transformer import RPEMultiheadAttention
 from irpe.rpe import get_rpe_config, set_traceable
-from tests.fused_common import check, count_launches, inputs, interpret, modules, needs_triton  # noqa: F401
+from tests.fused_common import check, count_launches, inputs, modules, needs_triton
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -149,7 +149,7 @@ def test_backward_matches_unfused(interpret):
                 out = rpe_attention(q, k, v, 0.25, *mods_i, 3, 4, mask)
                 grads.append(torch.autograd.grad((out * out).sum(), [q, k, v] + params))
         assert launches.backward == 1  # the Triton backward kernel ran
-        for g_fused, g_ref in zip(*grads):
+        for g_fused, g_ref in zip(*grads, strict=True):
             check(g_fused, g_ref, torch.float32)
 
 
@@ -174,7 +174,7 @@ def test_reference_in_row_chunks_matches_one_chunk(monkeypatch):
         monkeypatch.setattr(ref, "CHUNK_ELEMS", 5 * 2 * 2 * 13)
         parts = ref.reference_forward(*args), ref.reference_backward(args, g_out, g_s)
         monkeypatch.setattr(ref, "CHUNK_ELEMS", 1 << 24)
-        for a, b in zip([*whole[0], *whole[1]], [*parts[0], *parts[1]]):
+        for a, b in zip([*whole[0], *whole[1]], [*parts[0], *parts[1]], strict=True):
             assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
 
 

@@ -8,7 +8,7 @@ import torch
 from irpe.attention import RPEAttention, rpe_attention, unfused_attention
 from irpe.fused import set_fused_attention
 from irpe.rpe import get_rpe_config
-from tests.fused_common import HAVE_TRITON, check, inputs, interpret, needs_triton  # noqa: F401
+from tests.fused_common import HAVE_TRITON, check, inputs, needs_triton
 
 
 def test_plain_path_is_sdpa_and_matches_manual():
@@ -129,6 +129,6 @@ def test_compile_training_step_through_fused_ops(interpret):
     eager = torch.autograd.grad(step(x), params)
     compiled = torch.autograd.grad(torch.compile(step, backend="aot_eager", fullgraph=True)(x),
                                    params)
-    for a, b in zip(compiled, eager):
+    for a, b in zip(compiled, eager, strict=True):
         check(a, b, torch.float32)
     torch._dynamo.reset()
