@@ -92,7 +92,7 @@ def model_cases(dtype: torch.dtype, device: str, deit_batch: int,
         hh, ww = (int(s) for s in size.split("x"))
         img = torch.randn(batch, 3, hh, ww, device=device, dtype=dtype)
         cases.append(("model", f"detr_r50_{size}_bs{batch}", {
-            "plain": _mode_call(None, lambda: plain(img)),
+            "plain": _mode_call(None, lambda img=img: plain(img)),
             "irpe_k_unfused": _mode_call("unfused", lambda img=img: irpe(img)),
             "irpe_k_fused": _mode_call("fused", lambda img=img: irpe(img))}, batch, "plain"))
     return cases

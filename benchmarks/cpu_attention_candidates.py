@@ -108,7 +108,7 @@ def report(times: Dict[str, List[float]]) -> List[str]:
     lines = ["| candidate | median ms | best ms | median of round ratios (time / plain) |",
              "|---|---|---|---|"]
     for name, ts in times.items():
-        rounds = statistics.median(t / p for t, p in zip(ts, plain))
+        rounds = statistics.median(t / p for t, p in zip(ts, plain, strict=True))
         lines.append(f"| {name} | {statistics.median(ts) * 1e3:.2f} | {min(ts) * 1e3:.2f} | "
                      f"{rounds:.2f} |")
     return lines

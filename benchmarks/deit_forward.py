@@ -141,7 +141,8 @@ def main(argv=None) -> int:
     if args.quick:
         args.batch, args.repeats, args.warmup = 1, 1, 1
     models = QUICK_MODELS if args.quick else MODELS
-    models = with_paths(models, [s for s, on in zip(PATHS, (args.unfused, args.sdpa)) if on])
+    chosen = zip(PATHS, (args.unfused, args.sdpa), strict=True)
+    models = with_paths(models, [s for s, on in chosen if on])
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"DeiT forward benchmark: batch {args.batch}, {args.threads} threads, "

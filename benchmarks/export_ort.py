@@ -7,10 +7,10 @@ Each model is exported with ``export.onnx.export_onnx`` (RPE nodes + local funct
 weights, non-zero iRPE tables), loaded into ``--sessions`` CPU sessions of its own, warmed up and
 then timed round-robin (one run of each session per round; a row's round time is the mean of its
 sessions) so machine drift hits all alike and no row hangs on one session's memory placement.
-All sessions share ONE intra-op thread pool (``irpe.runtime.onnxruntime.session.share_thread_pool``): with a
-pool each, the idle workers of the session that ran last spin on the cores for tens of ms and
-slow the next one, which skewed the ratios by several hundredths (docs/export.md;
-``--own-pools`` times it that way). Where the
+All sessions share ONE intra-op thread pool
+(``irpe.runtime.onnxruntime.session.share_thread_pool``): with a pool each, the idle workers of the
+session that ran last spin on the cores for tens of ms and slow the next one, which skewed the
+ratios by several hundredths (docs/export.md; ``--own-pools`` times it that way). Where the
 custom-op library (plugins/onnxruntime) is built, each iRPE file also gets a second session with
 it registered (rows ``*_ops``), timed in the same rounds with the same threads. Reports the
 median / p90 per run, images/s and the throughput ratio to the plain model against the goals
@@ -257,7 +257,8 @@ def summarize(times: Dict[str, List[float]], models: Dict[str, str], batch: int)
     plain, plain_ops = times["plain"], times.get("plain" + OPS_SUFFIX)
     for key, row in rows.items():
         ratio = 1.0 / row.pop("ratio_to_plain")
-        rounds = [p / t for p, t in zip(plain, times[key])]  # same round: same machine state
+        # same round: same machine state
+        rounds = [p / t for p, t in zip(plain, times[key], strict=True)]
         row.update(throughput_ratio=ratio, goal=GOALS.get(key),
                    meets_goal=ratio >= GOALS[key] if key in GOALS else None,
                    ratio_round_median=statistics.median(rounds),

@@ -180,7 +180,7 @@ def ort_runner(value: Entry, inputs, cache: Path, threads: int) -> Runner:
         _export(value, path)
     sess, _ = create_session(path, threads=threads, options=OrtOptions.from_env())
     task = "detection" if len(inputs) == 2 else "classification"
-    feeds = {n: t.cpu().numpy() for n, t in zip(io_spec(task)[0], inputs)}
+    feeds = {n: t.cpu().numpy() for n, t in zip(io_spec(task)[0], inputs, strict=True)}
     return lambda: sess.run(None, feeds)
 
 

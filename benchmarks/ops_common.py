@@ -53,7 +53,7 @@ def time_round_robin(fns: Dict[str, Callable[[], object]], repeats: int, warmup:
     for round_ in range(warmup + repeats):
         for key, fn in fns.items():
             n = calls[key]
-            elapsed = timer(lambda: [fn() for _ in range(n)]) / n
+            elapsed = timer(lambda fn=fn, n=n: [fn() for _ in range(n)]) / n
             if round_ >= warmup:
                 times[key].append(elapsed)
     return times

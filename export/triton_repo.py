@@ -148,7 +148,8 @@ def _ort_library(path: Path, props: Dict[str, str], choice: str) -> List[Path]:
     problem = ort_library_problem(path, DEFAULT_ORT_OPS)
     if problem:
         warnings.warn(f"not referencing {DEFAULT_ORT_OPS}: ONNX Runtime cannot load "
-                      f"{path.name} with it ({problem}); the file's local functions run instead")
+                      f"{path.name} with it ({problem}); the file's local functions run instead",
+                      stacklevel=2)
         return []
     return [DEFAULT_ORT_OPS]
 

@@ -59,9 +59,9 @@ def _onnx_runner(path: str, ort_options: Optional[OrtOptions] = None
 
     def run(feeds: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
         np_feeds = {n: feeds[n].numpy() for n in names}
-        got = dict(zip(outputs, session.run(None, np_feeds)))
+        got = dict(zip(outputs, session.run(None, np_feeds), strict=True))
         if functions is not None:
-            for name, ref in zip(outputs, functions.run(None, np_feeds)):
+            for name, ref in zip(outputs, functions.run(None, np_feeds), strict=True):
                 diff = float(np.abs(got[name].astype(np.float64) - ref).max(initial=0.0))
                 run.versus[name] = max(run.versus.get(name, 0.0), diff)
         return got
@@ -93,7 +93,7 @@ def _reference(src: Source) -> Runner:
         out = module(*[feeds[n] for n in names])
         out = out if isinstance(out, tuple) else (out,)
         keys = ["logits"] if src.spec.task == "classification" else ["pred_logits", "pred_boxes"]
-        return {k: v.numpy() for k, v in zip(keys, out)}
+        return {k: v.numpy() for k, v in zip(keys, out, strict=True)}
 
     return run
 
@@ -113,7 +113,8 @@ def compare(got: np.ndarray, expected: np.ndarray, atol: float, rtol: float,
     index = np.unravel_index(flat, ratio.shape) if ratio.size else ()
     denom = np.linalg.norm(got64) * np.linalg.norm(exp64)
     return {
-        "max_abs": float(diff.max(initial=0.0)), "mean_abs": float(diff.mean()) if diff.size else 0.0,
+        "max_abs": float(diff.max(initial=0.0)),
+        "mean_abs": float(diff.mean()) if diff.size else 0.0,
         "max_rel": float((diff / np.maximum(np.abs(exp64), 1e-12)).max(initial=0.0)),
         "cosine": float(np.nansum(got64 * exp64) / denom) if denom > 0 else 1.0,
         "violations": int((ratio > 1).sum()), "elements": int(diff.size),
@@ -129,7 +130,7 @@ def _topk_metrics(got: np.ndarray, expected: np.ndarray) -> Dict:
     k = min(5, got.shape[-1])
     top_got = np.argsort(-got, axis=-1)[:, :k]
     top_exp = np.argsort(-expected, axis=-1)[:, :k]
-    overlap = [len(set(a) & set(b)) / k for a, b in zip(top_got, top_exp)]
+    overlap = [len(set(a) & set(b)) / k for a, b in zip(top_got, top_exp, strict=True)]
     return {"top1_agreement": float(np.mean(top_got[:, 0] == top_exp[:, 0])),
             f"top{k}_agreement": float(np.mean(overlap))}
 

@@ -21,8 +21,8 @@ from .idcache import BUCKET_IDS
 
 __all__ = [
     "Method", "METHOD_IDS", "Coefficients", "parse_method", "coefficients", "num_buckets",
-    "piecewise_index", "piecewise_index_traceable", "ids_from_offsets", "bucket_ids", "bucket_ids_traceable",
-    "relative_offsets",
+    "piecewise_index", "piecewise_index_traceable", "ids_from_offsets", "bucket_ids",
+    "bucket_ids_traceable", "relative_offsets",
 ]
 
 IntOrTensor = Union[int, torch.Tensor]

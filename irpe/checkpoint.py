@@ -14,7 +14,8 @@ from typing import Any, Dict
 import torch
 from torch import nn
 
-__all__ = ["CheckpointError", "read_state_dict", "load_torch_file", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CheckpointError", "read_state_dict", "load_torch_file", "load_checkpoint",
+           "save_checkpoint"]
 
 
 class CheckpointError(RuntimeError):

@@ -1,7 +1,9 @@
 """Custom ops ``irpe::rpe_gather`` and ``irpe::rpe_scatter`` (torch.library).
 
-rpe_gather(table[B,H,Lq|1,K], index[Lq,Lk]) -> out[B,H,Lq,Lk],  out[b,h,i,j] = table[b,h,i,index[i,j]]
-rpe_scatter(attn[B,H,Lq,Lk], index[Lq,Lk], K) -> out[B,H,Lq,K], out[b,h,i,t] = sum_{j: index[i,j]=t} attn[b,h,i,j]
+rpe_gather(table[B,H,Lq|1,K], index[Lq,Lk]) -> out[B,H,Lq,Lk],
+    out[b,h,i,j] = table[b,h,i,index[i,j]]
+rpe_scatter(attn[B,H,Lq,Lk], index[Lq,Lk], K) -> out[B,H,Lq,K],
+    out[b,h,i,t] = sum_{j: index[i,j]=t} attn[b,h,i,j]
 
 They are each other's adjoint, so each one's backward is the other. The default implementation
 below is device-generic (torch.gather / scatter_add with fp32 accumulation); a device kernel
@@ -36,7 +38,8 @@ def check_inputs(x: torch.Tensor, index: torch.Tensor, name: str,
     if x.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"{name}: unsupported dtype {x.dtype}")
     if x.shape[2] != index.shape[0] and not (broadcast_rows and x.shape[2] == 1):
-        raise ValueError(f"{name}: Lq mismatch, tensor has {x.shape[2]}, index has {index.shape[0]}")
+        raise ValueError(f"{name}: Lq mismatch, tensor has {x.shape[2]}, "
+                         f"index has {index.shape[0]}")
     if same_lk and x.shape[3] != index.shape[1]:
         raise ValueError(f"{name}: Lk mismatch, attn has {x.shape[3]}, index has {index.shape[1]}")
 

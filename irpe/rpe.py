@@ -150,7 +150,8 @@ class iRPE(nn.Module):
             height = width = int(math.isqrt(length))
         skip = length - height * width
         if skip < 0:
-            raise ValueError(f"sequence of {length} tokens is shorter than the {height}x{width} grid")
+            raise ValueError(f"sequence of {length} tokens is shorter than the "
+                             f"{height}x{width} grid")
         return height, width, skip
 
     def bucket_ids(self, length: int, height=None, width=None,

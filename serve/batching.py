@@ -183,7 +183,7 @@ class Batcher:
                     item.future.set_exception(error)
             return
         self._finish(batch, start, "success")
-        for item, result in zip(batch, results):
+        for item, result in zip(batch, results, strict=True):
             if not item.future.done():
                 item.future.set_result(result)
 

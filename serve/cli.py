@@ -117,7 +117,7 @@ def _prepare(app) -> int:
 
     rows = asyncio.run(load())
     print(f"{'model':<24} {'task':<15} {'backend':<12} {'state':<8} path")
-    for row, model in zip(rows, state.models.values()):
+    for row, model in zip(rows, state.models.values(), strict=True):
         print(f"{row['name']:<24} {row['task']:<15} {row['backend']:<12} "
               f"{row['state'] if not row['error'] else 'failed':<8} {model.cfg.path}"
               + (f"  ({row['error']})" if row["error"] else ""))

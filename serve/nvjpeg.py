@@ -77,7 +77,7 @@ def decode_on_device(blobs: Sequence[bytes], pre: Preprocess, device: str
         images = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
     except RuntimeError:  # a corrupt stream: the CPU path gives the usual 400
         return None
-    out = [(_resize(im, pre), (h, w)) for im, (w, h) in zip(images, sizes)]
+    out = [(_resize(im, pre), (h, w)) for im, (w, h) in zip(images, sizes, strict=True)]
     # complete before they leave this thread: the batching thread stacks them on its own
     # current stream, and the instance's stream then waits for that one (TorchBackend._consume)
     torch.cuda.current_stream(device).synchronize()

@@ -100,7 +100,7 @@ def test_cpu_path_gradients_match_unfused(case):
     for fn in (rpe_attention, unfused_attention):
         out = fn(q, k, v, 0.25, *mods, h, w, mask)
         grads.append(torch.autograd.grad((out * out).sum(), [q, k, v] + params))
-    for got, ref in zip(*grads):
+    for got, ref in zip(*grads, strict=True):
         _close(got, ref, 5e-5)
 
 

@@ -19,7 +19,7 @@ def test_bundled_file_is_a_self_describing_trained_model(name):
     assert spec.model_name == name and spec.class_names == list(SHAPE_CLASSES)
     assert spec.preprocess == default_spec(name).preprocess
     same = create_model(name, pretrained=True).eval()
-    for (k, a), (_, b) in zip(model.state_dict().items(), same.state_dict().items()):
+    for (k, a), (_, b) in zip(model.state_dict().items(), same.state_dict().items(), strict=True):
         assert torch.equal(a, b), k
 
 

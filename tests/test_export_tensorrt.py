@@ -40,7 +40,8 @@ def onnx_files(tmp_path_factory):
     small = dict(enc_layers=1, dec_layers=1)
     detr = create_model("detr_tiny_irpe", **small).eval()
     return {"deit": export_onnx(str(d / "deit.safetensors"), d / "deit.onnx"),
-            "detr": export_onnx(detr, d / "detr.onnx", spec=default_spec("detr_tiny_irpe", **small))}
+            "detr": export_onnx(detr, d / "detr.onnx",
+                                spec=default_spec("detr_tiny_irpe", **small))}
 
 
 @needs_trt

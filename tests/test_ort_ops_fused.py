@@ -1,6 +1,6 @@
-"""Load-time fusions of the ORT custom-op library (irpe/runtime/onnxruntime/rewrites.py): the iRPE-V chain
-RPEScatter -> MatMul(W) -> Add(base) as one RPEScatterMatMulAdd against the unfused custom ops,
-the files' functions and PyTorch; the AVX2 gather+Add rows with ids outside [0, K); the switch.
+"""Load-time fusions of the ORT custom-op library (irpe/runtime/onnxruntime/rewrites.py): the iRPE-V
+chain RPEScatter -> MatMul(W) -> Add(base) as one RPEScatterMatMulAdd against the unfused custom
+ops, the files' functions and PyTorch; the AVX2 gather+Add rows with ids outside [0, K); the switch.
 Gather+Add basics: tests/test_ort_ops.py."""
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def test_v_chain_ids_outside_the_buckets_are_dropped(ort_library):
     assert path.fused_v == 1
     keep = (ids >= 0) & (ids < K)
     s = np.zeros(attn.shape[:3] + (K,), np.float64)
-    for i, j in zip(*np.nonzero(keep)):
+    for i, j in zip(*np.nonzero(keep), strict=True):
         s[:, :, i, ids[i, j]] += attn[:, :, i, j]
     expect = base + (s @ weight.astype(np.float64))
     assert np.abs(session.run(None, {"attn": attn, "base": base})[0] - expect).max() <= 1e-6

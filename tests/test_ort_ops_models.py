@@ -22,7 +22,8 @@ from tests.helpers import TINY, env_session, run_python, tiny_deit
 pytestmark = pytest.mark.usefixtures("ort_library_env")  # fixtures: tests/conftest.py
 
 CASES = [(method, mode, on) for method in ("euc", "quant", "product", "cross")
-         for mode in ("bias", "ctx") for on in ("q", "k", "v") if not (mode == "bias" and on == "v")]
+         for mode in ("bias", "ctx") for on in ("q", "k", "v")
+         if not (mode == "bias" and on == "v")]
 
 
 def _profiled_ops(session: ort.InferenceSession) -> set:
@@ -87,7 +88,7 @@ def test_detr_one_file_three_resolutions(ort_library, tmp_path):
         got, want = custom.run(None, feeds), functions.run(None, feeds)
         with torch.no_grad():
             ref = model(images, sizes)
-        for g, w, r in zip(got, want, (ref["pred_logits"], ref["pred_boxes"])):
+        for g, w, r in zip(got, want, (ref["pred_logits"], ref["pred_boxes"]), strict=True):
             assert np.array_equal(g, w)  # DETR has iRPE-K only: gathers, bit-identical
             np.testing.assert_allclose(g, r.numpy(), atol=1e-4, rtol=1e-4)
 

@@ -1,8 +1,8 @@
-"""Stage ``qlayout`` of the load-time rewrite (irpe/runtime/onnxruntime/rewrite_qlayout.py): the iRPE-Q table is
-computed bucket-major, MatMul(W^T, k^T), and its index rewritten to match. Same outputs as the
-ONNX functions and PyTorch (shared and per-head tables), a clean graph (no dangling Mul, no
-unused initializers, one shared index), and no rewrite where the pattern is not exactly the Q
-form."""
+"""Stage ``qlayout`` of the load-time rewrite (irpe/runtime/onnxruntime/rewrite_qlayout.py): the
+iRPE-Q table is computed bucket-major, MatMul(W^T, k^T), and its index rewritten to match. Same
+outputs as the ONNX functions and PyTorch (shared and per-head tables), a clean graph (no dangling
+Mul, no unused initializers, one shared index), and no rewrite where the pattern is not exactly the
+Q form."""
 from __future__ import annotations
 
 import numpy as np

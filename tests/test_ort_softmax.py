@@ -1,7 +1,8 @@
 """The Softmax fusion of the ORT custom-op library: RPEGatherAdd*Softmax(Scatter) and
-RPEBucketMatMulAdd on hand-made graphs against PyTorch, on every SIMD level
-($IRPE_ORT_SIMD), thread counts, masked rows, bad attributes / shapes, and the load-time
-rewrite (irpe/runtime/onnxruntime/rewrites.py) of Softmax(Add(x, RPEGather)) with and without the V chain."""
+RPEBucketMatMulAdd on hand-made graphs against PyTorch, on every SIMD level ($IRPE_ORT_SIMD), thread
+counts, masked rows, bad attributes / shapes, and the load-time rewrite
+(irpe/runtime/onnxruntime/rewrites.py) of Softmax(Add(x, RPEGather)) with and without the V
+chain."""
 from __future__ import annotations
 
 import numpy as np
@@ -107,9 +108,9 @@ def test_sums_are_rpe_scatter_of_the_probabilities_bit_for_bit(ort_library):
 def test_thread_count_and_index_type_do_not_change_bits(ort_library):
     x = _layer(3, 3, size=6)
     one = _run(x, 2, scatter=True, threads=1)
-    assert all(np.array_equal(a, b) for a, b in zip(one, _run(x, 2, True, threads=2)))
+    assert all(np.array_equal(a, b) for a, b in zip(one, _run(x, 2, True, threads=2), strict=True))
     assert all(np.array_equal(a, b) for a, b in
-               zip(one, _run(x, 2, True, threads=2, index_type=np.int32)))
+               zip(one, _run(x, 2, True, threads=2, index_type=np.int32), strict=True))
 
 
 @pytest.mark.parametrize("simd", SIMD)
@@ -210,7 +211,7 @@ def test_left_unfused(ort_library, case):
     assert path.fused_softmax == 0
     ref, _ = env_session(data, custom_ops="off", quiet=True)
     feeds = {"t1": x["t1"], "base": x["base"]}
-    for got, want in zip(session.run(None, feeds), ref.run(None, feeds)):
+    for got, want in zip(session.run(None, feeds), ref.run(None, feeds), strict=True):
         assert np.array_equal(got, want)
 
 

@@ -1,5 +1,5 @@
-"""irpe.runtime.onnxruntime.session.share_thread_pool: one process-wide ONNX Runtime pool that every session
-made afterwards shares. Run in fresh processes: the pool is process-wide and made once."""
+"""irpe.runtime.onnxruntime.session.share_thread_pool: one process-wide ONNX Runtime pool that every
+session made afterwards shares. Run in fresh processes: the pool is process-wide and made once."""
 import textwrap
 
 from tests.helpers import run_python

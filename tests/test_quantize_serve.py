@@ -51,7 +51,7 @@ def test_quantised_model_classifies_like_fp32(client):
         reply = client.post(f"/v1/models/{name}/classify?top_k=3", files=files)
         assert reply.status_code == 200, reply.text
         tops[name] = [r["indices"][0] for r in reply.json()["results"]]
-    assert sum(a == b for a, b in zip(tops["fp32"], tops["int8"])) >= 5
+    assert sum(a == b for a, b in zip(tops["fp32"], tops["int8"], strict=True)) >= 5
 
 
 def test_bad_image_is_a_400_and_the_model_keeps_serving(client):

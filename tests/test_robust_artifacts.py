@@ -1,5 +1,5 @@
-"""Artifact checks before use (irpe/artifact/filecheck.py): safetensors, ONNX and TensorRT engine files
-that are missing, empty, truncated or of another kind give one clear error, through every
+"""Artifact checks before use (irpe/artifact/filecheck.py): safetensors, ONNX and TensorRT engine
+files that are missing, empty, truncated or of another kind give one clear error, through every
 loader that reads them (serving, `irpe validate` / build-engine, the TensorRT runner)."""
 from __future__ import annotations
 

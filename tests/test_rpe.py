@@ -48,7 +48,7 @@ def test_efficient_equals_naive(method, mode, shared, on, grid):
     cfg = get_rpe_config(ratio=METHODS[method], method=method, mode=mode, shared_head=shared,
                          skip=min(skip, 1), rpe_on=on)
     heads, head_dim, batch = 3, 8, 2
-    module = _randomize(dict(zip("qkv", build_rpe(cfg, head_dim, heads)))[on]).double()
+    module = _randomize(dict(zip("qkv", build_rpe(cfg, head_dim, heads), strict=True))[on]).double()
     length = skip + height * width
     if on == "v":
         x = torch.rand(batch, heads, length, length, dtype=torch.float64).softmax(-1)

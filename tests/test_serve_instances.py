@@ -28,7 +28,7 @@ def test_two_instances_both_used_with_identical_outputs(cls_file):
     assert single.instance_batches == [6]
     assert len(double.backends) == 2 and double.backends[0] is not double.backends[1]
     assert sum(double.instance_batches) == 6 and min(double.instance_batches) >= 1
-    for a, b in zip(expected, got):
+    for a, b in zip(expected, got, strict=True):
         np.testing.assert_array_equal(a["logits"], b["logits"])
     assert double.describe()["instances"] == 2
 

@@ -51,7 +51,7 @@ def _both(client, route: str, **kwargs):
 def test_classify_torch_equals_onnxruntime(client):
     files = [("file", (f"{i}.png", shape_png(i, 72))) for i in range(3)]
     a, b = _both(client, "/v1/models/cls_{}/classify?top_k=8", files=files)
-    for x, y in zip(a["results"], b["results"]):
+    for x, y in zip(a["results"], b["results"], strict=True):
         assert x["indices"] == y["indices"]
         assert np.allclose(x["scores"], y["scores"], atol=1e-5)
 
@@ -62,7 +62,7 @@ def test_detect_torch_equals_onnxruntime(client):
     files = [("file", (f"{i}.png", encode(im))) for i, im in enumerate(images)]
     a, b = _both(client, "/v1/models/det_{}/detect?threshold=0&max_detections=16",
                  files=files)
-    for x, y in zip(a["results"], b["results"]):
+    for x, y in zip(a["results"], b["results"], strict=True):
         key = lambda d: (round(d["score"], 4), d["index"])  # noqa: E731 (stable order)
         xs, ys = sorted(x["detections"], key=key), sorted(y["detections"], key=key)
         assert len(xs) == len(ys) == 16
@@ -79,7 +79,7 @@ def test_v2_padded_batch_torch_equals_onnxruntime(client):
          "data": images.ravel().tolist()},
         {"name": "sizes", "shape": [2, 2], "datatype": "INT64", "data": [64, 96, 96, 128]}]}
     a, b = _both(client, "/v2/models/det_{}/infer", json=body)
-    for x, y in zip(a["outputs"], b["outputs"]):
+    for x, y in zip(a["outputs"], b["outputs"], strict=True):
         assert x["name"] == y["name"] and x["shape"] == y["shape"]
         assert np.allclose(x["data"], y["data"], atol=1e-4)
     assert client.get("/v2/models/det_ort").json()["platform"] == "onnxruntime_onnx"

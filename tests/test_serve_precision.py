@@ -84,7 +84,7 @@ def test_uint8_batches_give_the_float_path_outputs(files, task):
     model = ServedModel(cfg, Metrics())
     floats = [model.preprocess(load_image(b)).numpy() for b in blobs]
     _, (u8, f32) = serve_batches(cfg, uint8, floats)
-    for a, b in zip(u8, f32):
+    for a, b in zip(u8, f32, strict=True):
         assert a.keys() == b.keys()
         for key in a:
             np.testing.assert_array_equal(a[key], b[key])

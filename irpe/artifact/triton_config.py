@@ -1,7 +1,7 @@
 """Triton's model configuration (``ModelConfig``), written once for both of its readers.
 
-``irpe triton-repo`` writes it as ``config.pbtxt`` (export/triton_repo.py) and ``irpe serve`` answers
-it as JSON on ``GET /v2/models/{name}/config`` (Triton's HTTP API, what ``tritonclient``'s
+``irpe triton-repo`` writes it as ``config.pbtxt`` (export/triton_repo.py) and ``irpe serve``
+answers it as JSON on ``GET /v2/models/{name}/config`` (Triton's HTTP API, what ``tritonclient``'s
 ``get_model_config`` reads): both come from :func:`model_config`, so they cannot drift apart.
 The dict uses the proto's field names, as Triton's JSON does (int64 values as numbers).
 """

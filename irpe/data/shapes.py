@@ -254,10 +254,10 @@ def coco_ground_truth(images: List[Tuple[int, int, List[Dict]]], size: int) -> D
     """COCO detection dict from (index, image_id, annotations) of square ``size`` images."""
     out = {"info": {"description": "irpe synthetic shapes"}, "licenses": [], "images": [],
            "annotations": [], "categories": coco_categories()}
-    for index, image_id, annotations in images:
+    for index, image_id, anns in images:
         out["images"].append({"id": image_id, "file_name": f"{index:06d}.png",
                               "width": size, "height": size})
-        for ann in annotations:
+        for ann in anns:
             out["annotations"].append({"id": len(out["annotations"]) + 1, "image_id": image_id,
                                        "iscrowd": 0, **ann})
     return out

@@ -118,7 +118,7 @@ def lower(name: str, compile_fn, **kwargs) -> LoweringReport:
         with contextlib.redirect_stdout(log):  # Triton prints the ptxas log
             kernel = compile_fn(**kwargs)
     finally:
-        for (obj, attr), value in zip(knobs, saved):
+        for (obj, attr), value in zip(knobs, saved, strict=True):
             setattr(obj, attr, value)
     text = log.getvalue()
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)

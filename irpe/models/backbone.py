@@ -129,7 +129,7 @@ class ResNetBody(nn.Module):
         self.bn1 = FrozenBatchNorm2d(widths[0])
         self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
         cin = widths[0]
-        for i, (n, width) in enumerate(zip(layers, widths)):
+        for i, (n, width) in enumerate(zip(layers, widths, strict=False)):
             blocks = []
             for j in range(n):
                 blocks.append(cls(cin, width, stride=2 if (j == 0 and i > 0) else 1))

@@ -29,7 +29,8 @@ class MLP(nn.Module):
     def __init__(self, input_dim: int, hidden_dim: int, output_dim: int, num_layers: int) -> None:
         super().__init__()
         dims = [input_dim] + [hidden_dim] * (num_layers - 1)
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims, dims[1:] + [output_dim]))
+        self.layers = nn.ModuleList(nn.Linear(a, b)
+                                    for a, b in zip(dims, dims[1:] + [output_dim], strict=True))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for i, layer in enumerate(self.layers):
@@ -75,7 +76,7 @@ class DETR(nn.Module):
         out = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
         if self.aux_loss:
             out["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b}
-                                  for a, b in zip(logits[:-1], boxes[:-1])]
+                                  for a, b in zip(logits[:-1], boxes[:-1], strict=True)]
         return out
 
 
@@ -90,7 +91,8 @@ class PostProcess(nn.Module):
         h, w = sizes.unbind(1)
         scale = torch.stack([w, h, w, h], dim=1).unsqueeze(1).to(prob.dtype)
         boxes = box_cxcywh_to_xyxy(outputs["pred_boxes"]) * scale
-        return [{"scores": s, "labels": lab, "boxes": b} for s, lab, b in zip(scores, labels, boxes)]
+        return [{"scores": s, "labels": lab, "boxes": b}
+                for s, lab, b in zip(scores, labels, boxes, strict=True)]
 
 
 def pad_images(images: Sequence[torch.Tensor], stride: int = 1) -> tuple:

@@ -65,7 +65,8 @@ class PositionEmbeddingSine(nn.Module):
         y = y / (y[:, -1:, :] + 1e-6) * self.scale
         x = x / (x[:, :, -1:] + 1e-6) * self.scale
         i = torch.arange(self.num_pos_feats, dtype=torch.float32, device=mask.device)
-        dim_t = self.temperature ** (2 * torch.div(i, 2, rounding_mode="floor") / self.num_pos_feats)
+        dim_t = self.temperature ** (2 * torch.div(i, 2, rounding_mode="floor")
+                                     / self.num_pos_feats)
         def sincos(t: torch.Tensor) -> torch.Tensor:
             t = t[..., None] / dim_t
             return torch.stack((t[..., 0::2].sin(), t[..., 1::2].cos()), dim=4).flatten(3)
@@ -135,7 +136,8 @@ class Transformer(nn.Module):
                 pos: torch.Tensor) -> torch.Tensor:
         """src/pos (B, C, h, w), mask (B, h, w), queries (Q, C) -> (layers, B, Q, C)."""
         hw = src.shape[-2:]
-        src, pos, mask = src.flatten(2).transpose(1, 2), pos.flatten(2).transpose(1, 2), mask.flatten(1)
+        src, pos = src.flatten(2).transpose(1, 2), pos.flatten(2).transpose(1, 2)
+        mask = mask.flatten(1)
         memory = src
         for layer in self.encoder.layers:
             memory = layer(memory, mask, pos, hw)

@@ -133,7 +133,7 @@ def test_backward_matches_unfused_gpu():
         qs, ks, vs = (t.detach().requires_grad_() for t in (q, k, v))
         out = rpe_attention(qs, ks, vs, scale, *mods, gh, gw, mask)
         grads.append(torch.autograd.grad(out.square().sum(), [qs, ks, vs] + params))
-    for g_fused, g_ref in zip(*grads):
+    for g_fused, g_ref in zip(*grads, strict=True):
         assert _rel(g_fused, g_ref) <= 1e-4
 
 
@@ -149,7 +149,7 @@ def test_backward_detr_size_low_precision(dtype):
         out = rpe_attention(*ts, scale, *ms, gh, gw, mask)
         grads.append(torch.autograd.grad(out.float().square().sum(),
                                          ts + [p for m in ms for p in m.parameters()]))
-    for g_fused, g_ref in zip(*grads):
+    for g_fused, g_ref in zip(*grads, strict=True):
         assert _rel(g_fused, g_ref) <= (2e-2 if dtype == torch.bfloat16 else 4e-3)
 
 

@@ -111,7 +111,7 @@ def test_two_owners_capture_concurrently_and_replay_equal_eager():
     noise.join()
     assert not errors, errors
     with torch.inference_mode():
-        for model, owner in zip(models, owners):
+        for model, owner in zip(models, owners, strict=True):
             torch.testing.assert_close(owner(x), model(x), rtol=1e-4, atol=1e-5)
 
 
@@ -129,7 +129,7 @@ def test_two_served_instances_both_capture_and_match_eager(cls_file, caplog):
     model, (replayed,) = serve_batches(cfg.model_copy(update={"cuda_graphs": True}), images)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cuda graphs")]
     assert model.state != "failed" and said == ["cuda graphs captured"] * 2, said
-    for a, b in zip(eager, replayed):
+    for a, b in zip(eager, replayed, strict=True):
         np.testing.assert_allclose(a["logits"], b["logits"], rtol=1e-4, atol=1e-4)
 
 
@@ -156,7 +156,8 @@ def test_nvjpeg_batch_under_a_busy_stream_equals_pil_path(cls_file):
     cpu = _cpu_only(model).prepare(blobs)
     pil = model._run_batch(0, cpu)
     model.backends[0].close()
-    for q, b, p in zip(quiet, busy, pil):  # (not bitwise: a V-term scatter may use atomics)
+    # (not bitwise: a V-term scatter may use atomics)
+    for q, b, p in zip(quiet, busy, pil, strict=True):
         np.testing.assert_allclose(b["logits"], q["logits"], rtol=1e-5, atol=1e-5)
         limit = NVJPEG_TOLERANCE * max(1.0, float(np.abs(p["logits"]).max()))
         assert np.abs(b["logits"] - p["logits"]).max() <= limit

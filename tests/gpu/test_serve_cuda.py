@@ -50,7 +50,7 @@ def test_cuda_graphs_match_eager(cls_file, caplog):
     _, (replayed,) = serve_batches(cfg.model_copy(update={"cuda_graphs": True}), images)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cuda graphs")]
     assert said in (["cuda graphs captured"], ["cuda graphs not captured; running eager"])
-    for a, b in zip(eager, replayed):
+    for a, b in zip(eager, replayed, strict=True):
         np.testing.assert_allclose(a["logits"], b["logits"], rtol=1e-2, atol=1e-2)
 
 
@@ -61,7 +61,7 @@ def test_uint8_normalised_on_device_equals_host(files):
         model = ServedModel(cfg.model_copy(update={"gpu_decode": False}), Metrics())
         uint8 = [p[0] for p in model.prepare(blobs)]
         _, (dev, host) = serve_batches(cfg, uint8, _floats(cfg, blobs))
-        for a, b in zip(dev, host):
+        for a, b in zip(dev, host, strict=True):
             for name in a:
                 np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-5)
 
@@ -78,7 +78,7 @@ def test_nvjpeg_decode_matches_cpu_path_within_bound(task):
     blobs = [jpeg_photo(451, 300), jpeg_photo(300, 451), jpeg_photo(1024, 768)]
     gpu = decode_on_device(blobs, pre, "cuda")
     assert gpu is not None
-    for blob, (pixels, size) in zip(blobs, gpu):
+    for blob, (pixels, size) in zip(blobs, gpu, strict=True):
         cpu, cpu_size = decode_u8(blob, pre)
         assert size == cpu_size and tuple(pixels.shape) == cpu.shape
         assert pixels.device.type == "cuda" and pixels.dtype == torch.uint8

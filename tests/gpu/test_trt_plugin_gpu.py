@@ -88,6 +88,6 @@ def test_detr_plugin_engine_matches_pytorch(setup, tmp_path):
     sizes = torch.tensor([[64, 96]], dtype=torch.int64)
     out, ref = _run(trt, plugin, model, onnx, tmp_path, {"images": images, "sizes": sizes},
                     batch=(1, 1, 2), height=(32, 64, 96), width=(32, 96, 128))
-    ref = ref if isinstance(ref, dict) else dict(zip(out, ref))
+    ref = ref if isinstance(ref, dict) else dict(zip(out, ref, strict=True))
     for name, value in out.items():
         torch.testing.assert_close(value.float().cpu(), ref[name].float(), atol=1e-3, rtol=1e-3)

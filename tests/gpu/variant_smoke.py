@@ -26,7 +26,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _case(variant: Variant, device: str, head_dim: int):
-    fam, dtype = variant.family, variant.torch_dtype
+    fam = variant.family
     cfg = get_rpe_config(1.9, fam.method, fam.mode, True, SKIP, fam.on)
     gen = torch.Generator().manual_seed(0)
     mods = build_rpe(cfg, head_dim, 2, initializer=lambda p: p.data.copy_(
@@ -69,6 +69,6 @@ def smoke(variant: Variant, device: str = "cuda", head_dim: int = 32) -> float:
         set_fused_attention(None)
         set_fused_ids("table")
     tol = (BACKWARD_TOL if fam.backward else FORWARD_TOL)[dtype]
-    worst = max(_rel(g, r) for g, r in zip(got, ref))
+    worst = max(_rel(g, r) for g, r in zip(got, ref, strict=True))
     assert worst <= tol, f"{variant.name}: max relative error {worst:.2e} > {tol:.0e}"
     return worst

@@ -2,8 +2,8 @@
 one ``RPEAttention`` node of the custom-op library (plugins/onnxruntime/rpe_attention.cpp),
 which keeps the logits, probabilities and iRPE tables of a block of queries in cache.
 
-Applied last by :func:`irpe.runtime.onnxruntime.rewrites.fuse_model`, after ``qlayout`` and ``softmax``. It
-matches the graph those stages leave for the timm/DeiT attention:
+Applied last by :func:`irpe.runtime.onnxruntime.rewrites.fuse_model`, after ``qlayout`` and
+``softmax``. It matches the graph those stages leave for the timm/DeiT attention:
 
     q, k, v = Squeeze(Split(qkv)) (three equal parts);  a = q or Mul(q, scalar)
     P = RPEGatherAdd[2]Softmax[Scatter](MatMul(a, wk), idk, MatMul(a, Transpose(k)),

@@ -6,12 +6,13 @@ the MatMul's outputs never reach memory); then ``Softmax(RPEGatherAdd*(...))`` -
 ``RPEGatherAdd*Softmax`` (logits built and normalised in one pass) and, where the probabilities
 also feed an ``RPEScatterMatMulAdd``, ``RPEGatherAdd*SoftmaxScatter`` whose 2nd output (the V
 bucket sums, taken from each row while it is in cache) feeds ``RPEBucketMatMulAdd(sums, W, x)``.
-First of all (stage ``qlayout``, irpe.runtime.onnxruntime.rewrite_qlayout) the iRPE-Q table is made bucket-major.
+First of all (stage ``qlayout``, irpe.runtime.onnxruntime.rewrite_qlayout) the iRPE-Q table is
+made bucket-major.
 
-Applied by :func:`irpe.runtime.onnxruntime.session.create_session` to the model it hands to ONNX Runtime, only
-when the CPU library is registered; the file on disk is never changed. A pair is fused when the
-gather's output is float32, feeds that one Add and nothing else; anything unexpected (a file
-onnx cannot parse, external data, no type information) leaves the model as it is.
+Applied by :func:`irpe.runtime.onnxruntime.session.create_session` to the model it hands to ONNX
+Runtime, only when the CPU library is registered; the file on disk is never changed. A pair is fused
+when the gather's output is float32, feeds that one Add and nothing else; anything unexpected (a
+file onnx cannot parse, external data, no type information) leaves the model as it is.
 """
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ class FuseCounts(NamedTuple):
     softmax: int = 0  # Softmax(RPEGatherAdd*) (of which with the V bucket sums: scatter_sums)
     scatter_sums: int = 0
     qlayout: int = 0  # Q-form gathers made bucket-major (irpe.runtime.onnxruntime.rewrite_qlayout)
-    attention: int = 0  # whole attention blocks run as RPEAttention (irpe.runtime.onnxruntime.rewrite_attention)
+    # whole attention blocks run as RPEAttention (irpe.runtime.onnxruntime.rewrite_attention)
+    attention: int = 0
 
 
 def parse_stages(setting: str) -> FrozenSet[str]:

@@ -15,8 +15,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import List, Optional, Sequence
 
-__all__ = ["TensorRTUnavailable", "EngineBuildError", "import_tensorrt", "is_rtx", "make_logger", "load_plugins",
-           "abi_mismatch", "MODULES", "WHEEL_LIBS", "wheel_library_dirs", "library_dir"]
+__all__ = ["TensorRTUnavailable", "EngineBuildError", "import_tensorrt", "is_rtx", "make_logger",
+           "load_plugins", "abi_mismatch", "MODULES", "WHEEL_LIBS", "wheel_library_dirs",
+           "library_dir"]
 
 MODULES = ("tensorrt", "tensorrt_rtx_bindings", "tensorrt_rtx")
 # packages of the wheels that ship the shared libraries (tensorrt-rtx-cu13-libs, tensorrt-cu*-libs)
