@@ -26,11 +26,10 @@ def _print_files(paths: Sequence[Path]) -> None:
 def cmd_models(args: argparse.Namespace) -> int:
     """Plain vs iRPE models across backends, batches and precisions."""
     from benchmarks import models_bench as mb
-    from irpe.precision import PRECISIONS
     families = choice_list(args.models or ("deit_tiny" if args.quick else "deit_tiny,deit_small"),
                            list(mb.FAMILIES), "model family")
     backends = choice_list(args.backends, mb.BACKENDS, "backend")
-    precisions = choice_list(args.precisions, PRECISIONS, "precision")
+    precisions = choice_list(args.precisions, mb.PRECISIONS, "precision")
     batches = int_list(args.batches or ("1" if args.quick else "1,8"))
     detr_sizes = size_list(args.detr_sizes) if args.detr_sizes else list(mb.DETR_SIZES)
     if args.quick:

@@ -22,6 +22,7 @@ import torch
 
 from benchmarks.ops_common import time_round_robin
 from benchmarks.report import latency_ms
+from irpe.precision import PRECISIONS as PRECISIONS  # re-exported: benchmarks.cli, tests
 from irpe.precision import torch_dtype
 
 DEIT = {"plain": "deit_{s}_patch16_224", "irpe_k": "deit_{s}_patch16_224_ctx_product_50_shared_k",
