@@ -7,15 +7,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .bucket import IntOrTensor
 from .fused.cpu import cpu_attention
 from .fused.dispatch import cpu_supported, exporting, fused_attention, fused_supported
-from .rpe import RPEConfig, build_rpe
+from .rpe import RPEConfig, RPEModule, build_rpe
 
 __all__ = ["RPEAttention", "rpe_attention", "unfused_attention"]
 
 
 def _plain_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                key_padding_mask: Optional[torch.Tensor], dropout: Optional[nn.Module]
+                key_padding_mask: Optional[torch.Tensor], dropout: Optional[nn.Dropout]
                 ) -> torch.Tensor:
     """Attention without iRPE through SDPA (FlashAttention / memory-efficient kernels)."""
     mask = None
@@ -25,10 +26,12 @@ def _plain_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=scale)
 
 
-def rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, rpe_q=None,
-                  rpe_k=None, rpe_v=None, height=None, width=None,
+def rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                  rpe_q: Optional[RPEModule] = None, rpe_k: Optional[RPEModule] = None,
+                  rpe_v: Optional[RPEModule] = None, height: Optional[IntOrTensor] = None,
+                  width: Optional[IntOrTensor] = None,
                   key_padding_mask: Optional[torch.Tensor] = None,
-                  dropout: Optional[nn.Module] = None) -> torch.Tensor:
+                  dropout: Optional[nn.Dropout] = None) -> torch.Tensor:
     """Scaled dot-product attention with iRPE terms, official order; q, k, v (B, H, L, D).
 
     The key padding mask (B, Lk), True = padding, is applied after the iRPE terms are added.
@@ -50,9 +53,11 @@ def rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
 
 
 def unfused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                      rpe_q=None, rpe_k=None, rpe_v=None, height=None, width=None,
+                      rpe_q: Optional[RPEModule] = None, rpe_k: Optional[RPEModule] = None,
+                      rpe_v: Optional[RPEModule] = None, height: Optional[IntOrTensor] = None,
+                      width: Optional[IntOrTensor] = None,
                       key_padding_mask: Optional[torch.Tensor] = None,
-                      dropout: Optional[nn.Module] = None) -> torch.Tensor:
+                      dropout: Optional[nn.Dropout] = None) -> torch.Tensor:
     """The manual path (L x L logits), the official order of operations; the export graph."""
     q = q * scale
     attn = q @ k.transpose(-2, -1)

@@ -1,6 +1,8 @@
 """Box conversions and IoU / generalized IoU (DETR's matching cost and loss)."""
 from __future__ import annotations
 
+from typing import Tuple
+
 import torch
 
 __all__ = ["box_cxcywh_to_xyxy", "box_xyxy_to_cxcywh", "box_area", "box_iou",
@@ -24,7 +26,7 @@ def box_area(boxes: torch.Tensor) -> torch.Tensor:
     return (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
 
 
-def box_iou(a: torch.Tensor, b: torch.Tensor):
+def box_iou(a: torch.Tensor, b: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Pairwise IoU (N, M) and union (N, M) of xyxy boxes."""
     lt = torch.max(a[:, None, :2], b[None, :, :2])
     rb = torch.min(a[:, None, 2:], b[None, :, 2:])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import Union
+from typing import Callable, Dict, Union
 
 import torch
 
@@ -45,7 +45,7 @@ class Method(str, Enum):
 METHOD_IDS = {Method.EUCLIDEAN: 0, Method.QUANT: 1, Method.PRODUCT: 3, Method.CROSS: 4,
               Method.CROSS_ROWS: 41, Method.CROSS_COLS: 42}
 
-_ALIASES = {
+_ALIASES: Dict[Union[str, int], Method] = {
     **{m.value: m for m in Method}, "euclidean": Method.EUCLIDEAN, "quantization": Method.QUANT,
     **{number: m for m, number in METHOD_IDS.items()},
 }
@@ -129,7 +129,7 @@ def relative_offsets(height: int, width: int) -> torch.Tensor:
 
 
 def ids_from_offsets(method: Method, dr: torch.Tensor, dc: torch.Tensor, ratio: float,
-                      piecewise) -> torch.Tensor:
+                      piecewise: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """Bucket ids of relative offsets (dr, dc) by ``method``'s composition, shared by the id
     matrices and the fused kernel's offset tables; ``piecewise`` is :func:`piecewise_index` or
     :func:`piecewise_index_traceable` (with the coefficients bound)."""
@@ -194,8 +194,9 @@ def bucket_ids_traceable(method: Union[str, Method], ratio: float, height: IntOr
     """
     method = parse_method(method)
     c = coefficients(ratio)
-    rows = torch.arange(height, device=device).view(-1, 1)
-    cols = torch.arange(width, device=device).view(1, -1)
+    # torch's stub types arange's end as a Python number; 0-d tensors and SymInts work (tracing)
+    rows = torch.arange(height, device=device).view(-1, 1)  # type: ignore[arg-type]
+    cols = torch.arange(width, device=device).view(1, -1)  # type: ignore[arg-type]
     r = (rows + cols * 0).reshape(-1).float()  # broadcast to (H, W) then flatten row-major
     k = (cols + rows * 0).reshape(-1).float()
     dr = r.view(-1, 1) - r.view(1, -1)

@@ -22,7 +22,7 @@ class CheckpointError(RuntimeError):
     """A checkpoint that is missing, unsafe, or does not fit the model."""
 
 
-def _unwrap(obj) -> Dict[str, torch.Tensor]:
+def _unwrap(obj: object) -> Dict[str, torch.Tensor]:
     for key in ("model", "state_dict", "model_state"):
         if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
             obj = obj[key]

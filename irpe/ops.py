@@ -15,7 +15,7 @@ this gives the transposed iRPE-Q term without materializing a transpose (see irp
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 
@@ -87,14 +87,16 @@ def _scatter_fake(attn: torch.Tensor, index: torch.Tensor, num_buckets: int) -> 
     return attn.new_empty((b, h, lq, num_buckets))
 
 
-def _gather_setup(ctx, inputs, output) -> None:
+# ctx: the autograd context, an attribute bag (torch types it Any)
+def _gather_setup(ctx: Any, inputs: Tuple[torch.Tensor, torch.Tensor],
+                  output: torch.Tensor) -> None:
     table, index = inputs
     ctx.save_for_backward(index)
     ctx.num_buckets = table.shape[3]
     ctx.broadcast = table.shape[2] == 1 and index.shape[0] != 1
 
 
-def _gather_backward(ctx, grad_out):
+def _gather_backward(ctx: Any, grad_out: torch.Tensor) -> Tuple[torch.Tensor, None]:
     (index,) = ctx.saved_tensors
     if ctx.broadcast:  # one table row served every query: sum over all (i, j) at once
         b, h = grad_out.shape[:2]
@@ -103,12 +105,13 @@ def _gather_backward(ctx, grad_out):
     return rpe_scatter(grad_out.contiguous(), index, ctx.num_buckets), None
 
 
-def _scatter_setup(ctx, inputs, output) -> None:
+def _scatter_setup(ctx: Any, inputs: Tuple[torch.Tensor, torch.Tensor, int],
+                   output: torch.Tensor) -> None:
     _, index, _ = inputs
     ctx.save_for_backward(index)
 
 
-def _scatter_backward(ctx, grad_out):
+def _scatter_backward(ctx: Any, grad_out: torch.Tensor) -> Tuple[torch.Tensor, None, None]:
     (index,) = ctx.saved_tensors
     return rpe_gather(grad_out.contiguous(), index), None, None
 

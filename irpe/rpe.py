@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple, Union
+from typing import Callable, Optional, Tuple, Union, cast
 
 import torch
 from torch import nn
 
-from .bucket import Method, bucket_ids, bucket_ids_traceable, num_buckets, parse_method
+from .bucket import IntOrTensor, Method, bucket_ids, bucket_ids_traceable, num_buckets, parse_method
 from .idcache import BUCKET_IDS
 from .ops import rpe_gather, rpe_scatter
 
-__all__ = ["RPEConfig", "get_rpe_config", "build_rpe", "iRPE", "iRPECross", "set_traceable",
-           "randomize_tables"]
+__all__ = ["RPEConfig", "get_rpe_config", "build_rpe", "iRPE", "iRPECross", "RPEModule",
+           "set_traceable", "randomize_tables"]
 
 _MODES = {"bias": "bias", "contextual": "contextual", "ctx": "contextual"}
 
@@ -87,7 +87,7 @@ class RPEConfig:
             raise ValueError(f"bad ratio {parts[1]!r} in {text!r}") from None
         if parts[4] not in ("0", "1"):
             raise ValueError(f"shared_head must be 0 or 1 in {text!r}")
-        return cls(ratio, parts[2], parts[3], parts[4] == "1", skip, parts[5])
+        return cls(ratio, parse_method(parts[2]), parts[3], parts[4] == "1", skip, parts[5])
 
     def to_dict(self) -> dict:
         """JSON form: the config string and skip (what rebuilds it) plus the derived fields a
@@ -142,7 +142,8 @@ class iRPE(nn.Module):
             for p in self.parameters():
                 initializer(p)
 
-    def grid(self, length: int, height=None, width=None) -> Tuple[int, int, int]:
+    def grid(self, length: int, height: Optional[int] = None, width: Optional[int] = None
+             ) -> Tuple[int, int, int]:
         """(height, width, skip) for a sequence; without H/W the grid is floor(sqrt(L)) square."""
         if height is None or width is None:
             if height is not None or width is not None:
@@ -154,36 +155,41 @@ class iRPE(nn.Module):
                              f"{height}x{width} grid")
         return height, width, skip
 
-    def bucket_ids(self, length: int, height=None, width=None,
+    def bucket_ids(self, length: int, height: Optional[IntOrTensor] = None,
+                   width: Optional[IntOrTensor] = None,
                    device: Optional[torch.device] = None) -> torch.Tensor:
         """Bucket ids (L, L) for this module's method; cached unless tracing dynamic sizes."""
+        # height and width come together (grid() says so otherwise); an int height has an int width
         if self.fixed_grid:  # exporting one static size: the ids become a graph constant
             length = int(length)
-            height, width = (None, None) if height is None else (int(height), int(width))
+            height, width = ((None, None) if height is None
+                             else (int(height), int(cast(IntOrTensor, width))))
         elif self.traceable or isinstance(height, torch.Tensor) or torch.compiler.is_compiling():
             # torch.compile: ids in-graph (the locked id cache would break the graph)
             if height is None:
                 height, width, _ = self.grid(length)
-            skip = self.skip if isinstance(height, torch.Tensor) else length - height * width
-            return bucket_ids_traceable(self.method, self.ratio, height, width, self._skip(skip),
-                                        device=device)
-        height, width, skip = self.grid(length, height, width)
-        skip = self._skip(skip)
+            skip = (self.skip if isinstance(height, torch.Tensor)
+                    else length - height * cast(int, width))
+            return bucket_ids_traceable(self.method, self.ratio, height, cast(IntOrTensor, width),
+                                        self._skip(skip), device=device)
+        h, w, s = self.grid(length, height, cast(Optional[int], width))
+        s = self._skip(s)
         device = None if device is None else torch.device(device)
         if device is None or device.type == "cpu":  # CPU ids: cached by bucket_ids
-            return bucket_ids(self.method, self.ratio, height, width, skip)
+            return bucket_ids(self.method, self.ratio, h, w, s)
         # other devices: one lookup per forward; the CPU ids are read only on a miss
-        key = (self.method, float(self.ratio), height, width, skip, device)
+        key = (self.method, float(self.ratio), h, w, s, device)
         return BUCKET_IDS.get_or_build(key, lambda: _to_device(
-            bucket_ids(self.method, self.ratio, height, width, skip), device))  # one LRU by bytes
+            bucket_ids(self.method, self.ratio, h, w, s), device))  # one LRU by bytes
 
-    def _skip(self, skip):
+    def _skip(self, skip: int) -> int:
         if isinstance(skip, int) and (skip > 0) != (self.skip > 0):
             raise ValueError(f"input has {skip} skip tokens but the module was built with "
                              f"skip={self.skip} ({self.num_buckets} buckets)")
         return skip
 
-    def forward(self, x: torch.Tensor, height=None, width=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, height: Optional[IntOrTensor] = None,
+                width: Optional[IntOrTensor] = None) -> torch.Tensor:
         """Encoding for x (B,H,L,D) on Q/K -> (B|1,H,L,L); for attn (B,H,L,L) on V -> (B,H,L,D)."""
         ids = self.bucket_ids(x.shape[2], height, width, device=x.device)
         if not self.transposed:
@@ -198,7 +204,8 @@ class iRPE(nn.Module):
         """Contextual lookup table x @ W: (B,H,L,D) -> (B,H,L,K) per-token bucket values."""
         return torch.matmul(x, self.lookup_table_weight.unsqueeze(0).to(x.dtype))
 
-    def forward_transposed(self, x: torch.Tensor, height=None, width=None) -> torch.Tensor:
+    def forward_transposed(self, x: torch.Tensor, height: Optional[IntOrTensor] = None,
+                           width: Optional[IntOrTensor] = None) -> torch.Tensor:
         """``forward(x).transpose(2, 3)`` for Q/K (the iRPE-Q logits term), layout-free on export.
 
         When exporting one static grid size (``set_traceable(m, fixed_grid=True)``), the table
@@ -234,30 +241,37 @@ class iRPECross(nn.Module):
     def num_buckets(self) -> int:
         return self.rp_rows.num_buckets
 
-    def forward(self, x: torch.Tensor, height=None, width=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, height: Optional[IntOrTensor] = None,
+                width: Optional[IntOrTensor] = None) -> torch.Tensor:
         return self.rp_rows(x, height, width) + self.rp_cols(x, height, width)
 
-    def forward_transposed(self, x: torch.Tensor, height=None, width=None) -> torch.Tensor:
+    def forward_transposed(self, x: torch.Tensor, height: Optional[IntOrTensor] = None,
+                           width: Optional[IntOrTensor] = None) -> torch.Tensor:
         """``forward(x).transpose(2, 3)``, see :meth:`iRPE.forward_transposed`."""
         return (self.rp_rows.forward_transposed(x, height, width)
                 + self.rp_cols.forward_transposed(x, height, width))
 
 
+# the module types build_rpe makes (one encoding on Q, K or V)
+RPEModule = Union[iRPE, iRPECross]
+
+
 @torch.inference_mode(False)  # cached ids must stay usable by autograd
-def _to_device(ids: torch.Tensor, device) -> torch.Tensor:
+def _to_device(ids: torch.Tensor, device: torch.device) -> torch.Tensor:
     return ids.to(device)
 
 
 def build_rpe(config: Optional[RPEConfig], head_dim: int, num_heads: int,
-              initializer: Optional[Callable[[torch.Tensor], None]] = None):
+              initializer: Optional[Callable[[torch.Tensor], None]] = None
+              ) -> Tuple[Optional[RPEModule], Optional[RPEModule], Optional[RPEModule]]:
     """Build (rpe_q, rpe_k, rpe_v) modules for a config; absent encodings are None."""
     if config is None:
         return None, None, None
 
-    def one(on: str, transposed: bool):
+    def one(on: str, transposed: bool) -> Optional[RPEModule]:
         if on not in config.on:
             return None
-        cls = iRPECross if config.method == Method.CROSS else iRPE
+        cls: type[RPEModule] = iRPECross if config.method == Method.CROSS else iRPE
         return cls(head_dim=head_dim, num_heads=1 if config.shared_head else num_heads,
                    mode=config.mode, method=config.method, ratio=config.ratio, skip=config.skip,
                    transposed=transposed, initializer=initializer)

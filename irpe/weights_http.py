@@ -10,7 +10,10 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import BinaryIO, Optional, Tuple
+from typing import IO, TYPE_CHECKING, BinaryIO, NoReturn, Optional, Tuple, Union
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 __all__ = ["CHUNK", "WeightsError", "stream"]
 
@@ -26,13 +29,15 @@ class WeightsError(OSError):
 class _HttpOnlyRedirect(urllib.request.HTTPRedirectHandler):
     """Follow redirects (release assets live behind one) but only to http/https."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
+                         headers: http.client.HTTPMessage, newurl: str
+                         ) -> Optional[urllib.request.Request]:
         if urllib.parse.urlsplit(newurl).scheme.lower() not in ("http", "https"):
             raise urllib.error.URLError(f"refused redirect to {newurl} (only http and https)")
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-def _progress_bar(total: Optional[int], desc: str):
+def _progress_bar(total: Optional[int], desc: str) -> Optional[tqdm[NoReturn]]:
     try:
         from tqdm import tqdm
     except ImportError:  # tqdm is an optional extra; download silently without it
@@ -41,7 +46,8 @@ def _progress_bar(total: Optional[int], desc: str):
                 file=sys.stderr)
 
 
-def _copy(resp, out: BinaryIO, progress: bool, desc: str) -> Tuple[str, int, Optional[int]]:
+def _copy(resp: http.client.HTTPResponse, out: BinaryIO, progress: bool, desc: str
+          ) -> Tuple[str, int, Optional[int]]:
     length = resp.headers.get("Content-Length", "").strip()
     total, digest, size = int(length) if length.isdigit() else None, hashlib.sha256(), 0
     bar = _progress_bar(total, desc) if progress else None
@@ -76,7 +82,7 @@ def stream(url: str, out: BinaryIO, timeout: float, progress: bool, desc: str) -
     return digest, size
 
 
-def _cause(reason, timeout: float) -> str:
+def _cause(reason: Union[str, BaseException], timeout: float) -> str:
     if isinstance(reason, TimeoutError):
         return f"timed out after {timeout:g} s"
     return str(reason) or type(reason).__name__

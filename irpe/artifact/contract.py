@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from irpe.artifact.filecheck import check_file
 from irpe.artifact.trained import ModelSpec, spec_from_metadata
 from irpe.checkpoint import CheckpointError
 from irpe.rpe import RPEConfig
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
 __all__ = ["TASKS", "input_names", "output_names", "dynamic_axes", "io_spec",
            "onnx_metadata", "read_onnx_props",
@@ -91,7 +94,7 @@ def onnx_quantization(props: Dict[str, str]) -> Optional[Dict]:
     return json.loads(text) if text else None
 
 
-def read_onnx_props(path: os.PathLike) -> Dict[str, str]:
+def read_onnx_props(path: StrPath) -> Dict[str, str]:
     """All metadata_props of an ONNX file; a clear error for missing or corrupt files."""
     path = os.fspath(path)
     check_file(path, "onnx")  # missing (FileNotFoundError), empty, not a ModelProto
@@ -103,7 +106,7 @@ def read_onnx_props(path: os.PathLike) -> Dict[str, str]:
     return {p.key: p.value for p in model.metadata_props}
 
 
-def read_onnx_spec(path: os.PathLike) -> "ModelSpec":
+def read_onnx_spec(path: StrPath) -> "ModelSpec":
     """The :class:`irpe.artifact.trained.ModelSpec` stored in an exported ONNX file."""
     props = read_onnx_props(path)
     try:
@@ -115,19 +118,19 @@ def read_onnx_spec(path: os.PathLike) -> "ModelSpec":
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")  # file names read as TensorRT engines
 
 
-def sidecar_path(engine_path: os.PathLike) -> Path:
+def sidecar_path(engine_path: StrPath) -> Path:
     """The JSON file next to an engine (``model.engine`` -> ``model.engine.json``)."""
     return Path(f"{os.fspath(engine_path)}.json")
 
 
-def write_sidecar(engine_path: os.PathLike, sidecar: Dict) -> Path:
+def write_sidecar(engine_path: StrPath, sidecar: Dict) -> Path:
     """Write an engine's sidecar (its ``onnx_metadata`` carries the source file's props)."""
     path = sidecar_path(engine_path)
     path.write_text(json.dumps(sidecar, indent=2) + "\n")
     return path
 
 
-def read_sidecar(engine_path: os.PathLike) -> Dict:
+def read_sidecar(engine_path: StrPath) -> Dict:
     """An engine's sidecar dict; FileNotFoundError naming the sidecar when it is absent."""
     path = sidecar_path(engine_path)
     if not path.is_file():
@@ -138,7 +141,7 @@ def read_sidecar(engine_path: os.PathLike) -> Dict:
         raise ValueError(f"{path} is not a JSON sidecar: {exc}") from None
 
 
-def engine_spec(engine_path: os.PathLike) -> "ModelSpec":
+def engine_spec(engine_path: StrPath) -> "ModelSpec":
     """The ModelSpec of an engine, from the ONNX metadata its sidecar recorded."""
     try:
         return spec_from_metadata(read_sidecar(engine_path).get("onnx_metadata", {}))

@@ -9,9 +9,12 @@ from __future__ import annotations
 import os
 import re
 import struct
-from typing import Callable, Dict, Optional
+from typing import TYPE_CHECKING, Callable, Dict, Optional
 
 from irpe.checkpoint import CheckpointError
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
 __all__ = ["ArtifactError", "ArtifactMissing", "check_file", "KINDS"]
 
@@ -63,7 +66,7 @@ _LABELS = {"safetensors": "safetensors file", "onnx": "ONNX file", "engine": "Te
 KINDS = tuple(_CHECKS)
 
 
-def check_file(path: os.PathLike, kind: str) -> None:
+def check_file(path: StrPath, kind: str) -> None:
     """Raise :class:`ArtifactError` unless ``path`` exists (else :class:`ArtifactMissing`) and
     looks like a ``kind`` file (``safetensors``, ``onnx``, ``engine``): size, magic, header."""
     path = os.fspath(path)

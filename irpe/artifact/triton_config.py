@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:  # onnx is imported where a file is read (the export extra)
+    import onnx
+    from _typeshed import StrPath
 
 __all__ = ["TensorInfo", "onnx_io", "model_config", "pbtxt", "V2_TYPES"]
 
@@ -37,7 +41,7 @@ class TensorInfo:
     batch_dynamic: bool
 
 
-def onnx_io(path: os.PathLike) -> Tuple[List[TensorInfo], List[TensorInfo]]:
+def onnx_io(path: StrPath) -> Tuple[List[TensorInfo], List[TensorInfo]]:
     """Inputs (initializers excluded) and outputs of an ONNX file, with Triton dtypes."""
     import onnx
     model = onnx.load(os.fspath(path), load_external_data=False)
@@ -46,7 +50,7 @@ def onnx_io(path: os.PathLike) -> Tuple[List[TensorInfo], List[TensorInfo]]:
     return ins, [_onnx_tensor(v) for v in model.graph.output]
 
 
-def _onnx_tensor(value) -> TensorInfo:
+def _onnx_tensor(value: onnx.ValueInfoProto) -> TensorInfo:
     ttype = value.type.tensor_type
     if ttype.elem_type not in _ONNX_TYPES:
         raise ValueError(f"tensor {value.name!r} has ONNX element type {ttype.elem_type}, "

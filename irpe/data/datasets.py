@@ -27,7 +27,7 @@ def _check_index(index: int, length: int) -> int:
     return index % length
 
 
-def _apply(transform: Optional[Callable], image):
+def _apply(transform: Optional[Callable], image: object) -> object:
     return image if transform is None else transform(image)
 
 

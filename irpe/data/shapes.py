@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, NoReturn, Optional, Tuple
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from _typeshed import StrPath
     from PIL import Image
+    from tqdm import tqdm
 
 SHAPE_CLASSES: Tuple[str, ...] = ("circle", "cross", "diamond", "hexagon", "ring", "square",
                                   "star", "triangle")
@@ -84,7 +86,7 @@ class Scene:
     background: np.ndarray
     shapes: List[Shape]
 
-    def image(self):
+    def image(self) -> Image.Image:
         """The RGB PIL image: the background with every shape's mask filled with its colour."""
         from PIL import Image
         pixels = self.background.copy()
@@ -252,8 +254,8 @@ def coco_categories() -> List[Dict]:
 
 def coco_ground_truth(images: List[Tuple[int, int, List[Dict]]], size: int) -> Dict:
     """COCO detection dict from (index, image_id, annotations) of square ``size`` images."""
-    out = {"info": {"description": "irpe synthetic shapes"}, "licenses": [], "images": [],
-           "annotations": [], "categories": coco_categories()}
+    out: Dict[str, Any] = {"info": {"description": "irpe synthetic shapes"}, "licenses": [],
+                           "images": [], "annotations": [], "categories": coco_categories()}
     for index, image_id, anns in images:
         out["images"].append({"id": image_id, "file_name": f"{index:06d}.png",
                               "width": size, "height": size})
@@ -270,27 +272,27 @@ def check_counts(**counts: int) -> None:
             raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
 
 
-def _progress(total: int, enabled: bool, desc: str):
+def _progress(total: int, enabled: bool, desc: str) -> tqdm[NoReturn]:
     from tqdm import tqdm
     return tqdm(total=total, desc=desc, unit="img", disable=not enabled, leave=False)
 
 
-def _write_json(path, data: Dict) -> None:
+def _write_json(path: StrPath, data: Dict) -> None:
     import json
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f)
 
 
-def write_classification(out_dir, num_train: int = 4000, num_val: int = 1000, seed: int = 0,
-                         size: int = 64, progress: bool = False) -> Dict:
+def write_classification(out_dir: StrPath, num_train: int = 4000, num_val: int = 1000,
+                         seed: int = 0, size: int = 64, progress: bool = False) -> Dict:
     """Write ``out_dir/{train,val}/<class>/<index:06d>.png`` (ImageFolder layout); summary."""
     from pathlib import Path
     check_counts(num_train=num_train, num_val=num_val)
     check_size(size, "classification")
     make_rng(seed, 0, "train")
     root = Path(out_dir)
-    summary = {"task": "classification", "path": str(root), "seed": seed, "size": size,
-               "classes": list(SHAPE_CLASSES), "splits": {}}
+    summary: Dict[str, Any] = {"task": "classification", "path": str(root), "seed": seed,
+                               "size": size, "classes": list(SHAPE_CLASSES), "splits": {}}
     with _progress(num_train + num_val, progress, "shapes-cls") as bar:
         for split, num in (("train", num_train), ("val", num_val)):
             per_class = dict.fromkeys(SHAPE_CLASSES, 0)
@@ -306,7 +308,7 @@ def write_classification(out_dir, num_train: int = 4000, num_val: int = 1000, se
     return summary
 
 
-def write_detection(out_dir, num_train: int = 4000, num_val: int = 500, seed: int = 0,
+def write_detection(out_dir: StrPath, num_train: int = 4000, num_val: int = 500, seed: int = 0,
                     size: int = 128, max_objects: int = 5, progress: bool = False) -> Dict:
     """Write ``out_dir/{train,val}/<index:06d>.png`` and COCO json under annotations/; summary."""
     from pathlib import Path
@@ -314,8 +316,9 @@ def write_detection(out_dir, num_train: int = 4000, num_val: int = 500, seed: in
     detection_scene(seed, 0, size, max_objects)  # validates every argument before writing
     root = Path(out_dir)
     (root / "annotations").mkdir(parents=True, exist_ok=True)
-    summary = {"task": "detection", "path": str(root), "seed": seed, "size": size,
-               "max_objects": max_objects, "classes": list(SHAPE_CLASSES), "splits": {}}
+    summary: Dict[str, Any] = {"task": "detection", "path": str(root), "seed": seed,
+                               "size": size, "max_objects": max_objects,
+                               "classes": list(SHAPE_CLASSES), "splits": {}}
     with _progress(num_train + num_val, progress, "shapes-det") as bar:
         for split, num in (("train", num_train), ("val", num_val)):
             (root / split).mkdir(parents=True, exist_ok=True)

@@ -10,12 +10,16 @@ from __future__ import annotations
 import io
 import numbers
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence, Tuple, Union, cast, overload
 
 import numpy as np
 import torch
 
+if TYPE_CHECKING:  # PIL is imported where images are decoded (this module imports without it)
+    from PIL import Image
+
 Array = Union[np.ndarray, torch.Tensor]  # numpy on the host, torch on any device
+Channels = Union[Sequence[float], Array]  # one value per channel (R, G, B)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -41,20 +45,21 @@ class ImageTooLargeError(ImageError):
     """An image whose header claims more pixels than allowed (refused before decoding)."""
 
 
-def load_image(source: Union[bytes, str], max_pixels: int = MAX_IMAGE_PIXELS):
+def load_image(source: Union[bytes, str], max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
     """Decode bytes or a file path to an RGB PIL image; refuse undecodable input and bombs."""
     return _decode(source, max_pixels, None)[0]
 
 
 def load_image_for(source: Union[bytes, str], preprocess: "Preprocess",
-                   max_pixels: int = MAX_IMAGE_PIXELS):
+                   max_pixels: int = MAX_IMAGE_PIXELS) -> Tuple[Image.Image, Tuple[int, int]]:
     """Decode for ``preprocess``: a JPEG much larger than the model input is decoded reduced
     (draft mode). Returns (RGB image, upright (width, height) of the full image); give that
     size to ``preprocess(image, size)`` so geometry (and detection boxes) match a full decode."""
     return _decode(source, max_pixels, preprocess.draft_request)
 
 
-def _decode(source: Union[bytes, str], max_pixels: int, draft: Optional[DraftRequest]):
+def _decode(source: Union[bytes, str], max_pixels: int, draft: Optional[DraftRequest]
+            ) -> Tuple[Image.Image, Tuple[int, int]]:
     """(RGB image, upright full (width, height)); JPEGs reduced to ``draft(w, h)`` if given."""
     from PIL import Image
     if isinstance(source, (bytes, bytearray)) and not source:
@@ -81,20 +86,20 @@ def _decode(source: Union[bytes, str], max_pixels: int, draft: Optional[DraftReq
         raise ImageError(f"cannot decode image: {exc}") from None
 
 
-def _draft(image, request: Optional[Tuple[int, int]], transposed: bool) -> None:
+def _draft(image: Image.Image, request: Optional[Tuple[int, int]], transposed: bool) -> None:
     """Let the JPEG decoder scale by 1/2..1/8 while staying at least ``request`` (upright)."""
     if request is not None:
         image.draft(image.mode, request[::-1] if transposed else request)
 
 
-def _upright(image, orientation):
+def _upright(image: Image.Image, orientation: Optional[int]) -> Image.Image:
     """Apply the EXIF ``orientation`` tag (read once by the caller), so pixels (and boxes)
     are those a viewer displays."""
     from PIL import ImageOps
     return image if orientation in (1, None) else ImageOps.exif_transpose(image)
 
 
-def to_rgb8(image):
+def to_rgb8(image: Image.Image) -> Image.Image:
     """Any PIL image -> 8-bit RGB; 16/32-bit and float images are scaled, not clamped at 255.
 
     PIL's convert("RGB") clips values above 255, so a 16-bit image becomes solid white. 16-bit
@@ -143,36 +148,60 @@ def center_crop_box(size: Tuple[int, int], crop: int) -> Tuple[int, int, int, in
     return left, top, left + crop, top + crop
 
 
-def to_tensor(image, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> torch.Tensor:
+def to_tensor(image: Image.Image, mean: Sequence[float] = IMAGENET_MEAN,
+              std: Sequence[float] = IMAGENET_STD) -> torch.Tensor:
     """RGB PIL image -> normalised float32 (3, H, W) (:func:`normalize`)."""
     pixels = torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1)
     return normalize(pixels, mean, std).contiguous()
 
 
-def normalize(pixels: Array, mean=IMAGENET_MEAN, std=IMAGENET_STD,
-              sizes: Optional[Union[np.ndarray, torch.Tensor]] = None) -> Array:
+@overload
+def normalize(pixels: np.ndarray, mean: Channels = ..., std: Channels = ...,
+              sizes: Optional[Array] = ...) -> np.ndarray: ...
+
+
+@overload
+def normalize(pixels: torch.Tensor, mean: Channels = ..., std: Channels = ...,
+              sizes: Optional[Array] = ...) -> torch.Tensor: ...
+
+
+def normalize(pixels: Array, mean: Channels = IMAGENET_MEAN, std: Channels = IMAGENET_STD,
+              sizes: Optional[Array] = None) -> Array:
     """uint8 (..., 3, H, W) pixels -> float32 (x / 255 - mean) / std: the one normalisation of
     training, evaluation and every serving backend. A torch tensor stays a tensor on its device
     (the torch backend, on the GPU); a numpy array stays numpy, so host backends add no torch
     thread pool beside their runtime's. With ``sizes`` (B, 2) = valid (h, w) of each image of a
     padded batch (detection), the padding stays 0."""
-    xp = np if isinstance(pixels, np.ndarray) else torch
-    x = pixels.astype(np.float32) if xp is np else pixels.to(torch.float32)
-    x = (x / 255.0 - _per_channel(mean, x)) / _per_channel(std, x)
-    if sizes is None:
-        return x
-    if xp is np:
+    if isinstance(pixels, np.ndarray):
+        x = pixels.astype(np.float32)
+        x = (x / 255.0 - _per_channel(mean, x)) / _per_channel(std, x)
+        if sizes is None:
+            return x
         hw, rows, cols = np.asarray(sizes), np.arange(x.shape[-2]), np.arange(x.shape[-1])
-    else:
-        hw = torch.as_tensor(sizes, device=x.device)
-        rows = torch.arange(x.shape[-2], device=x.device)
-        cols = torch.arange(x.shape[-1], device=x.device)
-    inside = ((rows.reshape(1, -1, 1) < hw[:, 0].reshape(-1, 1, 1))
-              & (cols.reshape(1, 1, -1) < hw[:, 1].reshape(-1, 1, 1)))
-    return xp.where(inside[:, None], x, 0.0)
+        inside = ((rows.reshape(1, -1, 1) < hw[:, 0].reshape(-1, 1, 1))
+                  & (cols.reshape(1, 1, -1) < hw[:, 1].reshape(-1, 1, 1)))
+        return np.where(inside[:, None], x, 0.0)
+    t = pixels.to(torch.float32)
+    t = (t / 255.0 - _per_channel(mean, t)) / _per_channel(std, t)
+    if sizes is None:
+        return t
+    hw_t = torch.as_tensor(sizes, device=t.device)
+    rows_t = torch.arange(t.shape[-2], device=t.device)
+    cols_t = torch.arange(t.shape[-1], device=t.device)
+    inside_t = ((rows_t.reshape(1, -1, 1) < hw_t[:, 0].reshape(-1, 1, 1))
+                & (cols_t.reshape(1, 1, -1) < hw_t[:, 1].reshape(-1, 1, 1)))
+    return torch.where(inside_t[:, None], t, 0.0)
 
 
-def _per_channel(values, like: Array) -> Array:
+@overload
+def _per_channel(values: Channels, like: np.ndarray) -> np.ndarray: ...
+
+
+@overload
+def _per_channel(values: Channels, like: torch.Tensor) -> torch.Tensor: ...
+
+
+def _per_channel(values: Channels, like: Array) -> Array:
     """Channel values as float32 (3, 1, 1) of ``like``'s kind and device (no copy when there)."""
     if isinstance(like, np.ndarray):
         return np.asarray(values, dtype=np.float32).reshape(-1, 1, 1)
@@ -209,20 +238,25 @@ class Preprocess:
         if min(self.std) <= 0:
             raise ValueError(f"std must be positive, got {self.std}")
 
-    def __call__(self, image, source_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+    def __call__(self, image: Image.Image, source_size: Optional[Tuple[int, int]] = None
+                 ) -> torch.Tensor:
         """PIL image -> normalised (3, H, W) tensor for this model; ``source_size`` = (w, h)
         of the full image when ``image`` is a reduced (draft) decode of it."""
         return to_tensor(self.resized(image, source_size), self.mean, self.std)
 
-    def resized(self, image, source_size: Optional[Tuple[int, int]] = None):
+    def resized(self, image: Image.Image, source_size: Optional[Tuple[int, int]] = None
+                ) -> Image.Image:
         """The RGB PIL image the model sees, before normalisation (geometry from
         ``source_size`` when given, so a draft decode gives a full decode's shape)."""
         from PIL import Image
         image = to_rgb8(image)
-        size = tuple(source_size) if source_size is not None else image.size
+        # a JSON list arrives as a list: a tuple like image.size
+        size = (cast(Tuple[int, int], tuple(source_size)) if source_size is not None
+                else image.size)
         if self.task == "classification":
             return _resize_crop(image, int(self.size / self.crop_pct), self.size, size)
-        return image.resize(resize_shorter(size, self.min_size, self.max_size), Image.BILINEAR)
+        return image.resize(resize_shorter(size, self.min_size, self.max_size),
+                            Image.Resampling.BILINEAR)
 
     def draft_request(self, width: int, height: int) -> Optional[Tuple[int, int]]:
         """Smallest (w, h) a JPEG of ``width`` x ``height`` may be decoded at: DRAFT_MARGIN x
@@ -256,18 +290,19 @@ class Preprocess:
         return cls(**data)
 
 
-def _is_number(value) -> bool:
+def _is_number(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value
 
 
-def _resize_crop(image, shorter: int, crop: int, size: Optional[Tuple[int, int]] = None):
+def _resize_crop(image: Image.Image, shorter: int, crop: int,
+                 size: Optional[Tuple[int, int]] = None) -> Image.Image:
     """Resize the shorter side to ``shorter`` (bicubic), then centre crop ``crop`` x ``crop``;
     geometry from ``size`` (the full image's (w, h)) when given."""
     from PIL import Image
     scaled = resize_shorter(size or image.size, shorter)
     box = center_crop_box(scaled, crop)
     if scaled[0] * scaled[1] <= MAX_RESIZED_PIXELS:
-        return image.resize(scaled, Image.BICUBIC).crop(box)
+        return image.resize(scaled, Image.Resampling.BICUBIC).crop(box)
     sx, sy = image.width / scaled[0], image.height / scaled[1]
     source = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
-    return image.resize((crop, crop), Image.BICUBIC, box=source)
+    return image.resize((crop, crop), Image.Resampling.BICUBIC, box=source)

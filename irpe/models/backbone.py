@@ -6,7 +6,7 @@ Keys under ``body.`` equal torchvision's resnet (minus ``fc``); DETR nests it as
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -19,6 +19,11 @@ Sizes = torch.Tensor  # (B, 2) int64: valid (height, width) per image
 class FrozenBatchNorm2d(nn.Module):
     """BatchNorm with fixed statistics and affine (buffers: weight, bias, running_mean/var)."""
 
+    weight: torch.Tensor
+    bias: torch.Tensor
+    running_mean: torch.Tensor
+    running_var: torch.Tensor
+
     def __init__(self, num_features: int, eps: float = 1e-5) -> None:
         super().__init__()
         self.eps = eps
@@ -26,7 +31,8 @@ class FrozenBatchNorm2d(nn.Module):
                            ("running_var", 1.0)):
             self.register_buffer(name, torch.full((num_features,), fill))
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+    def _load_from_state_dict(self, state_dict: Dict[str, torch.Tensor], prefix: str,
+                              *args: Any, **kwargs: Any) -> None:
         state_dict.pop(prefix + "num_batches_tracked", None)  # torchvision checkpoints carry it
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
@@ -48,7 +54,8 @@ def valid_mask(sizes: Sizes, height: int, width: int) -> torch.Tensor:
     return (rows < sizes[:, 0].view(-1, 1, 1)) & (cols < sizes[:, 1].view(-1, 1, 1))
 
 
-def masked(layer: nn.Module, x: torch.Tensor, sizes: Optional[Sizes]):
+def masked(layer: nn.Module, x: torch.Tensor, sizes: Optional[Sizes]
+           ) -> Tuple[torch.Tensor, Optional[Sizes]]:
     """Apply a Conv2d/MaxPool2d after zeroing the padded region; returns output, valid sizes."""
     if sizes is None:
         return layer(x), None
@@ -57,7 +64,7 @@ def masked(layer: nn.Module, x: torch.Tensor, sizes: Optional[Sizes]):
     return layer(x), conv_out_size(sizes, k, s, p)
 
 
-def _first(v) -> int:
+def _first(v: Union[int, Tuple[int, ...], List[int]]) -> int:
     return v[0] if isinstance(v, (tuple, list)) else v
 
 
@@ -95,7 +102,8 @@ def _downsample(cin: int, cout: int, stride: int) -> Optional[nn.Sequential]:
                          FrozenBatchNorm2d(cout))
 
 
-def block_forward(block: nn.Module, x: torch.Tensor, sizes: Optional[Sizes]):
+def block_forward(block: Union[BasicBlock, Bottleneck], x: torch.Tensor, sizes: Optional[Sizes]
+                  ) -> Tuple[torch.Tensor, Optional[Sizes]]:
     """Residual block with masked convs: relu(bn(conv(...)) + shortcut)."""
     out, out_sizes = x, sizes
     for i, name in enumerate(block.convs):
@@ -140,7 +148,8 @@ class ResNetBody(nn.Module):
         if norm == "batch":
             _swap_norms(self)
 
-    def forward(self, x: torch.Tensor, sizes: Optional[Sizes] = None):
+    def forward(self, x: torch.Tensor, sizes: Optional[Sizes] = None
+                ) -> Tuple[torch.Tensor, Optional[Sizes]]:
         x, sizes = masked(self.conv1, x, sizes)
         x = self.bn1(x).relu()
         x, sizes = masked(self.maxpool, x, sizes)  # inputs >= 0 after relu: 0 == -inf pad

@@ -33,7 +33,8 @@ _REGISTRY: Dict[str, ModelInfo] = {}
 
 def register_model(name: str, family: str, config: Optional[Dict] = None,
                    url: Optional[str] = None, top1: Optional[float] = None,
-                   preprocess: Optional[Dict] = None, weights: Optional[str] = None):
+                   preprocess: Optional[Dict] = None, weights: Optional[str] = None
+                   ) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
     """Decorator registering ``builder(**overrides) -> nn.Module`` under ``name``."""
     def wrap(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         if name in _REGISTRY:
@@ -89,7 +90,8 @@ def create_model(name: Union[str, ModelInfo], checkpoint: Optional[str] = None,
                              "checkpoints: `irpe weights download NAME`)")
         checkpoint = bundled_weights(info)
     model = info.builder(**overrides)
-    model.model_name = name
+    # nn.Module.__setattr__ is typed Tensor | Module; a plain value is stored as any attribute
+    model.model_name = name  # type: ignore[assignment]
     if checkpoint is not None:
         from ..checkpoint import load_checkpoint
         load_checkpoint(model, checkpoint, strict=strict)

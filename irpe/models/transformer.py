@@ -7,7 +7,7 @@ are batch-first (B, L, C) here; the math equals DETR's sequence-first code.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Iterable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +41,8 @@ class RPEMultiheadAttention(nn.Module):
         return y.view(x.shape[0], x.shape[1], self.num_heads, self.head_dim).transpose(1, 2)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                key_padding_mask: Optional[torch.Tensor] = None, hw=None) -> torch.Tensor:
+                key_padding_mask: Optional[torch.Tensor] = None,
+                hw: Optional[Sequence[int]] = None) -> torch.Tensor:
         """query (B, Lq, E), key/value (B, Lk, E); mask (B, Lk) True = padding; hw = (h, w)."""
         q, k, v = self._heads(query, 0), self._heads(key, 1), self._heads(value, 2)
         height, width = hw if hw is not None else (None, None)
@@ -83,7 +84,8 @@ class EncoderLayer(nn.Module):
         self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, src, mask, pos, hw):
+    def forward(self, src: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
+                hw: Sequence[int]) -> torch.Tensor:
         qk = src + pos
         src = self.norm1(src + self.dropout(self.self_attn(qk, qk, src, mask, hw)))
         ffn = self.linear2(self.dropout(F.relu(self.linear1(src))))
@@ -99,7 +101,8 @@ class DecoderLayer(nn.Module):
         self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, tgt, memory, mask, pos, query_pos):
+    def forward(self, tgt: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor,
+                pos: torch.Tensor, query_pos: torch.Tensor) -> torch.Tensor:
         qk = tgt + query_pos
         tgt = self.norm1(tgt + self.dropout(self.self_attn(qk, qk, tgt)))
         attn = self.multihead_attn(tgt + query_pos, memory + pos, memory, mask)
@@ -109,7 +112,7 @@ class DecoderLayer(nn.Module):
 
 
 class _Stack(nn.Module):
-    def __init__(self, layers, norm: Optional[nn.Module] = None) -> None:
+    def __init__(self, layers: Iterable[nn.Module], norm: Optional[nn.Module] = None) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)
         if norm is not None:

@@ -16,7 +16,7 @@ is left as it was. Not bit-identical to the unfused graph (own GEMM order and ex
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
 from irpe.runtime.onnxruntime.op_names import (
     ATTENTION,
@@ -25,6 +25,9 @@ from irpe.runtime.onnxruntime.op_names import (
     GATHER_ADD2,
     SOFTMAX_OPS,
 )
+
+if TYPE_CHECKING:  # onnx is imported when a model is rewritten (the export extra)
+    from onnx import GraphProto, NodeProto
 
 __all__ = ["fuse_attention"]
 
@@ -36,7 +39,7 @@ _SOFTMAX_FORMS = {name: (2 if add == GATHER_ADD2 else 1, with_v)
 class _Graph:
     """Producers, readers and initializers of a graph's nodes (by index), for matching."""
 
-    def __init__(self, graph) -> None:
+    def __init__(self, graph: GraphProto) -> None:
         self.nodes = list(graph.node)
         self.producer = {out: k for k, node in enumerate(self.nodes) for out in node.output}
         self.readers: Dict[str, List[int]] = {}
@@ -63,7 +66,7 @@ class _Graph:
                 and all(d == 1 for d in t.dims[:-2]))
 
 
-def _attr(node, name: str, default=None):
+def _attr(node: NodeProto, name: str, default: object = None) -> Any:  # an attribute of any type
     from onnx import helper
     for a in node.attribute:
         if a.name == name:
@@ -153,7 +156,7 @@ def _terms(g: _Graph, at: int, gathers: int, a: str, k: str
     return found, made
 
 
-def _softmax_form(node, opset: int) -> Optional[Tuple[int, bool]]:
+def _softmax_form(node: NodeProto, opset: int) -> Optional[Tuple[int, bool]]:
     """(gather terms, with V sums) of an RPE softmax node; (0, False) for a plain Softmax over
     the last axis; None otherwise."""
     if node.domain == DOMAIN:
@@ -227,13 +230,13 @@ def _unread(nodes: list, outputs: set) -> list:
         nodes = keep
 
 
-def fuse_attention(graph, opset: int = 18) -> int:
+def fuse_attention(graph: GraphProto, opset: int = 18) -> int:
     """Every matching attention block -> one RPEAttention node, in place; returns the count."""
     from onnx import helper
     g = _Graph(graph)
     order = ("q", "k", "v", "wk", "idk", "wq", "idq", "idv", "wv")
-    fused_at: Dict[int, object] = {}
-    gone: set = set()
+    fused_at: Dict[int, NodeProto] = {}
+    gone: Set[int] = set()
     for at in range(len(g.nodes)):
         found = _block(g, at, opset)
         if found is None or gone & set(found[2]):

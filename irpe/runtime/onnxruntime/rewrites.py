@@ -17,7 +17,18 @@ file onnx cannot parse, external data, no type information) leaves the model as 
 from __future__ import annotations
 
 import logging
-from typing import Dict, FrozenSet, List, NamedTuple, Tuple, Union
+from typing import (
+    TYPE_CHECKING,
+    Collection,
+    Dict,
+    FrozenSet,
+    List,
+    NamedTuple,
+    Optional,
+    Set,
+    Tuple,
+    Union,
+)
 
 from irpe.runtime.onnxruntime.op_names import (
     BUCKET_MATMUL_ADD,
@@ -31,6 +42,9 @@ from irpe.runtime.onnxruntime.op_names import (
 )
 from irpe.runtime.onnxruntime.rewrite_attention import fuse_attention
 from irpe.runtime.onnxruntime.rewrite_qlayout import relayout_q
+
+if TYPE_CHECKING:  # onnx is imported when a model is rewritten (the export extra)
+    from onnx import GraphProto, ModelProto, NodeProto
 
 __all__ = ["STAGES", "FuseCounts", "fuse_gather_add", "fuse_model",
            "fuse_graph", "fuse_chains", "fuse_scatter", "fuse_softmax", "parse_stages"]
@@ -68,14 +82,14 @@ def parse_stages(setting: str) -> FrozenSet[str]:
     return stages
 
 
-def _float_outputs(graph) -> set:
+def _float_outputs(graph: GraphProto) -> Set[str]:
     """Names of float32 tensors the graph declares (value_info and outputs)."""
     from onnx import TensorProto
     return {v.name for v in list(graph.value_info) + list(graph.output)
             if v.type.tensor_type.elem_type == TensorProto.FLOAT}
 
 
-def _consumers(graph) -> Dict[str, int]:
+def _consumers(graph: GraphProto) -> Dict[str, int]:
     uses: Dict[str, int] = {}
     for node in graph.node:
         for name in node.input:
@@ -85,7 +99,7 @@ def _consumers(graph) -> Dict[str, int]:
     return uses
 
 
-def _pairs(graph) -> List[Tuple[int, int, int]]:
+def _pairs(graph: GraphProto) -> List[Tuple[int, int, int]]:
     """(gather index, add index, which Add input is the gather) of every fusable pair."""
     producer = {out: k for k, node in enumerate(graph.node) for out in node.output}
     uses, floats = _consumers(graph), _float_outputs(graph)
@@ -105,12 +119,12 @@ def _pairs(graph) -> List[Tuple[int, int, int]]:
     return found
 
 
-def fuse_graph(graph) -> int:
+def fuse_graph(graph: GraphProto) -> int:
     """Fuse every pair in ``graph`` (the main graph, in place); returns how many."""
     from onnx import helper
     pairs = _pairs(graph)
-    drop = set()
-    replace = {}
+    drop: Set[int] = set()
+    replace: Dict[int, NodeProto] = {}
     for g, k, side in pairs:
         gather, add = graph.node[g], graph.node[k]
         fused = helper.make_node(GATHER_ADD,
@@ -124,13 +138,14 @@ def fuse_graph(graph) -> int:
     return len(pairs)
 
 
-def fuse_chains(graph) -> int:
+def fuse_chains(graph: GraphProto) -> int:
     """``RPEGatherAdd(t2, i2, RPEGatherAdd(t1, i1, x))`` -> ``RPEGatherAdd2(t1, i1, x, t2, i2)``
     (the iRPE-K then iRPE-Q terms: the logits pass once), in place; returns how many."""
     from onnx import helper
     producer = {out: k for k, node in enumerate(graph.node) for out in node.output}
     uses = _consumers(graph)
-    drop, replace = set(), {}
+    drop: Set[int] = set()
+    replace: Dict[int, NodeProto] = {}
     for k, node in enumerate(graph.node):
         if node.domain != DOMAIN or node.op_type != GATHER_ADD or k in drop:
             continue
@@ -149,7 +164,7 @@ def fuse_chains(graph) -> int:
     return len(replace)
 
 
-def _shared_weight(graph, name: str, buckets: int) -> bool:
+def _shared_weight(graph: GraphProto, name: str, buckets: int) -> bool:
     """``name`` is a float32 initializer [1, .., 1, K, D] with K == ``buckets``."""
     from onnx import TensorProto
     for init in graph.initializer:
@@ -160,7 +175,7 @@ def _shared_weight(graph, name: str, buckets: int) -> bool:
     return False
 
 
-def _float_rank(graph, name: str) -> int:
+def _float_rank(graph: GraphProto, name: str) -> int:
     """Rank of the float32 tensor ``name`` as the graph declares it; -1 when unknown."""
     from onnx import TensorProto
     for v in list(graph.value_info) + list(graph.output) + list(graph.input):
@@ -170,7 +185,8 @@ def _float_rank(graph, name: str) -> int:
     return -1
 
 
-def _scatter_chain(graph, add, producer, uses, floats):
+def _scatter_chain(graph: GraphProto, add: NodeProto, producer: Dict[str, int],
+                   uses: Dict[str, int], floats: Set[str]) -> Optional[Tuple[int, int, str]]:
     """(scatter index, MatMul index, base name) when ``add`` is Add(base, MatMul(scatter, W))."""
     from onnx import helper
     if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.input) != 2:
@@ -194,13 +210,14 @@ def _scatter_chain(graph, add, producer, uses, floats):
     return None
 
 
-def fuse_scatter(graph) -> int:
+def fuse_scatter(graph: GraphProto) -> int:
     """``Add(x, MatMul(RPEScatter(a, i), W))`` -> ``RPEScatterMatMulAdd(a, i, W, x)`` in place
     (W a float32 initializer shared by the heads, x of rank <= 4); returns how many."""
     from onnx import helper
     producer = {out: k for k, node in enumerate(graph.node) for out in node.output}
     uses, floats = _consumers(graph), _float_outputs(graph)
-    drop, replace = set(), {}
+    drop: Set[int] = set()
+    replace: Dict[int, NodeProto] = {}
     for k, node in enumerate(graph.node):
         found = _scatter_chain(graph, node, producer, uses, floats)
         if found is None or found[0] in drop or found[1] in drop:
@@ -217,7 +234,7 @@ def fuse_scatter(graph) -> int:
     return len(replace)
 
 
-def _rewrite(graph, drop: set, replace: dict) -> None:
+def _rewrite(graph: GraphProto, drop: Set[int], replace: Dict[int, NodeProto]) -> None:
     gone = {out for g in drop for out in graph.node[g].output}
     nodes = [replace.get(k, n) for k, n in enumerate(graph.node) if k not in drop]
     del graph.node[:]
@@ -227,7 +244,7 @@ def _rewrite(graph, drop: set, replace: dict) -> None:
     graph.value_info.extend(infos)
 
 
-def _softmax_on_last_axis(node, opset: int) -> bool:
+def _softmax_on_last_axis(node: NodeProto, opset: int) -> bool:
     """A Softmax over the last axis of its 4-D input (the fused ops' output is 4-D)."""
     from onnx import helper
     axis = {a.name: helper.get_attribute_value(a) for a in node.attribute}.get(
@@ -235,7 +252,8 @@ def _softmax_on_last_axis(node, opset: int) -> bool:
     return axis in (-1, 3)
 
 
-def _v_partner(graph, name: str, softmax_at: int, producer, v_readers) -> int:
+def _v_partner(graph: GraphProto, name: str, softmax_at: int, producer: Dict[str, int],
+               v_readers: Dict[str, List[int]]) -> int:
     """The index of the one RPEScatterMatMulAdd reading probabilities ``name`` as its input 0
     (its V index produced before ``softmax_at``); -1 when there is none or more than one."""
     found = v_readers.get(name, [])
@@ -245,7 +263,7 @@ def _v_partner(graph, name: str, softmax_at: int, producer, v_readers) -> int:
     return found[0] if made_at < softmax_at else -1
 
 
-def fuse_softmax(graph, opset: int = 18, scatter: bool = True) -> Tuple[int, int]:
+def fuse_softmax(graph: GraphProto, opset: int = 18, scatter: bool = True) -> Tuple[int, int]:
     """``Softmax(RPEGatherAdd*(...))`` -> ``RPEGatherAdd*Softmax`` (with ``scatter`` and an
     RPEScatterMatMulAdd on the probabilities: the *SoftmaxScatter form + RPEBucketMatMulAdd),
     in place; returns (fused softmaxes, of which with the V sums)."""
@@ -256,14 +274,17 @@ def fuse_softmax(graph, opset: int = 18, scatter: bool = True) -> Tuple[int, int
     for k, node in enumerate(graph.node):
         if node.domain == DOMAIN and node.op_type == SCATTER_MATMUL_ADD:
             v_readers.setdefault(node.input[0], []).append(k)
-    drop, replace, with_v = set(), {}, 0
+    drop: Set[int] = set()
+    replace: Dict[int, NodeProto] = {}
+    with_v = 0
     for k, node in enumerate(graph.node):
         if (node.op_type != "Softmax" or node.domain not in ("", "ai.onnx") or
                 not _softmax_on_last_axis(node, opset)):
             continue
         g = producer.get(node.input[0])
         add = graph.node[g] if g is not None else None
-        if (add is None or add.domain != DOMAIN or add.op_type not in (GATHER_ADD, GATHER_ADD2)
+        if (g is None or add is None or add.domain != DOMAIN
+                or add.op_type not in (GATHER_ADD, GATHER_ADD2)
                 or uses.get(node.input[0]) != 1 or g in drop):
             continue
         v = _v_partner(graph, node.output[0], k, producer, v_readers) if scatter else -1
@@ -298,11 +319,11 @@ def fuse_gather_add(source: Union[str, bytes]) -> Tuple[Union[str, bytes], int]:
     return fused, counts.gather
 
 
-def _opset(model) -> int:
+def _opset(model: ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
-def fuse_model(source: Union[str, bytes], stages=STAGES
+def fuse_model(source: Union[str, bytes], stages: Collection[str] = STAGES
                ) -> Tuple[Union[str, bytes], FuseCounts]:
     """The model with the fusions in ``stages`` (:data:`STAGES`) applied, and their counts; the
     source itself and zero counts when nothing is fused or the model cannot be handled."""

@@ -12,11 +12,13 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from irpe.artifact.contract import read_onnx_props, write_sidecar
 from irpe.runtime.tensorrt.common import (
     EngineBuildError,
+    EngineLogger,
+    TRTObject,
     import_tensorrt,
     is_rtx,
     load_plugins,
@@ -24,13 +26,16 @@ from irpe.runtime.tensorrt.common import (
 )
 from irpe.runtime.tensorrt.isolate import build_in_subprocess, child_main
 
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+
 __all__ = ["build_engine", "parse_compute_capability", "default_ranges", "PRECISIONS"]
 
 PRECISIONS = ("fp32", "tf32", "fp16")
 Range3 = Tuple[int, int, int]
 
 
-def parse_compute_capability(trt: ModuleType, text: str):
+def parse_compute_capability(trt: ModuleType, text: str) -> TRTObject:
     """'SM89', 'sm_89', '8.9' or '89' -> trt.ComputeCapability.SM89 (TensorRT-RTX only)."""
     if not hasattr(trt, "ComputeCapability"):
         raise ValueError(f"--compute-capability needs TensorRT-RTX; {trt.__name__} builds for "
@@ -47,10 +52,10 @@ def _check_range(name: str, values: Sequence[int]) -> Range3:
     values = tuple(int(v) for v in values)
     if len(values) != 3 or not 1 <= values[0] <= values[1] <= values[2]:
         raise ValueError(f"{name} needs min <= opt <= max (all >= 1), got {values}")
-    return values  # type: ignore[return-value]
+    return values
 
 
-def _profiles(network, batch: Range3, height: Optional[Range3],
+def _profiles(network: TRTObject, batch: Range3, height: Optional[Range3],
               width: Optional[Range3]) -> Dict[str, List[List[int]]]:
     """min/opt/max shape of every network input; dynamic H/W need height/width ranges."""
     shapes = {}
@@ -74,7 +79,8 @@ def _profiles(network, batch: Range3, height: Optional[Range3],
     return shapes
 
 
-def _parse(trt: ModuleType, builder, logger, onnx_path: str, override: bool):
+def _parse(trt: ModuleType, builder: TRTObject, logger: EngineLogger, onnx_path: str,
+           override: bool) -> Tuple[TRTObject, TRTObject]:
     network = builder.create_network(0)
     parser = trt.OnnxParser(network, logger)
     if override:
@@ -87,14 +93,14 @@ def _parse(trt: ModuleType, builder, logger, onnx_path: str, override: bool):
     return network, parser
 
 
-def _plugin_layers(trt: ModuleType, network) -> List[str]:
+def _plugin_layers(trt: ModuleType, network: TRTObject) -> List[str]:
     kinds = {getattr(trt.LayerType, k) for k in ("PLUGIN", "PLUGIN_V2", "PLUGIN_V3")
              if hasattr(trt.LayerType, k)}
     return [network.get_layer(i).name for i in range(network.num_layers)
             if network.get_layer(i).type in kinds]
 
 
-def _configure(trt: ModuleType, builder, precision: str, workspace_mib: Optional[int],
+def _configure(trt: ModuleType, builder: TRTObject, precision: str, workspace_mib: Optional[int],
                compute_capability: Optional[str]):
     config = builder.create_builder_config()
     if precision not in PRECISIONS:
@@ -130,7 +136,7 @@ def _rtx_target(trt: ModuleType, compute_capability: Optional[str]):
     return trt.ComputeCapability.CURRENT
 
 
-def _timing_cache(trt: ModuleType, config, path: Optional[str]):
+def _timing_cache(trt: ModuleType, config: TRTObject, path: Optional[str]) -> TRTObject:
     """Load (or start) a timing cache; TensorRT-RTX has none (its timing-cache calls are no-ops)."""
     if path is None or is_rtx(trt):
         if path is not None:
@@ -153,7 +159,8 @@ def default_ranges(props: Dict[str, str]) -> Dict[str, Range3]:
     return {"batch": (1, 2, 8), "height": (32, short, long), "width": (32, opt, long)}
 
 
-def _check_fixed_size(props: Dict[str, str], onnx_path: str, height, width) -> None:
+def _check_fixed_size(props: Dict[str, str], onnx_path: str, height: Optional[Sequence[int]],
+                      width: Optional[Sequence[int]]) -> None:
     """Refuse height/width ranges for a classifier: its input size is fixed in the file."""
     if (height is not None or width is not None) and props.get("irpe.task") != "detection":
         flags = " and ".join(f for f, v in (("--height", height), ("--width", width)) if v)
@@ -161,7 +168,7 @@ def _check_fixed_size(props: Dict[str, str], onnx_path: str, height, width) -> N
                          "input size (height/width ranges are for detection models)")
 
 
-def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision: str = "fp32",
+def build_engine(onnx_path: StrPath, engine_path: StrPath, *, precision: str = "fp32",
                  batch: Optional[Sequence[int]] = None, height: Optional[Sequence[int]] = None,
                  width: Optional[Sequence[int]] = None, workspace_mib: Optional[int] = None,
                  timing_cache: Optional[str] = None, plugins: Sequence[str] = (),
@@ -207,12 +214,13 @@ def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision:
         raise EngineBuildError(f"TensorRT failed to build {engine_path.name}: "
                            f"{'; '.join(logger.messages[-3:]) or 'see log above'}")
     _write(engine_path, bytes(plan))
-    if cache is not None:
+    if cache is not None and timing_cache is not None:  # (a cache is made only from a path)
         Path(timing_cache).write_bytes(bytes(cache.serialize()))
     sidecar = _sidecar(trt, props, onnx_path, engine_path, precision, shapes, target, plugins,
                        creators, plugin_override, _plugin_layers(trt, network),
                        time.perf_counter() - start)
-    sidecar["timing_cache"] = os.path.abspath(timing_cache) if cache is not None else None
+    sidecar["timing_cache"] = (os.path.abspath(timing_cache)
+                               if cache is not None and timing_cache is not None else None)
     sidecar["build_warnings"] = list(logger.messages)
     write_sidecar(engine_path, sidecar)
     if progress:
@@ -229,8 +237,10 @@ def _write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _sidecar(trt, props, onnx_path, engine_path, precision, shapes, target, plugins, creators,
-             override, plugin_layers, seconds) -> Dict:
+def _sidecar(trt: ModuleType, props: Dict[str, str], onnx_path: str, engine_path: Path,
+             precision: str, shapes: Dict[str, List[List[int]]], target: TRTObject,
+             plugins: Sequence[str], creators: List[str], override: bool,
+             plugin_layers: List[str], seconds: float) -> Dict:
     """The sidecar's fields; ``props``: the ONNX file's metadata, read once by build_engine."""
     return {
         "engine": engine_path.name, "onnx": os.path.abspath(onnx_path),

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Protocol, Sequence
 
 __all__ = ["TensorRTUnavailable", "EngineBuildError", "import_tensorrt", "is_rtx", "make_logger",
            "load_plugins", "abi_mismatch", "MODULES", "WHEEL_LIBS", "wheel_library_dirs",
@@ -58,16 +58,29 @@ def is_rtx(trt: ModuleType) -> bool:
 _QUIET = ("already exists, the output tensors of this new instance will not be queryable",)
 
 
-def make_logger(trt: ModuleType, verbose: bool = False):
-    """An ILogger that prints warnings and errors to stderr and keeps them for reports."""
+# TensorRT's objects come from the module import_tensorrt loads at run time (tensorrt or
+# tensorrt_rtx, whichever is installed; neither is typed here): these names say what a value is
+TRTObject = Any  # an object of that module: builder, network, config, engine, data type, ...
 
-    class _Logger(trt.ILogger):
+
+class EngineLogger(Protocol):
+    """The ILogger of :func:`make_logger`: what it kept for reports."""
+
+    messages: List[str]  # warnings and errors, "SEVERITY: message"
+    suppressed: int  # known-harmless warnings counted, not shown
+
+
+def make_logger(trt: ModuleType, verbose: bool = False) -> EngineLogger:
+    """An ILogger that prints warnings and errors to stderr and keeps them for reports."""
+    logger_base: TRTObject = trt.ILogger
+
+    class _Logger(logger_base):
         def __init__(self) -> None:
             trt.ILogger.__init__(self)
             self.messages: List[str] = []
             self.suppressed = 0
 
-        def log(self, severity, msg: str) -> None:
+        def log(self, severity: TRTObject, msg: str) -> None:  # severity: ILogger.Severity
             if any(q in msg for q in _QUIET):
                 self.suppressed += 1
                 return

@@ -6,21 +6,24 @@ buffers or copies are needed and callers order work with ordinary torch stream s
 """
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 import torch
 
 from irpe.artifact.filecheck import check_file
 from irpe.errors import GPURequired
-from irpe.runtime.tensorrt.common import import_tensorrt, load_plugins, make_logger
+from irpe.runtime.tensorrt.common import TRTObject, import_tensorrt, load_plugins, make_logger
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
 __all__ = ["TRTRunner"]
 
 
-def _torch_dtype(trt, dtype) -> torch.dtype:
+def _torch_dtype(trt: ModuleType, dtype: TRTObject) -> torch.dtype:
     table = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloat16,
              "INT32": torch.int32, "INT64": torch.int64, "INT8": torch.int8,
              "UINT8": torch.uint8, "BOOL": torch.bool}
@@ -36,7 +39,7 @@ class TRTRunner:
     produced on the current stream of that device.
     """
 
-    def __init__(self, engine_path: os.PathLike, plugins: Sequence[str] = (),
+    def __init__(self, engine_path: StrPath, plugins: Sequence[str] = (),
                  device: Optional[torch.device] = None, module: Optional[str] = None) -> None:
         check_file(engine_path, "engine")  # missing, empty, truncated or not an engine
         if not torch.cuda.is_available():
