@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -31,6 +31,12 @@ from irpe.artifact.contract import (
 )
 
 from .inputs import image_files
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+    from onnx import ModelProto
+
+    from irpe.artifact.trained import ModelSpec
 
 __all__ = ["QuantMode", "Target", "CalibrationMethod", "QuantizeSettings", "quantize",
            "weight_nodes", "calibration_feeds", "SHAPES"]
@@ -105,7 +111,8 @@ class QuantizeSettings:
         return out
 
 
-def weight_nodes(model, excluded: Sequence[str] = (), input_layers: bool = False) -> List[str]:
+def weight_nodes(model: ModelProto, excluded: Sequence[str] = (), input_layers: bool = False
+                 ) -> List[str]:
     """Names of the nodes to quantise: Conv, Gemm and MatMul by a 2-D initializer; MatMuls of
     two activations and by the iRPE tables ([1, 1, D, K]) stay float (attention internals), and
     unless ``input_layers`` so do the layers reading a model input (the image): an int8 grid
@@ -126,7 +133,7 @@ def weight_nodes(model, excluded: Sequence[str] = (), input_layers: bool = False
     return names
 
 
-def _name_nodes(model) -> None:
+def _name_nodes(model: ModelProto) -> None:
     """Give unnamed nodes a unique name (the quantiser selects nodes by name)."""
     taken = {n.name for n in model.graph.node if n.name}
     for k, node in enumerate(model.graph.node):
@@ -138,9 +145,10 @@ def _name_nodes(model) -> None:
             taken.add(name)
 
 
-def _shapes_items(spec, samples: int, seed: int) -> Iterator:
+def _shapes_items(spec: ModelSpec, samples: int, seed: int) -> Iterator:
     from irpe.data.datasets import ShapesClassification, ShapesDetection
     tf = spec.transform()
+    data: Union[ShapesClassification, ShapesDetection]
     if spec.task == "classification":
         data = ShapesClassification(samples, seed, tf.size, tf, split="train")
     else:
@@ -149,7 +157,7 @@ def _shapes_items(spec, samples: int, seed: int) -> Iterator:
         yield data[k][0]
 
 
-def _folder_items(spec, folder: str, samples: int) -> Iterator:
+def _folder_items(spec: ModelSpec, folder: str, samples: int) -> Iterator:
     from irpe.data.transforms import load_image
     files = image_files(folder)[:samples]
     tf = spec.transform()
@@ -157,7 +165,7 @@ def _folder_items(spec, folder: str, samples: int) -> Iterator:
         yield tf(load_image(str(path)))
 
 
-def calibration_feeds(spec, calibration: str, samples: int = 64, batch: int = 8,
+def calibration_feeds(spec: ModelSpec, calibration: str, samples: int = 64, batch: int = 8,
                       seed: int = 0) -> List[Dict[str, np.ndarray]]:
     """Model inputs for calibration: ``samples`` images of the folder ``calibration`` (sorted,
     subfolders too) or of the shapes training split, preprocessed as the model expects, in
@@ -203,7 +211,8 @@ def _reader(feeds: List[Dict[str, np.ndarray]]):
     return FeedReader()
 
 
-def _run_ort(model, output: Path, settings: QuantizeSettings, nodes: List[str], spec) -> None:
+def _run_ort(model: str, output: Path, settings: QuantizeSettings, nodes: List[str],
+             spec: ModelSpec) -> None:
     from onnxruntime import quantization as q
     if settings.mode is QuantMode.DYNAMIC:
         q.quantize_dynamic(model, output, op_types_to_quantize=list(QUANT_OPS),
@@ -226,7 +235,7 @@ def _run_ort(model, output: Path, settings: QuantizeSettings, nodes: List[str], 
                                      "QuantizeBias": not trt})
 
 
-def quantize(model_path: os.PathLike, output: os.PathLike,
+def quantize(model_path: StrPath, output: StrPath,
              settings: QuantizeSettings = QuantizeSettings()) -> Dict:
     """Quantise an exported file to int8 and write it to ``output``; returns the metadata
     record (:func:`irpe.artifact.contract.quantization_metadata`)."""
@@ -257,7 +266,8 @@ def quantize(model_path: os.PathLike, output: os.PathLike,
     return _finish(output, model, props, settings, nodes)
 
 
-def _finish(output: Path, float_model, props: Dict[str, str], settings: QuantizeSettings,
+def _finish(output: Path, float_model: ModelProto, props: Dict[str, str],
+            settings: QuantizeSettings,
             nodes: List[str]) -> Dict:
     """Put back what the quantiser may drop (the RPE functions, metadata, IR version) and
     record the quantisation."""

@@ -14,11 +14,14 @@ import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from irpe.artifact.contract import ENGINE_SUFFIXES, read_onnx_props, read_sidecar, sidecar_path
 from irpe.artifact.triton_config import TensorInfo, model_config, onnx_io, pbtxt
 from irpe.runtime.onnxruntime.session import default_library
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
 __all__ = ["RepoOptions", "TensorInfo", "onnx_io", "write_repository", "config_text",
            "ort_library_problem", "DEFAULT_ORT_OPS", "ENGINE_SUFFIXES"]
@@ -55,7 +58,7 @@ class _Model:
     source: str
 
 
-def write_repository(repo: os.PathLike, artifacts: Sequence[str],
+def write_repository(repo: StrPath, artifacts: Sequence[str],
                      options: RepoOptions) -> List[Path]:
     """Write one model directory per artifact under ``repo``; returns the model directories.
 

@@ -11,7 +11,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -29,6 +29,12 @@ from irpe.runtime.onnxruntime.session import OrtOptions
 from .inputs import Batch, make_batches
 from .pair import check_pair
 from .source import Source, load_source, weights_from_metadata
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+    from onnxruntime import InferenceSession
+
+    from .source import SourceLike
 
 __all__ = ["validate", "compare", "TOLERANCES", "ENGINE_SUFFIXES"]
 
@@ -54,20 +60,29 @@ def _onnx_runner(path: str, ort_options: Optional[OrtOptions] = None
     session, ops = create_session(path, options=ort_options)
     functions = (create_session(path, options=ort_options, custom_ops="off", quiet=True)[0]
                  if ops.custom_ops else None)
-    names = [i.name for i in session.get_inputs()]
-    outputs = [o.name for o in session.get_outputs()]
-
-    def run(feeds: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
-        np_feeds = {n: feeds[n].numpy() for n in names}
-        got = dict(zip(outputs, session.run(None, np_feeds), strict=True))
-        if functions is not None:
-            for name, ref in zip(outputs, functions.run(None, np_feeds), strict=True):
-                diff = float(np.abs(got[name].astype(np.float64) - ref).max(initial=0.0))
-                run.versus[name] = max(run.versus.get(name, 0.0), diff)
-        return got
-
-    run.versus = {}
+    run = _OrtRun(session, functions)
     return run, props, f"onnxruntime {ort.__version__} (CPUExecutionProvider; {ops.describe()})"
+
+
+class _OrtRun:
+    """A :data:`Runner` of an ORT session; with ``functions`` (the function-path session of the
+    same file) run beside it, ``versus`` collects max |session - functions| per output."""
+
+    def __init__(self, session: InferenceSession, functions: Optional[InferenceSession]
+                 ) -> None:
+        self.session, self.functions = session, functions
+        self.names = [i.name for i in session.get_inputs()]
+        self.outputs = [o.name for o in session.get_outputs()]
+        self.versus: Dict[str, float] = {}
+
+    def __call__(self, feeds: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
+        np_feeds = {n: feeds[n].numpy() for n in self.names}
+        got = dict(zip(self.outputs, self.session.run(None, np_feeds), strict=True))
+        if self.functions is not None:
+            for name, ref in zip(self.outputs, self.functions.run(None, np_feeds), strict=True):
+                diff = float(np.abs(got[name].astype(np.float64) - ref).max(initial=0.0))
+                self.versus[name] = max(self.versus.get(name, 0.0), diff)
+        return got
 
 
 def _engine_runner(path: str) -> Tuple[Runner, Dict[str, str], str]:
@@ -119,7 +134,7 @@ def compare(got: np.ndarray, expected: np.ndarray, atol: float, rtol: float,
         "cosine": float(np.nansum(got64 * exp64) / denom) if denom > 0 else 1.0,
         "violations": int((ratio > 1).sum()), "elements": int(diff.size),
         "worst_ratio": float(ratio.max(initial=0.0)),
-        "worst": {"input": rows[index[0]] if rows is not None and index else None,
+        "worst": {"input": rows[int(index[0])] if rows is not None and index else None,
                   "index": [int(i) for i in index],
                   "got": float(got64[index]) if ratio.size else None,
                   "expected": float(exp64[index]) if ratio.size else None},
@@ -148,8 +163,8 @@ def _detection_metrics(got: Dict[str, np.ndarray], exp: Dict[str, np.ndarray]) -
             "box_l1_mean": float(box_l1.mean()), "box_l1_max": float(box_l1.max())}
 
 
-def _resolve(path: str, source, checkpoint, ort_options: Optional[OrtOptions] = None
-             ) -> Tuple[Runner, Source, str]:
+def _resolve(path: str, source: Optional[SourceLike], checkpoint: Optional[str],
+             ort_options: Optional[OrtOptions] = None) -> Tuple[Runner, Source, str]:
     """The file's runner, the PyTorch reference (from metadata unless given) and a label."""
     is_engine = path.endswith(ENGINE_SUFFIXES)
     run, props, runtime = (_engine_runner(path) if is_engine
@@ -168,8 +183,11 @@ def _resolve(path: str, source, checkpoint, ort_options: Optional[OrtOptions] = 
     return run, weights_from_metadata(props["irpe.weights"], spec), runtime
 
 
-def _run_all(batches: List[Batch], run: Runner, ref: Runner):
-    got, exp, rows = {}, {}, []
+def _run_all(batches: List[Batch], run: Runner, ref: Runner
+             ) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray], List[str]]:
+    got: Dict[str, List[np.ndarray]] = {}
+    exp: Dict[str, List[np.ndarray]] = {}
+    rows: List[str] = []
     for batch in batches:
         g, e = run(batch.feeds), ref(batch.feeds)
         for name in e:
@@ -180,10 +198,10 @@ def _run_all(batches: List[Batch], run: Runner, ref: Runner):
     return cat(got), cat(exp), rows
 
 
-def validate(onnx_or_engine_path: os.PathLike, source=None, checkpoint: Optional[str] = None,
-             num_inputs: int = 8, image_dir: Optional[os.PathLike] = None,
-             atol: Optional[float] = None, rtol: Optional[float] = None,
-             precision: Optional[str] = None,
+def validate(onnx_or_engine_path: StrPath, source: Optional[SourceLike] = None,
+             checkpoint: Optional[str] = None, num_inputs: int = 8,
+             image_dir: Optional[StrPath] = None, atol: Optional[float] = None,
+             rtol: Optional[float] = None, precision: Optional[str] = None,
              sizes: Optional[Sequence[Tuple[int, int]]] = None,
              custom_ops: Optional[str] = None,
              ort_options: Optional[OrtOptions] = None) -> Dict:
@@ -244,7 +262,7 @@ def _file_precision(path: str) -> str:
     return onnx_precision(read_onnx_props(path))
 
 
-def write_report(report: Dict, path: os.PathLike) -> Path:
+def write_report(report: Dict, path: StrPath) -> Path:
     """Write the report as indented JSON."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Union
+from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Type, Union
 
 from pydantic import (
     AfterValidator,
@@ -26,6 +26,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -213,8 +214,11 @@ class ServeSettings(BaseSettings):
         "(default: $IRPE_BUCKET_CACHE_MIB or 64)")
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings,
-                                   dotenv_settings, file_secret_settings
+    def settings_customise_sources(cls, settings_cls: Type[BaseSettings],
+                                   init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource
                                    ) -> Tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, FieldNames(settings_cls, env_settings), RepositorySource(settings_cls)
 
@@ -245,11 +249,12 @@ class FieldNames(PydanticBaseSettingsSource):
     are: a field read from ``IRPE_SERVE_X`` or an older variable then replaces the file's
     value instead of sitting beside it (an extra key to pydantic)."""
 
-    def __init__(self, settings_cls, source: PydanticBaseSettingsSource) -> None:
+    def __init__(self, settings_cls: Type[BaseSettings], source: PydanticBaseSettingsSource
+                 ) -> None:
         super().__init__(settings_cls)
         self.source = source
 
-    def get_field_value(self, field, field_name: str) -> Tuple[Any, str, bool]:
+    def get_field_value(self, field: FieldInfo, field_name: str) -> Tuple[Any, str, bool]:
         return None, field_name, False
 
     def __call__(self) -> Dict[str, Any]:
@@ -264,7 +269,7 @@ class FieldNames(PydanticBaseSettingsSource):
 class RepositorySource(PydanticBaseSettingsSource):
     """Lowest-priority source: the repository file named by a higher-priority source."""
 
-    def get_field_value(self, field, field_name: str) -> Tuple[Any, str, bool]:
+    def get_field_value(self, field: FieldInfo, field_name: str) -> Tuple[Any, str, bool]:
         return None, field_name, False
 
     def __call__(self) -> Dict[str, Any]:

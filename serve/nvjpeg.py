@@ -69,8 +69,9 @@ def decode_on_device(blobs: Sequence[bytes], pre: Preprocess, device: str
                      ) -> Optional[List[Decoded]]:
     """Every image decoded and resized on ``device``; None when any one must go the CPU path."""
     from torchvision.io import ImageReadMode, decode_jpeg
-    sizes = [_plain_jpeg_size(b) for b in blobs]
-    if not blobs or any(s is None for s in sizes):
+    found = [_plain_jpeg_size(b) for b in blobs]
+    sizes = [s for s in found if s is not None]
+    if not blobs or len(sizes) != len(found):
         return None
     data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
     try:

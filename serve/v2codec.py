@@ -179,9 +179,11 @@ def classification_strings(values: np.ndarray, k: int, labels: List[str]) -> np.
 def encode_response(header: Dict[str, Any],
                     outputs: List[OutTensor]) -> Tuple[bytes, Optional[int]]:
     """Body of an infer response and the JSON header's length (None: no binary part)."""
-    entries, blobs = [], []
+    entries: List[Dict[str, Any]] = []
+    blobs: List[bytes] = []
     for out in outputs:
-        entry = {"name": out.name, "datatype": out.datatype, "shape": list(out.array.shape)}
+        entry: Dict[str, Any] = {"name": out.name, "datatype": out.datatype,
+                                 "shape": list(out.array.shape)}
         if out.binary:
             raw = _raw(out)
             entry["parameters"] = {"binary_data_size": len(raw)}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
 import numpy as np
 
@@ -12,6 +12,9 @@ from irpe.artifact.trained import ModelSpec, read_spec
 
 from . import Backend, output_names
 
+if TYPE_CHECKING:  # TensorRT is imported by load() (the module may be absent)
+    from irpe.runtime.tensorrt.runner import TRTRunner
+
 __all__ = ["TensorRTBackend"]
 
 
@@ -19,6 +22,7 @@ class TensorRTBackend(Backend):
     """Adapter from the backend interface to ``TRTRunner(engine, plugins, device)``."""
 
     platform = "tensorrt_plan"
+    runner: Optional[TRTRunner]  # set by load(), released by close()
 
     def read_spec(self) -> ModelSpec:
         """From ``metadata`` (.safetensors / .onnx) or the engine's JSON sidecar."""
@@ -49,6 +53,8 @@ class TensorRTBackend(Backend):
         feeds = {"images": self.torch.from_numpy(images)}
         if self.spec.task == "detection":
             feeds["sizes"] = self.torch.from_numpy(sizes)
+        if self.runner is None:
+            raise RuntimeError(f"model {self.cfg.name}: the backend is closed")
         out = self.runner(**feeds)
         return {k: out[k].float().cpu().numpy() for k in output_names(self.spec.task)}
 
