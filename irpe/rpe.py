@@ -163,16 +163,16 @@ class iRPE(nn.Module):
         if self.fixed_grid:  # exporting one static size: the ids become a graph constant
             length = int(length)
             height, width = ((None, None) if height is None
-                             else (int(height), int(cast(IntOrTensor, width))))
+                             else (int(height), int(cast("IntOrTensor", width))))
         elif self.traceable or isinstance(height, torch.Tensor) or torch.compiler.is_compiling():
             # torch.compile: ids in-graph (the locked id cache would break the graph)
             if height is None:
                 height, width, _ = self.grid(length)
             skip = (self.skip if isinstance(height, torch.Tensor)
                     else length - height * cast(int, width))
-            return bucket_ids_traceable(self.method, self.ratio, height, cast(IntOrTensor, width),
+            return bucket_ids_traceable(self.method, self.ratio, height, cast("IntOrTensor", width),
                                         self._skip(skip), device=device)
-        h, w, s = self.grid(length, height, cast(Optional[int], width))
+        h, w, s = self.grid(length, height, cast("Optional[int]", width))
         s = self._skip(s)
         device = None if device is None else torch.device(device)
         if device is None or device.type == "cpu":  # CPU ids: cached by bucket_ids

@@ -138,7 +138,7 @@ async def _detect(request: Request, model: ServedModel, threshold: float, max_de
     _check_task(model, "detection", "classify")
     inputs, rows = await _infer(request, model)
     # decoded images carry the size they had before resizing
-    originals = [cast(Tuple[int, int], i.original) for i in inputs]
+    originals = [cast("Tuple[int, int]", i.original) for i in inputs]
     results = detection_results(rows, originals, model.labels, threshold, max_detections,
                                 box_format)
     return {"model": model.name, "results": results}

@@ -251,7 +251,7 @@ class Preprocess:
         from PIL import Image
         image = to_rgb8(image)
         # a JSON list arrives as a list: a tuple like image.size
-        size = (cast(Tuple[int, int], tuple(source_size)) if source_size is not None
+        size = (cast("Tuple[int, int]", tuple(source_size)) if source_size is not None
                 else image.size)
         if self.task == "classification":
             return _resize_crop(image, int(self.size / self.crop_pct), self.size, size)

@@ -3,13 +3,13 @@
 Importing this package does not import Triton; the kernel module is loaded on first launch.
 """
 from .dispatch import (
-                       FusedMode,
-                       cpu_supported,
-                       fused_attention,
-                       fused_mode,
-                       fused_supported,
-                       set_fused_attention,
-                       set_fused_ids,
+    FusedMode,
+    cpu_supported,
+    fused_attention,
+    fused_mode,
+    fused_supported,
+    set_fused_attention,
+    set_fused_ids,
 )
 from .launch import interpreter_enabled, kernel_available
 from .op import fused_rpe_attention
