@@ -103,7 +103,7 @@ def serve_plots(doc: Dict, stem: Path) -> List[Path]:
     models = list(dict.fromkeys(r.get("model", "-") for r in doc["results"]))
     hists = doc.get("batch_histogram", {})
     fig, axes = plt.subplots(len(models), 3, figsize=(13, 4 * len(models)), squeeze=False)
-    for (a, b, c), model in zip(axes, models):
+    for (a, b, c), model in zip(axes, models, strict=True):
         rows = [r for r in doc["results"] if r.get("model", "-") == model]
         closed = [r for r in rows if r["mode"] == "closed"]
         _lines(a, _series(closed, lambda r: "HTTP", "load", "images_per_s"))

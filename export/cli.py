@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import List, Tuple
+from typing import List, Optional, TextIO, Tuple, Type, Union
 
 from irpe.errors import CLIError
 
@@ -33,7 +33,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warn_line(message, category, filename, lineno, file=None, line=None) -> None:
+def _warn_line(message: Union[Warning, str], category: Type[Warning], filename: str, lineno: int,
+               file: Optional[TextIO] = None, line: Optional[str] = None) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
@@ -42,7 +43,7 @@ def _default_output(source: str) -> str:
     return Path(source).stem + ".onnx"
 
 
-def _output(source: str, output) -> str:
+def _output(source: str, output: Optional[str]) -> str:
     """``-o``: a file, or an existing folder to write ``<source>.onnx`` into (default: here)."""
     import os
     if output and os.path.isdir(output):
@@ -53,6 +54,7 @@ def _output(source: str, output) -> str:
 def cmd_validate(args: argparse.Namespace) -> int:
     """Compare the file with PyTorch; exit status 1 when any output is out of tolerance."""
     from irpe.runtime.onnxruntime.session import CustomOpsError, OrtOptions
+
     from .validate import validate, write_report
     ort_options = OrtOptions.from_env().with_(args.custom_ops, args.ops_library, args.rewrites)
     try:
@@ -126,7 +128,7 @@ def _range3(text: str) -> Tuple[int, int, int]:
         values = values * 3
     if len(values) != 3:
         raise argparse.ArgumentTypeError(f"expected MIN,OPT,MAX (or one value), got {text!r}")
-    return values  # type: ignore[return-value]
+    return values
 
 
 def _sizes(text: str) -> List[Tuple[int, int]]:
@@ -191,7 +193,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plugin", action="append", default=[],
                    help="plugin library to load (repeatable), e.g. "
                         "build/plugins/libirpe_trt_plugins.so; the build then runs in a child "
-                        "process (TensorRT-RTX: with a libtensorrt_rtx.so link on its library path)")
+                        "process (TensorRT-RTX: with a libtensorrt_rtx.so link on its library "
+                        "path)")
     p.add_argument("--plugin-override", action="store_true",
                    help="set the parser flag ENABLE_PLUGIN_OVERRIDE")
     p.add_argument("--compute-capability",

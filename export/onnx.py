@@ -14,21 +14,23 @@ import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import onnx
 import torch
 from torch import nn
 
 import irpe
-from irpe.artifact.trained import ModelSpec
 from irpe.artifact.contract import io_spec, onnx_metadata
+from irpe.artifact.trained import ModelSpec
 from irpe.rpe import iRPE, set_traceable
 
 from . import symbolic
-from .functions import (GATHER, attach_functions, count_rpe_nodes, inline_functions,
-                        rpe_nodes)
+from .functions import GATHER, attach_functions, count_rpe_nodes, inline_functions, rpe_nodes
 from .source import Source, SourceLike, load_source
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
 __all__ = ["export_onnx", "export_source", "prepare_source", "Exported", "output_module"]
 
@@ -124,7 +126,8 @@ def _trace(src: Source, opset: int) -> onnx.ModelProto:
     with _traceable(src.model, fixed_grid), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings on constant shapes, deprecation
         traced = wrapper(*example)  # first: fixed-grid ids are cached, so traced as constants
-        torch.onnx.export(wrapper, example, buffer, dynamo=False,
+        # typed for paths; the TorchScript exporter (dynamo=False) writes to a file object too
+        torch.onnx.export(wrapper, example, buffer, dynamo=False,  # type: ignore[arg-type]
                           opset_version=opset, input_names=inputs, output_names=outputs,
                           dynamic_axes=dynamic, custom_opsets=_custom_opsets(src.model))
     model = onnx.load_from_string(buffer.getvalue())
@@ -136,7 +139,7 @@ def _trace(src: Source, opset: int) -> onnx.ModelProto:
 def _static_output_dims(model: onnx.ModelProto, shapes: List[Tuple[int, ...]],
                         dynamic: Dict[str, Dict[int, str]]) -> None:
     """Write fixed sizes (queries, classes) into output dims the exporter left symbolic."""
-    for output, shape in zip(model.graph.output, shapes):
+    for output, shape in zip(model.graph.output, shapes, strict=True):
         dims = output.type.tensor_type.shape.dim
         for axis, dim in enumerate(dims):
             if axis not in dynamic.get(output.name, {}) and axis < len(shape):
@@ -205,7 +208,7 @@ def _check_opset(opset: int) -> None:
                          f"{symbolic.MAX_OPSET}")
 
 
-def export_source(src: Source, output: os.PathLike, *, inline: bool = False, opset: int = 18,
+def export_source(src: Source, output: StrPath, *, inline: bool = False, opset: int = 18,
                   progress: bool = False, optimize: bool = True) -> Exported:
     """Export an already resolved :class:`Source` (model + spec) to ``output``; the file and
     the metadata written into it."""
@@ -250,7 +253,7 @@ def prepare_source(source: SourceLike, checkpoint: Optional[str] = None,
     return src
 
 
-def export_onnx(source: SourceLike, output: os.PathLike, checkpoint: Optional[str] = None, *,
+def export_onnx(source: SourceLike, output: StrPath, checkpoint: Optional[str] = None, *,
                 inline: bool = False, opset: int = 18, progress: bool = False,
                 spec: Optional[ModelSpec] = None, optimize: bool = True) -> Path:
     """Export a registry name (+ checkpoint), a trained-model file or a module (+ spec) to ONNX."""

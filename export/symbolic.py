@@ -5,9 +5,15 @@ plugin attributes; the local functions are attached afterwards (:mod:`export.fun
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, List, Optional
+
 import torch
 
 from .functions import DOMAIN, GATHER, PLUGIN_NAMESPACE, PLUGIN_VERSION, SCATTER
+
+if TYPE_CHECKING:  # the TorchScript exporter's graph and values
+    from torch._C import Value
+    from torch.onnx._internal.torchscript_exporter.jit_utils import GraphContext
 
 __all__ = ["register", "MIN_OPSET", "MAX_OPSET"]
 
@@ -16,30 +22,31 @@ MAX_OPSET = 20  # highest opset of torch's TorchScript-based exporter
 _registered = False
 
 
-def _with_shape(out, like, sizes):
+def _with_shape(out: Value, like: Value, sizes: List[Optional[int]]) -> Value:
     """Give the custom node's output a type so the exporter's shape inference continues."""
     if like.type().scalarType() is not None:
         out.setType(like.type().with_sizes(sizes))
     return out
 
 
-def _sizes(value):
+def _sizes(value: Value) -> List[Optional[int]]:
     from torch.onnx import symbolic_helper
     return symbolic_helper._get_tensor_sizes(value) or [None] * 4
 
 
-def _gather(g, table, index):
+def _gather(g: GraphContext, table: Value, index: Value) -> Value:
     """num_buckets = the table's last dim; where the exporter has not inferred it yet (the
     1-row Q table of a Reshape), export.onnx fills it in once the graph is folded."""
     sizes, idx = _sizes(table), _sizes(index)
     known = {} if sizes[3] is None else {"num_buckets_i": sizes[3]}
     out = g.op(f"{DOMAIN}::{GATHER}", table, index, plugin_namespace_s=PLUGIN_NAMESPACE,
                plugin_version_s=PLUGIN_VERSION, **known)
-    rows = list(idx) if len(idx) == 2 else [None, None]  # a 1-row table is broadcast over Lq
+    # a 1-row table is broadcast over Lq
+    rows: List[Optional[int]] = list(idx) if len(idx) == 2 else [None, None]
     return _with_shape(out, table, sizes[:2] + rows)
 
 
-def _scatter(g, attn, index, num_buckets):
+def _scatter(g: GraphContext, attn: Value, index: Value, num_buckets: Value) -> Value:
     from torch.onnx import symbolic_helper
     k = symbolic_helper._get_const(num_buckets, "i", "num_buckets")
     out = g.op(f"{DOMAIN}::{SCATTER}", attn, index, plugin_namespace_s=PLUGIN_NAMESPACE,

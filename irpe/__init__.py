@@ -7,8 +7,15 @@ from .bucket import Method, bucket_ids, bucket_ids_traceable, num_buckets, piece
 from .checkpoint import CheckpointError, load_checkpoint, read_state_dict, save_checkpoint
 from .models import create_model, list_models, model_info
 from .ops import rpe_gather, rpe_scatter
-from .rpe import (RPEConfig, build_rpe, get_rpe_config, iRPE, iRPECross, randomize_tables,
-                  set_traceable)
+from .rpe import (
+    RPEConfig,
+    build_rpe,
+    get_rpe_config,
+    iRPE,
+    iRPECross,
+    randomize_tables,
+    set_traceable,
+)
 
 __version__ = "0.1.0"
 

@@ -1,7 +1,7 @@
 """Multi-head self-attention with iRPE, in the order of operations of the official DeiT code."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, cast
 
 import torch
 import torch.nn.functional as F
@@ -41,13 +41,14 @@ def rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     """
     if rpe_q is None and rpe_k is None and rpe_v is None and not exporting():
         return _plain_sdpa(q, k, v, scale, key_padding_mask, dropout)
+    # both fused paths take int grid sizes only: their checks refuse traced (tensor) sizes
     if (rpe_q is not None or rpe_k is not None or rpe_v is not None) and fused_supported(
             q, k, rpe_q, rpe_k, rpe_v, height, width, dropout):
-        return fused_attention(q, k, v, scale, rpe_q, rpe_k, rpe_v, height, width,
-                               key_padding_mask)
+        return fused_attention(q, k, v, scale, rpe_q, rpe_k, rpe_v, cast("Optional[int]", height),
+                               cast("Optional[int]", width), key_padding_mask)
     if cpu_supported(q, k, rpe_q, rpe_k, rpe_v, height, dropout):
-        return cpu_attention(q, k, v, scale, rpe_q, rpe_k, rpe_v, height, width,
-                             key_padding_mask)
+        return cpu_attention(q, k, v, scale, rpe_q, rpe_k, rpe_v, cast("Optional[int]", height),
+                             cast("Optional[int]", width), key_padding_mask)
     return unfused_attention(q, k, v, scale, rpe_q, rpe_k, rpe_v, height, width,
                              key_padding_mask, dropout)
 

@@ -10,10 +10,10 @@ import torch
 
 from . import __version__
 from .argtypes import positive
-from .checkpoint import CheckpointError
 from .bucket import Method, bucket_ids, coefficients, piecewise_index
+from .checkpoint import CheckpointError
 from .errors import CLIError
-from .models import create_model, list_models, model_info
+from .models import list_models, model_info
 
 DEFAULT_CHECK_MODEL = "deit_tiny_patch16_224_ctx_product_50_shared_k"
 
@@ -65,7 +65,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     grid = (size[0] // stride, size[1] // stride)
     height, width = args.height or grid[0], args.width or grid[1]
     print(f"model      {info.name} (family {info.family})")
-    print(f"input      {size[0]}x{size[1]} -> grid {grid[0]}x{grid[1]}, top-1 {info.top1 or '-'}, url {info.url or '-'}")
+    print(f"input      {size[0]}x{size[1]} -> grid {grid[0]}x{grid[1]}, "
+          f"top-1 {info.top1 or '-'}, url {info.url or '-'}")
     if cfg is None:
         print("iRPE       none (baseline model)")
         return 0

@@ -11,14 +11,14 @@ in place, then P v and the bucket sums of the same P. The gathers index a flatte
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, cast
 
 import torch
 import torch.nn.functional as F
 
 from ..idcache import BUCKET_IDS
 from ..ops import rpe_scatter
-from ..rpe import iRPE, iRPECross
+from ..rpe import RPEModule, iRPE, iRPECross
 from .cpu_library import library_attention, library_supported
 
 __all__ = ["cpu_attention", "attention_logits", "term_mask"]
@@ -26,13 +26,14 @@ __all__ = ["cpu_attention", "attention_logits", "term_mask"]
 Tensor = torch.Tensor
 
 
-def _parts(module) -> List[iRPE]:
+def _parts(module: Optional[RPEModule]) -> List[iRPE]:
     if module is None:
         return []
     return [module.rp_rows, module.rp_cols] if isinstance(module, iRPECross) else [module]
 
 
-def _flat_ids(m: iRPE, length: int, height, width, transposed: bool) -> Tensor:
+def _flat_ids(m: iRPE, length: int, height: Optional[int], width: Optional[int],
+              transposed: bool) -> Tensor:
     """int64 (L*L,) positions in the flattened (L*K) table: row*K + id(row, col), where the
     row is the query (K term) or the key (Q term, ``transposed``: the term comes out as Q^T)."""
     def build() -> Tensor:
@@ -51,7 +52,8 @@ def _flat_ids(m: iRPE, length: int, height, width, transposed: bool) -> Tensor:
     return BUCKET_IDS.get_or_build(key, torch.inference_mode(False)(build))
 
 
-def _gather(m: iRPE, x: Tensor, height, width, transposed: bool, scale: float = 1.0) -> Tensor:
+def _gather(m: iRPE, x: Tensor, height: Optional[int], width: Optional[int], transposed: bool,
+            scale: float = 1.0) -> Tensor:
     """One part's term (B|1, H|1, L, L) (transposed for the Q term): the contextual table is
     x @ (W * scale), i.e. (x * scale) @ W up to rounding."""
     length = x.shape[2]
@@ -71,7 +73,8 @@ def _gather(m: iRPE, x: Tensor, height, width, transposed: bool, scale: float = 
     return table.reshape(b * h, -1).index_select(1, flat).view(b, h, length, length)
 
 
-def term_mask(qs: Tensor, k: Tensor, scale: float, rpe_q, rpe_k, height, width,
+def term_mask(qs: Tensor, k: Tensor, scale: float, rpe_q: Optional[RPEModule],
+              rpe_k: Optional[RPEModule], height: Optional[int], width: Optional[int],
               key_padding_mask: Optional[Tensor]) -> Optional[Tensor]:
     """rpe_k(qs) + rpe_q(k*scale)^T with padded keys at -inf: SDPA's float mask (B|1,H|1,L,L)."""
     mask = None
@@ -94,7 +97,8 @@ def term_mask(qs: Tensor, k: Tensor, scale: float, rpe_q, rpe_k, height, width,
     return mask
 
 
-def _add_v_term(out: Tensor, attn: Tensor, rpe_v, height, width) -> Tensor:
+def _add_v_term(out: Tensor, attn: Tensor, rpe_v: Optional[RPEModule], height: Optional[int],
+                width: Optional[int]) -> Tensor:
     """out + rpe_v(attn): bucket sums of the probabilities (fp32), then @ the V tables (one
     in-place addmm per part for shared tables when autograd is off)."""
     for m in _parts(rpe_v):
@@ -121,18 +125,25 @@ def _scaled(x: Tensor, scale: float) -> Tensor:
     return torch.mul(x, scale, out=torch.empty(x.shape, dtype=x.dtype, device=x.device))
 
 
-def _grid_check(rpe_q, rpe_k, rpe_v, length: int, height, width) -> None:
+def _grid_check(rpe_q: Optional[RPEModule], rpe_k: Optional[RPEModule],
+                rpe_v: Optional[RPEModule], length: int, height: Optional[int],
+                width: Optional[int]) -> None:
     """The unfused path's grid / skip errors, raised before any work."""
     first = (_parts(rpe_k) + _parts(rpe_q) + _parts(rpe_v))[0]
     first._skip(first.grid(length, height, width)[2])
 
 
-def cpu_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q, rpe_k, rpe_v,
-                  height, width, key_padding_mask: Optional[Tensor]) -> Tensor:
+def cpu_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q: Optional[RPEModule],
+                  rpe_k: Optional[RPEModule], rpe_v: Optional[RPEModule],
+                  height: Optional[int], width: Optional[int],
+                  key_padding_mask: Optional[Tensor]) -> Tensor:
     """rpe_attention's result (q, k, v (B, H, L, D), self-attention, no active dropout)."""
     _grid_check(rpe_q, rpe_k, rpe_v, q.shape[2], height, width)
     if library_supported(q, k, v, rpe_q, rpe_k, rpe_v, key_padding_mask):
-        return library_attention(q, k, v, scale, rpe_q, rpe_k, rpe_v, height, width)
+        # library_supported admits plain iRPE modules only
+        return library_attention(q, k, v, scale, cast("Optional[iRPE]", rpe_q),
+                                 cast("Optional[iRPE]", rpe_k), cast("Optional[iRPE]", rpe_v),
+                                 height, width)
     qs = _scaled(q, scale)
     kc = k.contiguous() if rpe_q is not None or rpe_v is not None else k
     mask = term_mask(qs, kc, scale, rpe_q, rpe_k, height, width, key_padding_mask)

@@ -21,7 +21,7 @@ import torch
 
 from ..idcache import BUCKET_IDS
 from ..plugin_files import BUILD_DIR
-from ..rpe import iRPE
+from ..rpe import RPEModule, iRPE
 
 __all__ = ["LIBRARY_FILE", "ENV", "default_path", "set_cpu_library", "cpu_library",
            "library_supported", "library_attention"]
@@ -86,7 +86,12 @@ def set_cpu_library(path: Union[str, Path, None, bool]) -> None:
     import, else the build's)."""
     global _path
     with _lock:
-        _path = _DEFAULT if path is True else (Path(path) if path not in (None, False) else None)
+        if path is True:
+            _path = _DEFAULT
+        elif path is None or path is False:
+            _path = None
+        else:
+            _path = Path(path)
 
 
 def cpu_library() -> Optional[_Library]:
@@ -114,7 +119,8 @@ def _load(path: Path) -> Optional[_Library]:
         return None
 
 
-def library_supported(q: Tensor, k: Tensor, v: Tensor, rpe_q, rpe_k, rpe_v,
+def library_supported(q: Tensor, k: Tensor, v: Tensor, rpe_q: Optional[RPEModule],
+                      rpe_k: Optional[RPEModule], rpe_v: Optional[RPEModule],
                       key_padding_mask: Optional[Tensor]) -> bool:
     """Whether a CPU call (already past irpe.fused.cpu_supported) can run in the kernel."""
     if key_padding_mask is not None or torch.compiler.is_compiling() or cpu_library() is None:
@@ -133,7 +139,8 @@ def library_supported(q: Tensor, k: Tensor, v: Tensor, rpe_q, rpe_k, rpe_v,
     return True
 
 
-def _ids(lib: _Library, m: iRPE, length: int, height, width, kind: str) -> Tensor:
+def _ids(lib: _Library, m: iRPE, length: int, height: Optional[int], width: Optional[int],
+         kind: str) -> Tensor:
     """The kernel's int32 table [L, pad(L)] of a term, cached per method, ratio, grid and
     kind."""
     def build() -> Tensor:
@@ -150,8 +157,9 @@ def _ids(lib: _Library, m: iRPE, length: int, height, width, kind: str) -> Tenso
     return BUCKET_IDS.get_or_build(key, torch.inference_mode(False)(build))
 
 
-def library_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q, rpe_k, rpe_v,
-                      height, width) -> Tensor:
+def library_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q: Optional[iRPE],
+                      rpe_k: Optional[iRPE], rpe_v: Optional[iRPE], height: Optional[int],
+                      width: Optional[int]) -> Tensor:
     """rpe_attention's result (B, H, L, D) from the kernel: a (B, L, H, D) buffer seen as
     (B, H, L, D), so the caller's transpose back is free."""
     lib = cpu_library()

@@ -16,10 +16,18 @@ from typing import Dict, List, Literal, Optional, Tuple, get_args
 import torch
 from torch import nn
 
-from ..bucket import (bucket_ids, bucket_ids_traceable, coefficients, ids_from_offsets,
-                      num_buckets, piecewise_index, piecewise_index_traceable)
+from ..bucket import (
+    IntOrTensor,
+    bucket_ids,
+    bucket_ids_traceable,
+    coefficients,
+    ids_from_offsets,
+    num_buckets,
+    piecewise_index,
+    piecewise_index_traceable,
+)
 from ..idcache import BUCKET_IDS
-from ..rpe import iRPE, iRPECross
+from ..rpe import RPEModule, iRPE, iRPECross
 from .launch import MAX_BUCKETS_V, MAX_HEAD_DIM, kernel_available
 from .op import fused_rpe_attention
 
@@ -73,7 +81,7 @@ def fused_mode() -> FusedMode:
     return _override if _override is not None else _ENV_MODE
 
 
-def _parts(module) -> List[iRPE]:
+def _parts(module: Optional[RPEModule]) -> List[iRPE]:
     if module is None:
         return []
     return [module.rp_rows, module.rp_cols] if isinstance(module, iRPECross) else [module]
@@ -95,8 +103,10 @@ def _capability(device: torch.device) -> Tuple[int, int]:
     return _CAPABILITY[index]
 
 
-def fused_supported(q: Tensor, k: Tensor, rpe_q, rpe_k, rpe_v, height, width,
-                    dropout: Optional[nn.Module]) -> bool:
+def fused_supported(q: Tensor, k: Tensor, rpe_q: Optional[RPEModule],
+                    rpe_k: Optional[RPEModule], rpe_v: Optional[RPEModule],
+                    height: Optional[IntOrTensor], width: Optional[IntOrTensor],
+                    dropout: Optional[nn.Dropout]) -> bool:
     """Whether this call may take the fused kernel (mode, device, shapes, no export/dropout)."""
     mode = fused_mode()
     if mode == "unfused" or exporting() or q.shape != k.shape or q.dim() != 4:
@@ -118,8 +128,9 @@ def fused_supported(q: Tensor, k: Tensor, rpe_q, rpe_k, rpe_v, height, width,
     return sum(m.num_buckets for m in _parts(rpe_v)) <= MAX_BUCKETS_V
 
 
-def cpu_supported(q: Tensor, k: Tensor, rpe_q, rpe_k, rpe_v, height,
-                  dropout: Optional[nn.Module]) -> bool:
+def cpu_supported(q: Tensor, k: Tensor, rpe_q: Optional[RPEModule],
+                  rpe_k: Optional[RPEModule], rpe_v: Optional[RPEModule],
+                  height: Optional[IntOrTensor], dropout: Optional[nn.Dropout]) -> bool:
     """Whether this call may take the CPU path (irpe.fused.cpu): CPU self-attention with iRPE,
     mode auto/fused (fused with the Triton interpreter on means the kernel), no export/dropout."""
     mode = fused_mode()
@@ -162,7 +173,8 @@ def _offset_ids(m: iRPE, height: int, width: int, skip: int, traceable: bool) ->
     return torch.cat([ids.reshape(-1), ids.new_full((1,), extra)])
 
 
-def _build_ids(parts: List[iRPE], grid: Tuple[int, int, int], device, traceable: bool) -> Tensor:
+def _build_ids(parts: List[iRPE], grid: Tuple[int, int, int], device: torch.device,
+               traceable: bool) -> Tensor:
     height, width, skip = grid
     planes, offset = [], 0
     for m in parts:
@@ -177,7 +189,8 @@ def _build_ids(parts: List[iRPE], grid: Tuple[int, int, int], device, traceable:
     return torch.stack(planes).to(device)
 
 
-def _ids_stack(parts: List[iRPE], grid: Tuple[int, int, int], device) -> Tensor:
+def _ids_stack(parts: List[iRPE], grid: Tuple[int, int, int], device: torch.device
+               ) -> Tensor:
     """int32 ids on ``device`` (relative-offset tables or (L, L) matrices, one plane per part,
     offset by the previous parts' bucket counts), shared by all layers through the process's
     bucket-id cache (irpe.idcache: bounded by bytes, counted in serve's metrics). Under
@@ -191,15 +204,17 @@ def _ids_stack(parts: List[iRPE], grid: Tuple[int, int, int], device) -> Tensor:
 
 
 @torch.inference_mode(False)  # a normal tensor even if first built under inference_mode,
-def _build_cached(parts: List[iRPE], grid: Tuple[int, int, int], device) -> Tensor:
+def _build_cached(parts: List[iRPE], grid: Tuple[int, int, int], device: torch.device
+                  ) -> Tensor:
     return _build_ids(parts, grid, device, traceable=False)  # so autograd may save it later
 
 
-def _term(module, x: Optional[Tensor], length: int, grid: Tuple[int, int, int], device
+def _term(module: Optional[RPEModule], x: Optional[Tensor], length: int,
+          grid: Tuple[int, int, int], device: torch.device
           ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
     """(table (B|1,H|1,L,K_total), int32 ids) of a K or Q term; cross is concatenated."""
     parts = _parts(module)
-    if not parts:
+    if not parts or x is None:  # (x is given with every module)
         return None, None
     tables = []
     for m in parts:
@@ -215,8 +230,10 @@ def _term(module, x: Optional[Tensor], length: int, grid: Tuple[int, int, int], 
     return table, _ids_stack(parts, grid, device)
 
 
-def fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q, rpe_k, rpe_v,
-                    height, width, key_padding_mask: Optional[Tensor]) -> Tensor:
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q: Optional[RPEModule],
+                    rpe_k: Optional[RPEModule], rpe_v: Optional[RPEModule],
+                    height: Optional[int], width: Optional[int],
+                    key_padding_mask: Optional[Tensor]) -> Tensor:
     """rpe_attention's result through the fused op (q, k, v (B, H, L, D))."""
     length, device = q.shape[2], q.device
     first = (_parts(rpe_k) + _parts(rpe_q) + _parts(rpe_v))[0]

@@ -4,10 +4,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Dict
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union, cast
 
 from ..argtypes import number, positive
 from ..errors import CLIError
+
+if TYPE_CHECKING:  # imported inside the commands (`irpe` starts without them)
+    from torch import nn
+
+    from ..artifact.trained import ModelSpec
+    from ..data.datasets import CocoDetection, ImageFolder, ShapesClassification, ShapesDetection
+    from .evaluate import OnnxModel
+
+    DetectionSet = Union[ShapesDetection, CocoDetection]
+    EvalSet = Union[ShapesClassification, ImageFolder, DetectionSet]
 
 TASK_NAMES = {"cls": "classification", "det": "detection"}
 RUN_FILES = ("model.safetensors", "last.pt", "last.pt.tmp", "log.jsonl")  # what --force removes
@@ -39,7 +49,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_output(out: str, resume, force: bool) -> None:
+def _check_output(out: str, resume: Optional[str], force: bool) -> None:
     """Refuse a non-empty run folder (a finished run would be overwritten and its log appended
     to) unless the run resumes; ``--force`` removes only the files a run writes."""
     if os.path.exists(out) and not os.path.isdir(out):
@@ -55,7 +65,8 @@ def _check_output(out: str, resume, force: bool) -> None:
             os.unlink(path)
 
 
-def load_for_eval(model: str, checkpoint: str = None):
+def load_for_eval(model: str, checkpoint: Optional[str] = None
+                  ) -> Tuple[Union[nn.Module, OnnxModel], ModelSpec]:
     """(model, spec) from a trained-model file, or a registered name (+ checkpoint/bundled)."""
     from ..artifact.trained import default_spec, load_trained, read_spec
     from ..checkpoint import CheckpointError
@@ -63,11 +74,12 @@ def load_for_eval(model: str, checkpoint: str = None):
     from ..models.registry import bundled_weights
     if os.path.isfile(model) and model.endswith(".onnx"):  # exported or quantised file: ORT
         import torch
+
         from ..runtime.onnxruntime.session import OrtOptions
         from .evaluate import OnnxModel
-        net = OnnxModel(model, threads=torch.get_num_threads(),
-                        ort_options=OrtOptions.from_env())
-        return net, net.spec
+        onnx_net = OnnxModel(model, threads=torch.get_num_threads(),
+                             ort_options=OrtOptions.from_env())
+        return onnx_net, onnx_net.spec
     if os.path.isfile(model):
         return load_trained(model)
     if os.sep in model or model.endswith((".safetensors", ".pth", ".pt", ".onnx")):
@@ -94,6 +106,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """
     import torch
     from torch.utils.data import DataLoader
+
     from .distributed import ShardSampler, setup, teardown
     from .evaluate import evaluate_classification, evaluate_detection
     if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
@@ -109,9 +122,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             loader = DataLoader(dataset, batch_size=args.batch_size,
                                 sampler=ShardSampler(len(dataset), dist))
             metrics = evaluate_classification(model, loader, device, dist)
-        else:
-            metrics = evaluate_detection(model, dataset, args.batch_size, device, category_ids,
-                                         dist)
+        else:  # a detection model's set (_eval_dataset)
+            metrics = evaluate_detection(model, cast("DetectionSet", dataset), args.batch_size,
+                                         device, category_ids, dist)
         ended_well = True
     finally:
         teardown(dist, meet=ended_well)
@@ -120,7 +133,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(spec, args: argparse.Namespace, metrics: Dict) -> None:
+def _report(spec: ModelSpec, args: argparse.Namespace, metrics: Dict) -> None:
     print(f"{spec.model_name} on {args.data} ({args.split}, {metrics['images']} images)")
     for key, value in metrics.items():
         if key != "images":
@@ -131,10 +144,16 @@ def _report(spec, args: argparse.Namespace, metrics: Dict) -> None:
                        "metrics": metrics}, fh, indent=2)
 
 
-def _eval_dataset(spec, args):
+def _eval_dataset(spec: ModelSpec, args: argparse.Namespace
+                  ) -> Tuple[EvalSet, Optional[List[int]]]:
     """(dataset, dataset category id of each model label or None) for ``irpe eval``."""
-    from ..data.datasets import (CocoDetection, ImageFolder, ShapesClassification,
-                                 ShapesDetection, check_same_classes)
+    from ..data.datasets import (
+        CocoDetection,
+        ImageFolder,
+        ShapesClassification,
+        ShapesDetection,
+        check_same_classes,
+    )
     tf = spec.transform()
     if args.data == "shapes":
         if spec.task == "classification":
@@ -144,18 +163,19 @@ def _eval_dataset(spec, args):
     if not os.path.isdir(args.data):
         raise CLIError(f"data directory not found: {args.data} (or use --data shapes)")
     if spec.task == "classification":
-        dataset = ImageFolder(os.path.join(args.data, args.split), tf)
-        check_same_classes(dataset.classes, spec.class_names,  # ValueError: `irpe` exits 2
-                           f"class folders of {dataset.root}", "model's classes")
-        return dataset, None
+        folder = ImageFolder(os.path.join(args.data, args.split), tf)
+        check_same_classes(folder.classes, spec.class_names,  # ValueError: `irpe` exits 2
+                           f"class folders of {folder.root}", "model's classes")
+        return folder, None
     dataset = CocoDetection(args.data, args.split, tf)
     check_same_classes(dataset.categories, spec.class_names, f"categories of "
                        f"{dataset.ann_path}", "model's classes", ordered=False)
-    id_of = dict(zip(dataset.categories, dataset.category_ids))  # matched by name, any order
+    # matched by name, any order
+    id_of = dict(zip(dataset.categories, dataset.category_ids, strict=True))
     return dataset, [id_of[name] for name in spec.class_names]
 
 
-def _add_train(sub) -> None:
+def _add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a model (DeiT recipe / DETR set loss)")
     p.add_argument("task", choices=sorted(TASK_NAMES), help="cls (ImageFolder) or det (COCO)")
     p.add_argument("--model", required=True, help="registered model name")
@@ -185,7 +205,7 @@ def _add_train(sub) -> None:
     p.set_defaults(func=cmd_train)
 
 
-def _add_eval(sub) -> None:
+def _add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="top-1/top-5 or COCO mAP on a validation set")
     p.add_argument("model", help="trained-model .safetensors, exported/quantised .onnx (ONNX "
                                  "Runtime, CPU), or a registered name")
@@ -202,7 +222,7 @@ def _add_eval(sub) -> None:
     p.set_defaults(func=cmd_eval)
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``irpe train`` and ``irpe eval``."""
     _add_train(sub)
     _add_eval(sub)

@@ -1,7 +1,7 @@
 """DETR set loss: cross-entropy (down-weighted "no object"), L1 and GIoU on matched boxes."""
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -17,8 +17,10 @@ DEFAULT_WEIGHTS = {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}
 class SetCriterion(nn.Module):
     """Hungarian-matched losses of the last decoder layer, plus the same for aux outputs."""
 
+    class_weight: torch.Tensor  # buffer: CE weight per class, "no object" last
+
     def __init__(self, num_classes: int, matcher: HungarianMatcher,
-                 weights: Dict[str, float] = None, eos_coef: float = 0.1,
+                 weights: Optional[Dict[str, float]] = None, eos_coef: float = 0.1,
                  dist: Dist = SINGLE) -> None:
         super().__init__()
         self.dist = dist
@@ -49,7 +51,8 @@ class SetCriterion(nn.Module):
                    num_boxes: float) -> Dict[str, torch.Tensor]:
         """L1 and 1 - GIoU of matched boxes, averaged over the number of target boxes."""
         src = torch.cat([outputs["pred_boxes"][i, s] for i, (s, _) in enumerate(matches)])
-        tgt = torch.cat([t["boxes"][j] for t, (_, j) in zip(targets, matches)]).to(src.device)
+        tgt = torch.cat([t["boxes"][j]
+                         for t, (_, j) in zip(targets, matches, strict=True)]).to(src.device)
         l1 = F.l1_loss(src.float(), tgt, reduction="sum") / num_boxes
         giou = generalized_box_iou(box_cxcywh_to_xyxy(src.float()), box_cxcywh_to_xyxy(tgt))
         return {"loss_bbox": l1, "loss_giou": (1 - torch.diag(giou)).sum() / num_boxes}

@@ -146,8 +146,10 @@ class ResumableSampler(Sampler):
     def __init__(self, n: int, d: Dist, seed: int) -> None:
         from torch.utils.data import DistributedSampler
         # DistributedSampler needs no process group when rank and world are given
-        self.inner = DistributedSampler(range(n), num_replicas=d.world, rank=d.rank,
-                                        shuffle=True, seed=seed, drop_last=True)
+        # torch types the data set as a Dataset; the sampler only takes its len()
+        self.inner: DistributedSampler[int] = DistributedSampler(
+            range(n), num_replicas=d.world, rank=d.rank,  # type: ignore[arg-type]
+            shuffle=True, seed=seed, drop_last=True)
         self.start = 0
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Union, overload
 
 import torch
 from torch import nn
@@ -12,8 +12,14 @@ from ..models.detr import PostProcess
 from ..runtime.onnxruntime.session import OrtOptions
 from .distributed import SINGLE, Dist, ShardSampler
 
+if TYPE_CHECKING:  # the data sets are imported where they are read
+    from ..data.datasets import CocoDetection, ShapesDetection
+
 __all__ = ["topk_accuracy", "evaluate_classification", "coco_map", "detections_to_coco",
            "evaluate_detection", "OnnxModel"]
+
+# what the loops evaluate: a torch model, or an exported file run by ONNX Runtime
+Evaluated = Union[nn.Module, "OnnxModel"]
 
 COCO_STATS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm",
               "ARl")
@@ -28,13 +34,14 @@ def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, ks: Sequence[int] 
 
 
 @torch.no_grad()
-def evaluate_classification(model: nn.Module, loader: Iterable, device: str = "cpu",
+def evaluate_classification(model: Evaluated, loader: Iterable, device: str = "cpu",
                             dist: Dist = SINGLE) -> Dict[str, float]:
     """Top-1 / top-5 accuracy (percent) and mean cross-entropy over a loader of (x, y).
 
     Under torchrun each rank sees its shard; the counts are summed over ranks (exact).
     """
     model.eval()
+    total: float  # a count; the sum over ranks below comes back as a float
     hits, total, loss = {1: 0, 5: 0}, 0, 0.0
     for images, labels in loader:
         logits = model(images.to(device)).float().cpu()
@@ -53,13 +60,13 @@ def detections_to_coco(results: List[Dict[str, torch.Tensor]], image_ids: Sequen
                        category_ids: Sequence[int]) -> List[Dict]:
     """PostProcess output (xyxy pixels, contiguous labels) -> COCO result dicts (xywh)."""
     out = []
-    for res, image_id in zip(results, image_ids):
+    for res, image_id in zip(results, image_ids, strict=True):
         if len(res["labels"]) and int(res["labels"].max()) >= len(category_ids):
             raise ValueError(f"model label {int(res['labels'].max())} has no dataset category "
                              f"({len(category_ids)} categories)")
         boxes = res["boxes"].float().tolist()
         for (x0, y0, x1, y1), score, label in zip(boxes, res["scores"].tolist(),
-                                                   res["labels"].tolist()):
+                                                   res["labels"].tolist(), strict=True):
             out.append({"image_id": int(image_id), "category_id": int(category_ids[label]),
                         "bbox": [x0, y0, x1 - x0, y1 - y0], "score": float(score)})
     return out
@@ -81,11 +88,12 @@ def coco_map(ground_truth: Dict, results: List[Dict]) -> Dict[str, float]:
         ev.evaluate()
         ev.accumulate()
         ev.summarize()
-    return {name: max(float(v), 0.0) for name, v in zip(COCO_STATS, ev.stats)}
+    return {name: max(float(v), 0.0) for name, v in zip(COCO_STATS, ev.stats, strict=True)}
 
 
 @torch.no_grad()
-def evaluate_detection(model: nn.Module, dataset, batch_size: int = 16, device: str = "cpu",
+def evaluate_detection(model: Evaluated, dataset: Union[ShapesDetection, CocoDetection],
+                       batch_size: int = 16, device: str = "cpu",
                        category_ids: Optional[Sequence[int]] = None, dist: Dist = SINGLE
                        ) -> Dict[str, float]:
     """COCO mAP of a DETR model on a detection dataset with ``coco_json()``/``category_ids``.
@@ -94,6 +102,7 @@ def evaluate_detection(model: nn.Module, dataset, batch_size: int = 16, device: 
     order). Under torchrun each rank detects on its shard; rank 0 scores the gathered results.
     """
     from torch.utils.data import DataLoader
+
     from ..data.datasets import collate_detection
     model.eval()
     post = PostProcess()
@@ -108,7 +117,7 @@ def evaluate_detection(model: nn.Module, dataset, batch_size: int = 16, device: 
         results += detections_to_coco(post(outputs, orig), [t["image_id"] for t in targets], ids)
     gathered = dist.gather(results)
     metrics = None
-    if dist.main:
+    if dist.main and gathered is not None:  # (rank 0 gets the list, the others None)
         metrics = coco_map(dataset.coco_json(), [r for part in gathered for r in part])
         metrics["images"] = len(dataset)
     return dist.broadcast(metrics)
@@ -130,14 +139,21 @@ class OnnxModel:
     def eval(self) -> "OnnxModel":
         return self
 
-    def to(self, device) -> "OnnxModel":
+    def to(self, device: Union[str, torch.device]) -> "OnnxModel":
         """Runs on ONNX Runtime's CPU provider whatever the device: inputs are read to host."""
         return self
 
-    def __call__(self, images: torch.Tensor, sizes: Optional[torch.Tensor] = None):
+    @overload
+    def __call__(self, images: torch.Tensor, sizes: None = None) -> torch.Tensor: ...
+
+    @overload
+    def __call__(self, images: torch.Tensor, sizes: torch.Tensor) -> Dict[str, torch.Tensor]: ...
+
+    def __call__(self, images: torch.Tensor, sizes: Optional[torch.Tensor] = None
+                 ) -> Union[torch.Tensor, Dict[str, torch.Tensor]]:
         feeds = {"images": images.float().cpu().numpy()}
         if sizes is not None:
             feeds["sizes"] = sizes.cpu().numpy().astype("int64")
         out = {k: torch.from_numpy(v) for k, v in zip(self.outputs,
-                                                      self.session.run(None, feeds))}
+                                                      self.session.run(None, feeds), strict=True)}
         return out["logits"] if "logits" in out else out

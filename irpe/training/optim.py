@@ -19,7 +19,8 @@ def _no_decay(name: str, param: torch.Tensor, skip: set) -> bool:
 def param_groups(model: nn.Module, weight_decay: float, lr: float,
                  lr_backbone: Optional[float] = None) -> List[Dict]:
     """AdamW parameter groups: decay vs no decay, and DETR's backbone at its own lr."""
-    skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
+    no_weight_decay = getattr(model, "no_weight_decay", None)  # timm's hook, where defined
+    skip = set(no_weight_decay()) if no_weight_decay is not None else set()
     groups: Dict[Tuple[bool, bool], Dict] = {}
     for name, param in model.named_parameters():
         if not param.requires_grad:
@@ -66,7 +67,8 @@ def mixup_cutmix(images: torch.Tensor, labels: torch.Tensor, num_classes: int,
     return images, targets * lam + targets.flip(0) * (1 - lam)
 
 
-def _cutmix(images: torch.Tensor, lam: float, generator) -> Tuple[torch.Tensor, float]:
+def _cutmix(images: torch.Tensor, lam: float, generator: Optional[torch.Generator]
+            ) -> Tuple[torch.Tensor, float]:
     h, w = images.shape[-2:]
     cut_h, cut_w = int(h * math.sqrt(1 - lam)), int(w * math.sqrt(1 - lam))
     cy = int(torch.randint(h, (), generator=generator))

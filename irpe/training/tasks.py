@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Type, Union, cast
 
 import torch
 from torch import nn
@@ -16,7 +16,12 @@ from .evaluate import evaluate_classification, evaluate_detection
 from .matcher import HungarianMatcher
 from .optim import mixup_cutmix, soft_cross_entropy
 
+if TYPE_CHECKING:  # the data sets are imported by the tasks; TrainConfig's module imports this
+    from ..data.datasets import CocoDetection, ImageFolder, ShapesClassification, ShapesDetection
+    from .train import TrainConfig
+
 SHAPES = "shapes"  # --data shapes: the synthetic set generated in memory
+Batch = Tuple[Any, ...]  # a loader batch: (images, labels) or (images, sizes, targets)
 
 
 def random_hflip(images: torch.Tensor, sizes: Optional[torch.Tensor], p: float,
@@ -49,8 +54,10 @@ class ClassificationTask:
     """ImageFolder (DIR/train, DIR/val) or the synthetic shapes set; DeiT loss with mixup."""
 
     main_metric = "top1"
+    train_set: Union[ShapesClassification, ImageFolder]
+    val_set: Union[ShapesClassification, ImageFolder]
 
-    def __init__(self, cfg, dist: Dist = SINGLE) -> None:
+    def __init__(self, cfg: TrainConfig, dist: Dist = SINGLE) -> None:
         from ..data.datasets import ImageFolder, ShapesClassification, check_same_classes
         preprocess = _checked_spec(cfg.model, "classification").transform()
         if cfg.data == SHAPES:
@@ -59,12 +66,13 @@ class ClassificationTask:
             self.val_set = ShapesClassification(cfg.shapes_val, cfg.seed, size, preprocess,
                                                 split="val")
         else:
-            self.train_set = ImageFolder(os.path.join(cfg.data, "train"), preprocess)
-            self.val_set = ImageFolder(os.path.join(cfg.data, "val"), preprocess)
-            check_same_classes(self.val_set.classes, self.train_set.classes,
-                               f"class folders of {self.val_set.root}", "training classes")
+            train_set = ImageFolder(os.path.join(cfg.data, "train"), preprocess)
+            val_set = ImageFolder(os.path.join(cfg.data, "val"), preprocess)
+            check_same_classes(val_set.classes, train_set.classes,
+                               f"class folders of {val_set.root}", "training classes")
+            self.train_set, self.val_set = train_set, val_set
         classes = list(self.train_set.classes)
-        overrides = {"num_classes": len(classes), "drop_path_rate": cfg.drop_path}
+        overrides: Dict[str, Any] = {"num_classes": len(classes), "drop_path_rate": cfg.drop_path}
         self.model = create_model(cfg.model, **overrides)
         self.spec = default_spec(cfg.model, classes, num_classes=len(classes))
         self.cfg, self.dist, self.gen = cfg, dist, torch.Generator().manual_seed(cfg.seed + 1)
@@ -72,7 +80,7 @@ class ClassificationTask:
     def loaders(self) -> Tuple[DataLoader, DataLoader]:
         return _loaders(self, {})
 
-    def loss(self, model: nn.Module, batch, device: str) -> Tuple[torch.Tensor, Dict]:
+    def loss(self, model: nn.Module, batch: Batch, device: str) -> Tuple[torch.Tensor, Dict]:
         images, labels = batch
         images, _ = random_hflip(images, None, 0.5 if self.cfg.hflip else 0.0, self.gen,
                                  self.dist)
@@ -81,7 +89,8 @@ class ClassificationTask:
                                        self.cfg.mixup, self.cfg.cutmix, self.cfg.label_smoothing)
         logits = model(images)
         if isinstance(logits, tuple):  # distilled model in train mode: both heads, same target
-            loss = sum(soft_cross_entropy(lg, targets) for lg in logits) / len(logits)
+            loss = cast(torch.Tensor, sum(soft_cross_entropy(lg, targets) for lg in logits)
+                        ) / len(logits)
         else:
             loss = soft_cross_entropy(logits, targets)
         return loss, {}
@@ -94,8 +103,10 @@ class DetectionTask:
     """COCO-format directory (DIR/annotations/instances_{train,val}.json) or synthetic shapes."""
 
     main_metric = "AP50"
+    train_set: Union[ShapesDetection, CocoDetection]
+    val_set: Union[ShapesDetection, CocoDetection]
 
-    def __init__(self, cfg, dist: Dist = SINGLE) -> None:
+    def __init__(self, cfg: TrainConfig, dist: Dist = SINGLE) -> None:
         from ..data.datasets import CocoDetection, ShapesDetection, check_same_classes
         preprocess = _checked_spec(cfg.model, "detection").transform()
         if cfg.data == SHAPES:
@@ -119,11 +130,11 @@ class DetectionTask:
         from ..data.datasets import collate_detection
         return _loaders(self, {"collate_fn": collate_detection})
 
-    def loss(self, model: nn.Module, batch, device: str) -> Tuple[torch.Tensor, Dict]:
+    def loss(self, model: nn.Module, batch: Batch, device: str) -> Tuple[torch.Tensor, Dict]:
         images, sizes, targets = batch
         images, flip = random_hflip(images, sizes, 0.5 if self.cfg.hflip else 0.0, self.gen,
                                     self.dist)
-        targets = [_flip_target(t, bool(f), device) for t, f in zip(targets, flip)]
+        targets = [_flip_target(t, bool(f), device) for t, f in zip(targets, flip, strict=True)]
         outputs = model(images.to(device), sizes.to(device))
         self.criterion.to(device)
         losses = self.criterion(outputs, targets)
@@ -135,7 +146,7 @@ class DetectionTask:
                                   dist=self.dist)
 
 
-def _loaders(task, kw: Dict) -> Tuple[DataLoader, DataLoader]:
+def _loaders(task: Task, kw: Dict) -> Tuple[DataLoader, DataLoader]:
     """Train loader over this rank's share of a seed + epoch shuffle, val over its shard.
 
     The loaders get private generators (worker seeds only), so iterating them never draws
@@ -161,4 +172,6 @@ def _flip_target(target: Dict, flip: bool, device: str) -> Dict:
     return target
 
 
-TASKS = {"classification": ClassificationTask, "detection": DetectionTask}
+Task = Union[ClassificationTask, DetectionTask]
+TASKS: Dict[str, Union[Type[ClassificationTask], Type[DetectionTask]]] = {
+    "classification": ClassificationTask, "detection": DetectionTask}

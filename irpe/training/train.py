@@ -12,16 +12,16 @@ import math
 import os
 import time
 from dataclasses import asdict, dataclass, fields
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple, cast
 
 import torch
 
 from ..artifact.trained import save_trained
 from ..checkpoint import CheckpointError
-from .distributed import setup, teardown
+from .distributed import ResumableSampler, setup, teardown
 from .optim import param_groups, warmup_cosine
 from .state import check_fits, read_last, restore_rng, resume_step, rng_snapshot
-from .tasks import TASKS
+from .tasks import TASKS, Batch
 
 __all__ = ["TrainConfig", "train"]
 
@@ -148,7 +148,7 @@ class Trainer:
             print("note: BatchNorm statistics are per process on CPU (SyncBatchNorm needs "
                   "CUDA); --freeze-bn keeps them fixed", flush=True)
 
-    def state(self, rng) -> Dict:
+    def state(self, rng: Optional[Dict]) -> Dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                 "epoch": self.epoch, "step": self.step, "epoch_step": self.epoch_step,
@@ -180,10 +180,12 @@ class Trainer:
             for m in self.model.modules():
                 if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
                     m.eval()
-        self.train_loader.sampler.set_epoch(self.epoch, self.epoch_step * self.cfg.batch_size)
+        sampler = cast(ResumableSampler, self.train_loader.sampler)  # as tasks._loaders made it
+        sampler.set_epoch(self.epoch, self.epoch_step * self.cfg.batch_size)
         bar = tqdm(self.train_loader, desc=f"epoch {self.epoch + 1}/{self.cfg.epochs}",
                    disable=not (self.cfg.progress and self.main), leave=False,
                    dynamic_ncols=True)
+        count: float  # steps; the sum over ranks below comes back as a float
         total, count = 0.0, 0
         for batch in bar:
             loss, parts = self.train_step(batch)
@@ -199,7 +201,7 @@ class Trainer:
     def _stop(self) -> bool:
         return bool(self.cfg.max_steps) and self.step >= self.cfg.max_steps
 
-    def train_step(self, batch):
+    def train_step(self, batch: Batch) -> Tuple[float, Dict]:
         with torch.autocast(self.device.split(":")[0], dtype=self.amp_dtype, enabled=self.amp):
             loss, parts = self.task.loss(self.net, batch, self.device)
         if not torch.isfinite(loss):
@@ -237,7 +239,7 @@ class Trainer:
         record["best"] = self.best
         return record
 
-    def save(self, record: Dict, metric: float, rng) -> None:
+    def save(self, record: Dict, metric: float, rng: Optional[Dict]) -> None:
         """Rank 0: log line; when the metric improves, model.safetensors and last.pt (its
         new best: otherwise the last.pt run() wrote before evaluating is already this state)."""
         improved = metric > self.best
@@ -256,7 +258,7 @@ class Trainer:
                          self.task.spec, extra)
             self.write_last(rng)
 
-    def write_last(self, rng) -> None:
+    def write_last(self, rng: Optional[Dict]) -> None:
         """Rank 0 replaces ``last.pt`` atomically."""
         if not self.main:
             return

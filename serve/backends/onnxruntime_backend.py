@@ -6,8 +6,8 @@ from typing import Dict, List, Optional, Union
 
 import numpy as np
 
-from irpe.artifact.trained import ModelSpec
 from irpe.artifact.contract import read_onnx_spec
+from irpe.artifact.trained import ModelSpec
 
 from . import Backend, input_names, output_names
 
@@ -50,6 +50,7 @@ class OnnxRuntimeBackend(Backend):
 
     def load(self) -> None:
         import onnxruntime as ort
+
         from irpe.runtime.onnxruntime.session import OrtOptions, create_session
         providers = providers_for(self.cfg.providers, self.cfg.device,
                                   ort.get_available_providers())
@@ -80,7 +81,7 @@ class OnnxRuntimeBackend(Backend):
         if self.spec.task == "detection":
             feeds["sizes"] = np.ascontiguousarray(sizes, dtype=np.int64)
         names = list(output_names(self.spec.task))
-        return dict(zip(names, self.session.run(names, feeds)))
+        return dict(zip(names, self.session.run(names, feeds), strict=True))
 
     def close(self) -> None:
         self.session = None
