@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 EXTRAS ?= dev
 RUN_EXTRAS ?= serve,export
 
-.PHONY: install test run check bench clean demo-models ort-ops gpu-check docker-test
+.PHONY: install test lint run check bench clean demo-models ort-ops gpu-check docker-test
 
 # one marker per extras set: `make run` installs serve,export; `make test` later adds dev
 $(VENV)/.installed-%: pyproject.toml
@@ -24,6 +24,12 @@ install: $(VENV)/.installed-$(EXTRAS)
 ## make test: install into .venv, then run the test suite (what CI runs)
 test: install
 	$(PY) -m pytest -q
+
+## make lint: the lint and type gate, zero findings (ruff, then mypy; both configured in
+## pyproject.toml; CI runs it after make test)
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 ## make run: the main job: serve the bundled demo classifier + detector on 127.0.0.1:8000
 ## (ONNX Runtime, offline; Ctrl-C drains and stops). HOST/PORT override the address.
@@ -56,8 +62,9 @@ $(ORT_OPS_DIR)/libirpe_ort_ops.so: $(ORT_OPS_SOURCES)
 docker-test: install
 	PROBE_PYTHON=$(PY) scripts/docker-test.sh
 
-## make check: the self-test (bucket ids, ops, forward, checkpoint round trip)
-check: $(VENV)/.installed-$(RUN_EXTRAS)
+## make check: the lint and type gate (make lint), then the self-test (bucket ids, ops,
+## forward, checkpoint round trip)
+check: lint $(VENV)/.installed-$(RUN_EXTRAS)
 	$(VENV)/bin/irpe check
 
 ## make bench: forward time of DeiT-S plain / iRPE-K / iRPE-QKV on CPU (bs 8, 2 threads), with
@@ -96,4 +103,4 @@ demo-models: install
 	$(IRPE) eval detr_shapes_irpe --data $(DEMO)/shapes-det
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
