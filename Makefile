@@ -25,6 +25,12 @@ install: $(VENV)/.installed-$(EXTRAS)
 test: install
 	$(PY) -m pytest -q
 
+## make lint: the lint and type gate, zero findings (ruff, then mypy; both configured in
+## pyproject.toml; CI runs it after make test)
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
 ## make run: the main job: serve the bundled demo classifier + detector on 127.0.0.1:8000
 ## (ONNX Runtime, offline; Ctrl-C drains and stops). HOST/PORT override the address.
 ## Builds the iRPE ONNX Runtime ops first where it can (make ort-ops), never failing the run.
@@ -56,8 +62,9 @@ $(ORT_OPS_DIR)/libirpe_ort_ops.so: $(ORT_OPS_SOURCES)
 docker-test: install
 	PROBE_PYTHON=$(PY) scripts/docker-test.sh
 
-## make check: the self-test (bucket ids, ops, forward, checkpoint round trip)
-check: $(VENV)/.installed-$(RUN_EXTRAS)
+## make check: the lint and type gate (make lint), then the self-test (bucket ids, ops,
+## forward, checkpoint round trip)
+check: lint $(VENV)/.installed-$(RUN_EXTRAS)
 	$(VENV)/bin/irpe check
 
 ## make bench: forward time of DeiT-S plain / iRPE-K / iRPE-QKV on CPU (bs 8, 2 threads), with
@@ -110,4 +117,4 @@ demo-models: install
 	$(IRPE) eval detr_shapes_irpe --data $(DEMO)/shapes-det
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from itertools import pairwise
 from typing import Dict, List, Sequence
 
 __all__ = ["growth", "fit_slope", "series_key", "fit_rows", "fits"]
@@ -14,7 +15,7 @@ __all__ = ["growth", "fit_slope", "series_key", "fit_rows", "fits"]
 def growth(sizes: Sequence[int], values: Sequence[float]) -> List[float | None]:
     """Local exponent p of value ~ size^p between consecutive sizes (None for the first)."""
     out: List[float | None] = [None]
-    for (s0, v0), (s1, v1) in zip(zip(sizes, values), zip(sizes[1:], values[1:])):
+    for (s0, v0), (s1, v1) in pairwise(zip(sizes, values, strict=True)):
         ok = v0 and v1 and v0 > 0 and v1 > 0
         out.append(math.log(v1 / v0) / math.log(s1 / s0) if ok else None)
     return out
@@ -22,7 +23,8 @@ def growth(sizes: Sequence[int], values: Sequence[float]) -> List[float | None]:
 
 def fit_slope(sizes: Sequence[float], values: Sequence[float | None]) -> float | None:
     """Least-squares slope p of log(value) = p log(size) + c (None with < 2 usable points)."""
-    pts = [(math.log(s), math.log(v)) for s, v in zip(sizes, values) if v and v > 0 and s > 0]
+    pts = [(math.log(s), math.log(v))
+           for s, v in zip(sizes, values, strict=True) if v and v > 0 and s > 0]
     if len({x for x, _ in pts}) < 2:
         return None
     mx = sum(x for x, _ in pts) / len(pts)

@@ -21,8 +21,16 @@ import torch
 
 from benchmarks.common import device_name
 from benchmarks.fits import growth
-from benchmarks.ops_common import (env_info, fmt, grid_ids, median_ms, official_flat_index,
-                                   official_gather, time_round_robin, write_report)
+from benchmarks.ops_common import (
+    env_info,
+    fmt,
+    grid_ids,
+    median_ms,
+    official_flat_index,
+    official_gather,
+    time_round_robin,
+    write_report,
+)
 from irpe.bucket import num_buckets
 from irpe.ops import rpe_gather, rpe_scatter
 
@@ -96,13 +104,13 @@ def report(result: Dict, out_dir: Path) -> Path:
         rows.append([str(n)] + [fmt(v, ".2f") for v in values])
     notes = [f"{result['device']}, torch {result['torch']}, {result['threads']} threads, "
              f"batch 1, {HEADS} heads, {METHOD} ratio {RATIO} ({result['num_buckets']} buckets), "
-             f"head dim {DIM}; median of {result['repeats']} round-robin rounds, each sample >= 50 ms "
-             "of back-to-back calls.",
+             f"head dim {DIM}; median of {result['repeats']} round-robin rounds, "
+             "each sample >= 50 ms of back-to-back calls.",
              "x = official / irpe time; p = growth exponent (t ~ L^p) from the previous row. "
              f"The official V path gathers an (L, L, {DIM}) weight tensor and is skipped above "
              f"L = {OFFICIAL_V_MAX_L}."]
-    return write_report(result, out_dir, "ops_cpu", f"iRPE ops on CPU vs official ({result['device']})",
-                        header, rows, notes)
+    return write_report(result, out_dir, "ops_cpu",
+                        f"iRPE ops on CPU vs official ({result['device']})", header, rows, notes)
 
 
 def main(argv=None) -> int:
@@ -112,7 +120,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="tiny grids, 1 round: checks the report")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny grids, 1 round: checks the report")
     parser.add_argument("--out", type=Path, default=None, help="results folder")
     args = parser.parse_args(argv)
     grids = QUICK_GRIDS if args.quick else GRIDS

@@ -20,8 +20,16 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from benchmarks.common import device_slug
-from benchmarks.ops_common import (env_info, fmt, grid_ids, median_ms, official_flat_index,
-                                   official_gather, time_round_robin, write_report)
+from benchmarks.ops_common import (
+    env_info,
+    fmt,
+    grid_ids,
+    median_ms,
+    official_flat_index,
+    official_gather,
+    time_round_robin,
+    write_report,
+)
 from irpe.bucket import num_buckets
 
 # name: (batch, heads, method, ratio, grid rows, grid cols, skip)
@@ -60,8 +68,8 @@ def load_ours(device: str):
 
 def case_variants(case, dtype, device, ours) -> Dict[str, Dict]:
     """{op: {variant: (fn, bytes)}} for one case; also the reference outputs to compare."""
-    from plugins.kernel_sources import METHOD_IDS
     from irpe.bucket import parse_method
+    from plugins.kernel_sources import METHOD_IDS
     b, h, method, ratio, gh, gw, skip = case
     ids = grid_ids(method, ratio, gh, gw, skip, device)
     k, length = num_buckets(method, ratio, skip), ids.shape[0]
@@ -78,7 +86,8 @@ def case_variants(case, dtype, device, ours) -> Dict[str, Dict]:
         out = torch.zeros(b, h, length, k, device=device, dtype=torch.float32)
         return out.scatter_add_(3, expanded, attn.float()).to(dtype)
 
-    gather = {"torch_gather": (lambda: torch.gather(table, 3, expanded), small + ids_bytes + square),
+    gather = {"torch_gather": (lambda: torch.gather(table, 3, expanded),
+                               small + ids_bytes + square),
               "official_flat": (lambda: official_gather(table, flat, length),
                                 small + ids_bytes + square)}
     scatter = {"torch_scatter_add": (torch_scatter, square + ids_bytes + small)}
@@ -139,8 +148,9 @@ def report(result: Dict, out_dir: Path) -> Path:
              fmt(r["fraction_of_peak"] * 100 if r["fraction_of_peak"] is not None else None, ".1f"),
              fmt(r["speedup_vs_torch"], ".2f")] for r in result["results"]]
     notes = [f"{result['device_name']}, peak {fmt(result['peak_tbps'], '.2f')} TB/s, torch "
-             f"{result['torch']}, median of {result['repeats']} round-robin rounds, each sample >= 5 ms "
-             f"of back-to-back calls ({'wall clock' if result['wall_clock'] else 'CUDA events'}).",
+             f"{result['torch']}, median of {result['repeats']} round-robin rounds, "
+             f"each sample >= 5 ms of back-to-back calls "
+             f"({'wall clock' if result['wall_clock'] else 'CUDA events'}).",
              "Bandwidth = minimal bytes (values + int32 index once + output) / time, for every "
              "variant; x torch = speedup over torch.gather / scatter_add (fp32 accumulation).",
              f"Gather goal: >= {GATHER_GOAL:.0%} of peak on DETR-sized inputs: "

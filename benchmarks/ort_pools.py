@@ -87,6 +87,7 @@ def main(argv=None) -> int:
         print(json.dumps(child(args.child, args.files, args.threads, args.repeats)))
         return 0
     import onnxruntime
+
     from serve.demo import demo_models
     repeats = 5 if args.quick else args.repeats
     files = [str(c.path) for c in demo_models("onnxruntime")]

@@ -28,8 +28,13 @@ import torch
 from benchmarks import deit_forward
 from benchmarks.common import device_name
 from benchmarks.deit_forward import MODELS
-from benchmarks.export_ort import (OPS_SUFFIX, QUICK_OVERRIDES, round_robin, export_models,
-                                   session_runs)
+from benchmarks.export_ort import (
+    OPS_SUFFIX,
+    QUICK_OVERRIDES,
+    export_models,
+    round_robin,
+    session_runs,
+)
 from benchmarks.report import write_json_md
 from irpe.runtime.onnxruntime.session import OrtOptions, find_library, share_thread_pool
 
@@ -90,7 +95,7 @@ def summarize(times: Dict[str, List[float]], models: Dict[str, str], batch: int)
         row["x_plain_int8"] = (statistics.median(times[plain8]) / statistics.median(times[key])
                                if plain8 in times else None)
         row["x_plain_fp32_per_round"] = statistics.median(
-            p / t for p, t in zip(times["plain"], times[key]))
+            p / t for p, t in zip(times["plain"], times[key], strict=True))
     return rows
 
 
@@ -100,7 +105,7 @@ def goals(times: Dict[str, List[float]]) -> List[Dict]:
     for row, ref, goal in GOALS:
         if row in times and ref in times:
             ratio = statistics.median(times[ref]) / statistics.median(times[row])
-            rounds = statistics.median(r / t for r, t in zip(times[ref], times[row]))
+            rounds = statistics.median(r / t for r, t in zip(times[ref], times[row], strict=True))
             out.append({"row": row, "reference": ref, "goal": goal, "ratio": ratio,
                         "ratio_round_median": rounds, "met": ratio >= goal})
     return out

@@ -28,8 +28,8 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 import numpy as np
 
-from benchmarks.serve_process import start_serve, stop, wait_ready
 from benchmarks.rawhttp import LeanClient, Lost
+from benchmarks.serve_process import start_serve, stop, wait_ready
 
 __all__ = ["serve_process", "pinned", "capacity", "overload", "soak", "run", "passed", "main"]
 
@@ -41,6 +41,7 @@ Result = Tuple[int, float, float, float]  # status (-1 = lost), seconds, start l
 def _model_file(folder: Path) -> Path:
     """The untrained demo classifier in trained-model format (tiny, CPU friendly)."""
     import torch
+
     from irpe.artifact.trained import default_spec, save_trained
     from irpe.data.shapes import SHAPE_CLASSES
     from irpe.models import create_model
@@ -106,6 +107,7 @@ def rss_mib(pid: int) -> float:
 def image() -> bytes:
     """One small PNG from the shapes data set."""
     import io
+
     from irpe.data.shapes import render_classification
     buf = io.BytesIO()
     render_classification(7, 0, 64)[0].save(buf, "PNG")

@@ -41,6 +41,7 @@ def weights(name: str, cache: Path) -> Path:
 
 def _untrained(name: str, path: Path) -> Path:
     import torch
+
     from irpe.artifact.trained import default_spec, save_trained
     from irpe.models import create_model
     if not path.is_file():
@@ -114,6 +115,7 @@ def _rate(step: Callable[[], None], per_step: int, seconds: float) -> float:
 def in_process(cfg, threads: int, seconds: float, body: bytes) -> Dict[str, float]:
     """img/s of the server's decode + backend, and of the backend alone, at max_batch_size."""
     import numpy as np
+
     from serve.backends import create_backend
     from serve.preprocess_pool import decode_u8
     backend = create_backend(cfg, threads)

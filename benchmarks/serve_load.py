@@ -27,10 +27,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence
 
-from benchmarks.serve_process import start_serve, stop, wait_ready
 from benchmarks.common import int_list
 from benchmarks.rawhttp import LeanClient, Lost
 from benchmarks.report import latency_ms, percentile
+from benchmarks.serve_process import start_serve, stop, wait_ready
 
 __all__ = ["write_repository", "server_process", "closed_loop", "open_loop", "batch_histogram",
            "lean_closed_loop", "png", "main"]
@@ -179,10 +179,11 @@ def local_tail(sent_at: Sequence[float], lat: Sequence[float], window_s: float =
     p99/p50 a machine whose speed drifts (other users' load) would show at a steady speed.
     Overtaking inside the server raises it; slow and fast seconds alone do not."""
     windows: Dict[int, List[float]] = {}
-    for t, x in zip(sent_at, lat):
+    for t, x in zip(sent_at, lat, strict=True):
         windows.setdefault(int(t // window_s), []).append(x)
     medians = {k: statistics.median(v) for k, v in windows.items()}
-    return percentile([x / medians[int(t // window_s)] for t, x in zip(sent_at, lat)], 99)
+    return percentile([x / medians[int(t // window_s)]
+                       for t, x in zip(sent_at, lat, strict=True)], 99)
 
 
 def _demo_classifier(folder: Path, max_batch: int, delay_ms: float, **settings) -> Path:

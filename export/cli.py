@@ -134,7 +134,7 @@ def _range3(text: str) -> Tuple[int, int, int]:
         values = values * 3
     if len(values) != 3:
         raise argparse.ArgumentTypeError(f"expected MIN,OPT,MAX (or one value), got {text!r}")
-    return values  # type: ignore[return-value]
+    return values
 
 
 def _sizes(text: str) -> List[Tuple[int, int]]:

@@ -5,16 +5,18 @@ different sizes with their valid ``sizes``, so padding and dynamic H x W are bot
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from irpe.artifact.trained import ModelSpec
 from irpe.errors import InvalidInput, MissingFile
 from irpe.models import pad_images
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
 __all__ = ["Batch", "make_batches", "default_sizes", "image_files", "IMAGE_SUFFIXES"]
 
@@ -40,7 +42,7 @@ def default_sizes(spec: ModelSpec) -> List[Tuple[int, int]]:
     return [(short, long), (long, short), (short * 3 // 4, short * 3 // 4)]
 
 
-def image_files(image_dir: Optional[os.PathLike]) -> List[Path]:
+def image_files(image_dir: Optional[StrPath]) -> List[Path]:
     if image_dir is None:
         return []
     folder = Path(image_dir)
@@ -70,7 +72,7 @@ def _random_images(spec: ModelSpec, count: int, size: int,
     return out
 
 
-def make_batches(spec: ModelSpec, num_inputs: int, image_dir: Optional[os.PathLike] = None,
+def make_batches(spec: ModelSpec, num_inputs: int, image_dir: Optional[StrPath] = None,
                  sizes: Optional[Sequence[Tuple[int, int]]] = None,
                  image_size: Optional[int] = None) -> List[Batch]:
     """``num_inputs`` images in total: the folder's images first, random ones after."""

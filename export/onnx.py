@@ -126,7 +126,8 @@ def _trace(src: Source, opset: int) -> onnx.ModelProto:
     with _traceable(src.model, fixed_grid), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings on constant shapes, deprecation
         traced = wrapper(*example)  # first: fixed-grid ids are cached, so traced as constants
-        torch.onnx.export(wrapper, example, buffer, dynamo=False,
+        # typed for paths; the TorchScript exporter (dynamo=False) writes to a file object too
+        torch.onnx.export(wrapper, example, buffer, dynamo=False,  # type: ignore[arg-type]
                           opset_version=opset, input_names=inputs, output_names=outputs,
                           dynamic_axes=dynamic, custom_opsets=_custom_opsets(src.model))
     model = onnx.load_from_string(buffer.getvalue())

@@ -213,6 +213,7 @@ def _name_nodes(model: ModelProto) -> None:
 def _shapes_items(spec: ModelSpec, samples: int, seed: int) -> Iterator:
     from irpe.data.datasets import ShapesClassification, ShapesDetection
     tf = spec.transform()
+    data: Union[ShapesClassification, ShapesDetection]
     if spec.task == "classification":
         data = ShapesClassification(samples, seed, tf.size, tf, split="train")
     else:

@@ -15,7 +15,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from irpe.artifact.contract import ENGINE_SUFFIXES, read_onnx_props, read_sidecar, sidecar_path
 from irpe.artifact.triton_config import TensorInfo, model_config, onnx_io, pbtxt
@@ -58,7 +58,7 @@ class _Model:
     source: str
 
 
-def write_repository(repo: os.PathLike, artifacts: Sequence[str],
+def write_repository(repo: StrPath, artifacts: Sequence[str],
                      options: RepoOptions) -> List[Path]:
     """Write one model directory per artifact under ``repo``; returns the model directories.
 

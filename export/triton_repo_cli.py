@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING, Optional, TextIO, Type, Union
 
 from .triton_repo import DEFAULT_ORT_OPS, RepoOptions, write_repository
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
 __all__ = ["add_parser", "cmd_triton_repo"]
 _ROOT = Path(__file__).resolve().parents[1]
@@ -32,11 +35,12 @@ def cmd_triton_repo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warn_line(message, category, filename, lineno, file=None, line=None) -> None:
+def _warn_line(message: Union[Warning, str], category: Type[Warning], filename: str, lineno: int,
+               file: Optional[TextIO] = None, line: Optional[str] = None) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
-def _server_command(repo: os.PathLike) -> str:
+def _server_command(repo: StrPath) -> str:
     text = (Path(repo) / "README.md").read_text(encoding="utf-8")
     return text.split("```\n", 2)[1].strip()
 

@@ -12,7 +12,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -142,7 +142,7 @@ def compare(got: np.ndarray, expected: np.ndarray, atol: float, rtol: float,
         "cosine": float(np.nansum(got64 * exp64) / denom) if denom > 0 else 1.0,
         "violations": int((ratio > 1).sum()), "elements": int(diff.size),
         "worst_ratio": float(ratio.max(initial=0.0)),
-        "worst": {"input": rows[index[0]] if rows is not None and index else None,
+        "worst": {"input": rows[int(index[0])] if rows is not None and index else None,
                   "index": [int(i) for i in index],
                   "got": float(got64[index]) if ratio.size else None,
                   "expected": float(exp64[index]) if ratio.size else None},
@@ -221,8 +221,11 @@ def _check_precision(precision: str, runtime: str) -> None:
                          "quantised file)")
 
 
-def _run_all(batches: List[Batch], run: Runner, ref: Runner):
-    got, exp, rows = {}, {}, []
+def _run_all(batches: List[Batch], run: Runner, ref: Runner
+             ) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray], List[str]]:
+    got: Dict[str, List[np.ndarray]] = {}
+    exp: Dict[str, List[np.ndarray]] = {}
+    rows: List[str] = []
     for batch in batches:
         g, e = run(batch.feeds), ref(batch.feeds)
         for name in e:

@@ -2,12 +2,13 @@
 """Multi-head self-attention with iRPE, in the order of operations of the official DeiT code."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .bucket import IntOrTensor
 from .fused.cpu import cpu_attention
 from .fused.dispatch import cpu_supported, exporting, fused_attention, fused_supported
 from .rpe import Encoding, GridSize, RPEConfig, build_rpe
@@ -16,7 +17,7 @@ __all__ = ["RPEAttention", "rpe_attention", "unfused_attention"]
 
 
 def _plain_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                key_padding_mask: Optional[torch.Tensor], dropout: Optional[nn.Module]
+                key_padding_mask: Optional[torch.Tensor], dropout: Optional[nn.Dropout]
                 ) -> torch.Tensor:
     """Attention without iRPE through SDPA (FlashAttention / memory-efficient kernels)."""
     mask = None
@@ -31,7 +32,7 @@ def rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
                   rpe_v: Optional[Encoding] = None, height: GridSize = None,
                   width: GridSize = None,
                   key_padding_mask: Optional[torch.Tensor] = None,
-                  dropout: Optional[nn.Module] = None) -> torch.Tensor:
+                  dropout: Optional[nn.Dropout] = None) -> torch.Tensor:
     """Scaled dot-product attention with iRPE terms, official order; q, k, v (B, H, L, D).
 
     The key padding mask (B, Lk), True = padding, is applied after the iRPE terms are added.
@@ -41,13 +42,14 @@ def rpe_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     """
     if rpe_q is None and rpe_k is None and rpe_v is None and not exporting():
         return _plain_sdpa(q, k, v, scale, key_padding_mask, dropout)
+    # both fused paths take int grid sizes only: their checks refuse traced (tensor) sizes
     if (rpe_q is not None or rpe_k is not None or rpe_v is not None) and fused_supported(
             q, k, rpe_q, rpe_k, rpe_v, height, width, dropout):
-        return fused_attention(q, k, v, scale, rpe_q, rpe_k, rpe_v, height, width,
-                               key_padding_mask)
+        return fused_attention(q, k, v, scale, rpe_q, rpe_k, rpe_v, cast("Optional[int]", height),
+                               cast("Optional[int]", width), key_padding_mask)
     if cpu_supported(q, k, rpe_q, rpe_k, rpe_v, height, dropout):
-        return cpu_attention(q, k, v, scale, rpe_q, rpe_k, rpe_v, height, width,
-                             key_padding_mask)
+        return cpu_attention(q, k, v, scale, rpe_q, rpe_k, rpe_v, cast("Optional[int]", height),
+                             cast("Optional[int]", width), key_padding_mask)
     return unfused_attention(q, k, v, scale, rpe_q, rpe_k, rpe_v, height, width,
                              key_padding_mask, dropout)
 
@@ -57,7 +59,7 @@ def unfused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
                       rpe_v: Optional[Encoding] = None, height: GridSize = None,
                       width: GridSize = None,
                       key_padding_mask: Optional[torch.Tensor] = None,
-                      dropout: Optional[nn.Module] = None) -> torch.Tensor:
+                      dropout: Optional[nn.Dropout] = None) -> torch.Tensor:
     """The manual path (L x L logits), the official order of operations; the export graph."""
     q = q * scale
     attn = q @ k.transpose(-2, -1)

@@ -46,7 +46,7 @@ class Method(str, Enum):
 METHOD_IDS = {Method.EUCLIDEAN: 0, Method.QUANT: 1, Method.PRODUCT: 3, Method.CROSS: 4,
               Method.CROSS_ROWS: 41, Method.CROSS_COLS: 42}
 
-_ALIASES = {
+_ALIASES: Dict[Union[str, int], Method] = {
     **{m.value: m for m in Method}, "euclidean": Method.EUCLIDEAN, "quantization": Method.QUANT,
     **{number: m for m, number in METHOD_IDS.items()},
 }
@@ -195,8 +195,9 @@ def bucket_ids_traceable(method: Union[str, Method], ratio: float, height: IntOr
     """
     method = parse_method(method)
     c = coefficients(ratio)
-    rows = torch.arange(height, device=device).view(-1, 1)
-    cols = torch.arange(width, device=device).view(1, -1)
+    # torch's stub types arange's end as a Python number; 0-d tensors and SymInts work (tracing)
+    rows = torch.arange(height, device=device).view(-1, 1)  # type: ignore[arg-type]
+    cols = torch.arange(width, device=device).view(1, -1)  # type: ignore[arg-type]
     r = (rows + cols * 0).reshape(-1).float()  # broadcast to (H, W) then flatten row-major
     k = (cols + rows * 0).reshape(-1).float()
     dr = r.view(-1, 1) - r.view(1, -1)

@@ -1,9 +1,10 @@
 """The process-wide cache of bucket-id tensors, bounded by bytes (least recently used first out).
 
 Bucket ids are (L, L) int64 per grid size, per device: 8.8 MB for DETR's 25x42 grid at
-800x1333; the fused attention's int32 id tables (irpe.fused.dispatch) are kept here too. A server fed images of many sizes would keep every grid it ever saw, so the cache
-holds at most ``IRPE_BUCKET_CACHE_MIB`` MiB (default 64; 0 disables caching) and drops the
-least recently used grids first. Serving shows its size as the ``irpe_bucket_cache_bytes`` gauge.
+800x1333; the fused attention's int32 id tables (irpe.fused.dispatch) are kept here too. A
+server fed images of many sizes would keep every grid it ever saw, so the cache holds at most
+``IRPE_BUCKET_CACHE_MIB`` MiB (default 64; 0 disables caching) and drops the least recently
+used grids first. Serving shows its size as the ``irpe_bucket_cache_bytes`` gauge.
 A CUDA graph captured while reading cached ids replays their raw addresses: its owner takes the
 tensors from ``TensorLRU.holding`` so an eviction cannot free memory the graph still reads.
 """

@@ -1,7 +1,9 @@
 """Custom ops ``irpe::rpe_gather`` and ``irpe::rpe_scatter`` (torch.library).
 
-rpe_gather(table[B,H,Lq|1,K], index[Lq,Lk]) -> out[B,H,Lq,Lk],  out[b,h,i,j] = table[b,h,i,index[i,j]]
-rpe_scatter(attn[B,H,Lq,Lk], index[Lq,Lk], K) -> out[B,H,Lq,K], out[b,h,i,t] = sum_{j: index[i,j]=t} attn[b,h,i,j]
+rpe_gather(table[B,H,Lq|1,K], index[Lq,Lk]) -> out[B,H,Lq,Lk],
+    out[b,h,i,j] = table[b,h,i,index[i,j]]
+rpe_scatter(attn[B,H,Lq,Lk], index[Lq,Lk], K) -> out[B,H,Lq,K],
+    out[b,h,i,t] = sum_{j: index[i,j]=t} attn[b,h,i,j]
 
 They are each other's adjoint, so each one's backward is the other. The default implementation
 below is device-generic (torch.gather / scatter_add with fp32 accumulation); a device kernel
@@ -13,7 +15,7 @@ this gives the transposed iRPE-Q term without materializing a transpose (see irp
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 
@@ -36,7 +38,8 @@ def check_inputs(x: torch.Tensor, index: torch.Tensor, name: str,
     if x.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"{name}: unsupported dtype {x.dtype}")
     if x.shape[2] != index.shape[0] and not (broadcast_rows and x.shape[2] == 1):
-        raise ValueError(f"{name}: Lq mismatch, tensor has {x.shape[2]}, index has {index.shape[0]}")
+        raise ValueError(f"{name}: Lq mismatch, tensor has {x.shape[2]}, "
+                         f"index has {index.shape[0]}")
     if same_lk and x.shape[3] != index.shape[1]:
         raise ValueError(f"{name}: Lk mismatch, attn has {x.shape[3]}, index has {index.shape[1]}")
 
@@ -84,14 +87,16 @@ def _scatter_fake(attn: torch.Tensor, index: torch.Tensor, num_buckets: int) -> 
     return attn.new_empty((b, h, lq, num_buckets))
 
 
-def _gather_setup(ctx, inputs, output) -> None:
+# ctx: the autograd context, an attribute bag (torch types it Any)
+def _gather_setup(ctx: Any, inputs: Tuple[torch.Tensor, torch.Tensor],
+                  output: torch.Tensor) -> None:
     table, index = inputs
     ctx.save_for_backward(index)
     ctx.num_buckets = table.shape[3]
     ctx.broadcast = table.shape[2] == 1 and index.shape[0] != 1
 
 
-def _gather_backward(ctx, grad_out):
+def _gather_backward(ctx: Any, grad_out: torch.Tensor) -> Tuple[torch.Tensor, None]:
     (index,) = ctx.saved_tensors
     if ctx.broadcast:  # one table row served every query: sum over all (i, j) at once
         b, h = grad_out.shape[:2]
@@ -100,12 +105,13 @@ def _gather_backward(ctx, grad_out):
     return rpe_scatter(grad_out.contiguous(), index, ctx.num_buckets), None
 
 
-def _scatter_setup(ctx, inputs, output) -> None:
+def _scatter_setup(ctx: Any, inputs: Tuple[torch.Tensor, torch.Tensor, int],
+                   output: torch.Tensor) -> None:
     _, index, _ = inputs
     ctx.save_for_backward(index)
 
 
-def _scatter_backward(ctx, grad_out):
+def _scatter_backward(ctx: Any, grad_out: torch.Tensor) -> Tuple[torch.Tensor, None, None]:
     (index,) = ctx.saved_tensors
     return rpe_gather(grad_out.contiguous(), index), None, None
 

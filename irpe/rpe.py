@@ -92,7 +92,7 @@ class RPEConfig:
             raise ValueError(f"bad ratio {parts[1]!r} in {text!r}") from None
         if parts[4] not in ("0", "1"):
             raise ValueError(f"shared_head must be 0 or 1 in {text!r}")
-        return cls(ratio, parts[2], parts[3], parts[4] == "1", skip, parts[5])
+        return cls(ratio, parse_method(parts[2]), parts[3], parts[4] == "1", skip, parts[5])
 
     def to_dict(self) -> dict:
         """JSON form: the config string and skip (what rebuilds it) plus the derived fields a
@@ -174,6 +174,7 @@ class iRPE(nn.Module):
     def bucket_ids(self, length: int, height: GridSize = None, width: GridSize = None,
                    device: Optional[torch.device] = None) -> torch.Tensor:
         """Bucket ids (L, L) for this module's method; cached unless tracing dynamic sizes."""
+        # height and width come together (grid() says so otherwise); an int height has an int width
         if self.fixed_grid:  # exporting one static size: the ids become a graph constant
             length = int(length)
             height = None if height is None else int(height)
@@ -193,11 +194,11 @@ class iRPE(nn.Module):
         height, width, skip = self.check_grid(length, height, width)
         device = None if device is None else torch.device(device)
         if device is None or device.type == "cpu":  # CPU ids: cached by bucket_ids
-            return bucket_ids(self.method, self.ratio, height, width, skip)
+            return bucket_ids(self.method, self.ratio, h, w, s)
         # other devices: one lookup per forward; the CPU ids are read only on a miss
-        key = (self.method, float(self.ratio), height, width, skip, device)
+        key = (self.method, float(self.ratio), h, w, s, device)
         return BUCKET_IDS.get_or_build(key, lambda: _to_device(
-            bucket_ids(self.method, self.ratio, height, width, skip), device))  # one LRU by bytes
+            bucket_ids(self.method, self.ratio, h, w, s), device))  # one LRU by bytes
 
     def _skip(self, skip: int) -> int:
         if isinstance(skip, int) and (skip > 0) != (self.skip > 0):
@@ -322,7 +323,7 @@ def build_rpe(config: Optional[RPEConfig], head_dim: int, num_heads: int,
     def one(on: str, transposed: bool) -> Optional[Encoding]:
         if on not in config.on:
             return None
-        cls = iRPECross if config.method == Method.CROSS else iRPE
+        cls: type[RPEModule] = iRPECross if config.method == Method.CROSS else iRPE
         return cls(head_dim=head_dim, num_heads=1 if config.shared_head else num_heads,
                    mode=config.mode, method=config.method, ratio=config.ratio, skip=config.skip,
                    transposed=transposed, initializer=initializer)

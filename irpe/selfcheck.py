@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, TypedDict, cast
 
 import torch
 
@@ -43,7 +43,8 @@ def check_ops() -> str:
     return "gradcheck gather+scatter, adjoint identity"
 
 
-def _outputs(model: torch.nn.Module, x: torch.Tensor, sizes=None) -> Dict[str, torch.Tensor]:
+def _outputs(model: torch.nn.Module, x: torch.Tensor, sizes: Optional[torch.Tensor] = None
+             ) -> Dict[str, torch.Tensor]:
     """Named outputs of a classifier (logits) or a DETR detector (pred_logits, pred_boxes)."""
     out = model(x) if sizes is None else model(x, sizes)
     if isinstance(out, dict):
@@ -53,7 +54,8 @@ def _outputs(model: torch.nn.Module, x: torch.Tensor, sizes=None) -> Dict[str, t
 
 def _check_outputs(model: torch.nn.Module, out: Dict[str, torch.Tensor], batch: int) -> None:
     """Shapes, finiteness and (detection) boxes in 0..1 of the task's outputs."""
-    classes = model.num_classes
+    classes = cast(int, model.num_classes)  # set by every registered builder (nn.Module: untyped)
+    expected: Dict[str, Tuple[int, ...]]
     if "logits" in out:
         expected = {"logits": (batch, classes)}
     else:
@@ -71,10 +73,17 @@ def _shapes(out: Dict[str, torch.Tensor]) -> str:
     return ", ".join(f"{k} {tuple(v.shape)}" for k, v in out.items())
 
 
+class _State(TypedDict, total=False):
+    """What the steps hand on: the built model, the forward step's input and outputs."""
+    model: torch.nn.Module
+    x: torch.Tensor
+    y: Dict[str, torch.Tensor]
+
+
 def steps(model_name: str, batch: int, img_size: int) -> List[Tuple[str, Callable[[], str]]]:
     """The ordered self-check steps; later steps reuse the model built by an earlier one.
     Classifiers and DETR detectors alike (the outputs checked are the task's)."""
-    state: Dict[str, object] = {}
+    state: _State = {}
 
     def build() -> str:
         model = create_model(model_name).eval()

@@ -36,7 +36,7 @@ class _HttpOnlyRedirect(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-def _progress_bar(total: Optional[int], desc: str):
+def _progress_bar(total: Optional[int], desc: str) -> Optional[tqdm[NoReturn]]:
     try:
         from tqdm import tqdm
     except ImportError:  # tqdm is an optional extra; download silently without it

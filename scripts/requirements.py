@@ -5,8 +5,9 @@ survives source edits) and for the offline wheelhouse (scripts/docker-wheelhouse
     python3 scripts/requirements.py cpu|gpu [--build]    # --build: + the build backend's
 """
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 # install.sh's extras per variant; gpu adds onnx (the export extra would bring CPU onnxruntime)

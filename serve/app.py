@@ -4,11 +4,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Dict, List
+from typing import Dict, List, Type
 
 from fastapi import FastAPI, Request, Response
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
 
 import irpe
 from irpe.errors import GPURequired, InvalidInput
@@ -120,8 +121,9 @@ def create_app(settings: ServeSettings) -> FastAPI:
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
                            allow_methods=["GET", "POST"], allow_headers=["*"])
-    app.openapi = lambda: _openapi(app, [ImagesJSON, InferRequest, ErrorBody],
-                                   settings.auth_token is not None)
+    # FastAPI's documented way to customise the schema; its class declares openapi a method
+    app.openapi = lambda: _openapi(  # type: ignore[method-assign]
+        app, [ImagesJSON, InferRequest, ErrorBody], settings.auth_token is not None)
     return app
 
 
@@ -130,7 +132,7 @@ async def _metrics(request: Request) -> Response:
     return Response(app_state(request).metrics.render(), media_type=CONTENT_TYPE)
 
 
-def _openapi(app: FastAPI, models: List[type], has_token: bool) -> Dict:
+def _openapi(app: FastAPI, models: List[Type[BaseModel]], has_token: bool) -> Dict:
     """The generated schema plus the bodies the routes parse themselves; bearer security only
     where the server enforces it (a token is configured)."""
     if app.openapi_schema is None:

@@ -154,7 +154,9 @@ class Batcher:
         return sum(1 for i in self._items if i.key == key and not i.future.done())
 
     def _take(self) -> List[_Item]:
-        key, batch, rest = self._items[0].key, [], deque()
+        key = self._items[0].key
+        batch: List[_Item] = []
+        rest: Deque[_Item] = deque()
         for item in self._items:
             if item.future.done():
                 continue
@@ -183,7 +185,7 @@ class Batcher:
                     item.future.set_exception(error)
             return
         self._finish(batch, start, "success")
-        for item, result in zip(batch, results):
+        for item, result in zip(batch, results, strict=True):
             if not item.future.done():
                 item.future.set_result(result)
 

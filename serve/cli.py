@@ -144,8 +144,10 @@ def _run(app: FastAPI, settings: ServeSettings) -> int:
     from .server import AnnouncingServer
     sock = listen_socket(settings.host, settings.port)
     _share_ort_pool(settings)  # here, not before: --prepare and start-up errors make no pool
-    config = uvicorn.Config(app, log_config=None, access_log=False,
-                            timeout_graceful_shutdown=settings.shutdown_timeout_s)
+    # uvicorn types the drain time int; it is an asyncio timeout, so fractions of a second work
+    config = uvicorn.Config(
+        app, log_config=None, access_log=False,
+        timeout_graceful_shutdown=settings.shutdown_timeout_s)  # type: ignore[arg-type]
     try:
         AnnouncingServer(config, settings.model_names()).run(sockets=[sock])
     except KeyboardInterrupt:  # Ctrl-C: uvicorn re-raises it after its graceful shutdown

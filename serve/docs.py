@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.resources
 from pathlib import Path
+from typing import cast
 
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
@@ -25,15 +26,16 @@ def install_docs(app: FastAPI) -> None:
     be created with docs_url=None, redoc_url=None)."""
     app.mount(ASSETS_URL, StaticFiles(directory=assets_dir()), name="docs-assets")
     title, favicon = app.title, f"{ASSETS_URL}/favicon.png"
+    # the schema's URL: create_app keeps FastAPI's /openapi.json (never None)
 
     async def swagger_ui() -> HTMLResponse:
         return get_swagger_ui_html(
-            openapi_url=app.openapi_url, title=f"{title} - Swagger UI",
+            openapi_url=cast(str, app.openapi_url), title=f"{title} - Swagger UI",
             swagger_js_url=f"{ASSETS_URL}/swagger-ui-bundle.js",
             swagger_css_url=f"{ASSETS_URL}/swagger-ui.css", swagger_favicon_url=favicon)
 
     async def redoc() -> HTMLResponse:
-        return get_redoc_html(openapi_url=app.openapi_url, title=f"{title} - ReDoc",
+        return get_redoc_html(openapi_url=cast(str, app.openapi_url), title=f"{title} - ReDoc",
                               redoc_js_url=f"{ASSETS_URL}/redoc.standalone.js",
                               redoc_favicon_url=favicon, with_google_fonts=False)
 

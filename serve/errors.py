@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Dict, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -45,7 +45,7 @@ class ErrorBody(BaseModel):
     error: str
 
 
-def error_responses(*codes: int) -> Dict[int, Dict]:
+def error_responses(*codes: int) -> Dict[Union[int, str], Dict[str, Any]]:
     """OpenAPI ``responses`` entries for the given status codes."""
     return {c: {"model": ErrorBody, "description": _DESCRIPTIONS[c]} for c in codes}
 
@@ -67,7 +67,7 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     return _json(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
 
 
-def validation_message(errors: Sequence[Dict]) -> str:
+def validation_message(errors: Sequence[Mapping[str, Any]]) -> str:
     """Pydantic / FastAPI validation errors as one line: ``field: message; ...``."""
     parts = []
     for err in errors:
@@ -100,8 +100,10 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 def install_handlers(app: FastAPI) -> None:
     """Route every error type to the JSON error body."""
-    app.add_exception_handler(ServeError, _serve_error)
-    app.add_exception_handler(HTTPException, _http_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(ClientDisconnect, _client_disconnected)
+    # Starlette types a handler as taking any Exception; it calls each with the type it is
+    # registered for, so these narrower handlers are right (its stub cannot say so)
+    app.add_exception_handler(ServeError, _serve_error)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(ClientDisconnect, _client_disconnected)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import base64
 import binascii
 import zlib
-from typing import List
+from typing import Any, Dict, List
 
 from pydantic import BaseModel, Field, ValidationError
 from starlette.datastructures import UploadFile
@@ -126,7 +126,7 @@ def _b64(text: str, index: int) -> bytes:
 def image_request_body() -> dict:
     """OpenAPI requestBody of the classify/detect routes (the three accepted encodings)."""
     binary = {"schema": {"type": "string", "format": "binary"}}
-    content = {"multipart/form-data": {"schema": {
+    content: Dict[str, Dict[str, Any]] = {"multipart/form-data": {"schema": {
         "type": "object", "required": ["file"], "properties": {"file": {
             "type": "array", "minItems": 1, "items": {"type": "string", "format": "binary"}}},
         "description": "one or more file parts (any field name; at least one)"}}}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -141,7 +141,8 @@ class ServedModel:
         """/v2: model inputs (float32 (3, H, W); ``sizes`` = valid (h, w), detection) ->
         per-image outputs, through the same count check and queue."""
         check_count(len(images), self.max_images, self.cfg.max_queue_size, self.name)
-        inputs = [Input(im, size=None if sizes is None else tuple(sizes[i]))
+        inputs = [Input(im, size=None if sizes is None
+                        else cast("Tuple[int, int]", tuple(sizes[i])))
                   for i, im in enumerate(images)]
         return (await self.batcher.submit(len(inputs), functools.partial(_given, inputs),
                                           timeout_s or self.cfg.timeout_s))[1]
@@ -169,8 +170,9 @@ class ServedModel:
     def _run_batch(self, instance: int, inputs: List[Input]) -> List[Dict[str, np.ndarray]]:
         backend, sizes, images = self.backends[instance], None, [i.image for i in inputs]
         if isinstance(images[0], torch.Tensor):  # uint8 decoded on the GPU (nvjpeg)
-            batch = torch.stack(images) if self.task == "classification" \
-                else pad_images(images)[0]
+            tensors = cast("List[torch.Tensor]", images)  # a batch is decoded one way
+            batch = torch.stack(tensors) if self.task == "classification" \
+                else pad_images(tensors)[0]
         elif self.task == "classification":
             batch = np.stack(images)
         else:
@@ -179,7 +181,8 @@ class ServedModel:
             sizes = np.asarray([i.size or tuple(i.image.shape[-2:]) for i in inputs], np.int64)
         uint8 = batch.dtype == (torch.uint8 if isinstance(batch, torch.Tensor) else np.uint8)
         infer = backend.infer_uint8 if uint8 else backend.infer
-        out = infer(batch, sizes)
+        # a tensor batch (gpu_decode) only reaches the torch backend, whose infer_uint8 takes it
+        out = infer(cast("np.ndarray", batch), sizes)
         self.instance_batches[instance] += 1
         return [{k: v[i] for k, v in out.items()} for i in range(len(inputs))]
 

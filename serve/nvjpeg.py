@@ -15,8 +15,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from irpe.data.transforms import (MAX_IMAGE_PIXELS, Preprocess, center_crop_box,
-                                  resize_shorter)
+from irpe.data.transforms import MAX_IMAGE_PIXELS, Preprocess, center_crop_box, resize_shorter
 
 __all__ = ["available", "decode_on_device"]
 
@@ -70,15 +69,16 @@ def decode_on_device(blobs: Sequence[bytes], pre: Preprocess, device: str
                      ) -> Optional[List[Decoded]]:
     """Every image decoded and resized on ``device``; None when any one must go the CPU path."""
     from torchvision.io import ImageReadMode, decode_jpeg
-    sizes = [_plain_jpeg_size(b) for b in blobs]
-    if not blobs or any(s is None for s in sizes):
+    found = [_plain_jpeg_size(b) for b in blobs]
+    sizes = [s for s in found if s is not None]
+    if not blobs or len(sizes) != len(found):
         return None
     data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
     try:
         images = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
     except RuntimeError:  # a corrupt stream: the CPU path gives the usual 400
         return None
-    out = [(_resize(im, pre), (h, w)) for im, (w, h) in zip(images, sizes)]
+    out = [(_resize(im, pre), (h, w)) for im, (w, h) in zip(images, sizes, strict=True)]
     # complete before they leave this thread: the batching thread stacks them on its own
     # current stream, and the instance's stream then waits for that one (TorchBackend._consume)
     torch.cuda.current_stream(device).synchronize()

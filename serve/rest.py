@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Literal, Tuple
+from typing import Any, Dict, List, Literal, Tuple, cast
 
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
@@ -137,8 +137,10 @@ async def _detect(request: Request, model: ServedModel, threshold: float, max_de
                   box_format: str) -> Dict:
     _check_task(model, "detection", "classify")
     inputs, rows = await _infer(request, model)
-    results = detection_results(rows, [i.original for i in inputs], model.labels, threshold,
-                                max_detections, box_format)
+    # decoded images carry the size they had before resizing
+    originals = [cast("Tuple[int, int]", i.original) for i in inputs]
+    results = detection_results(rows, originals, model.labels, threshold, max_detections,
+                                box_format)
     return {"model": model.name, "results": results}
 
 

@@ -24,7 +24,7 @@ def classification_results(rows: Sequence[Dict[str, np.ndarray]], labels: List[s
     """Per image: labels, indices and softmax scores of the top-k classes, best first."""
     scores, indices = top_k_classes(np.stack([r["logits"] for r in rows]), top_k)
     return [{"labels": [labels[i] for i in idx], "indices": idx, "scores": sc}
-            for sc, idx in zip(scores.tolist(), indices.tolist())]
+            for sc, idx in zip(scores.tolist(), indices.tolist(), strict=True)]
 
 
 def detection_results(rows: Sequence[Dict[str, np.ndarray]], sizes: Sequence[Tuple[int, int]],
@@ -35,7 +35,7 @@ def detection_results(rows: Sequence[Dict[str, np.ndarray]], sizes: Sequence[Tup
                for k in ("pred_logits", "pred_boxes")}
     per_image = _POSTPROCESS(outputs, torch.tensor([list(s) for s in sizes]))
     return [_image_result(d, size, labels, threshold, max_detections, box_format)
-            for d, size in zip(per_image, sizes)]
+            for d, size in zip(per_image, sizes, strict=True)]
 
 
 def _image_result(det: Dict[str, torch.Tensor], size: Tuple[int, int], labels: List[str],
@@ -48,5 +48,5 @@ def _image_result(det: Dict[str, torch.Tensor], size: Tuple[int, int], labels: L
         boxes = torch.cat([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], dim=1)
     found = [{"label": labels[int(c)], "index": int(c), "score": float(s), "box": b}
              for c, s, b in zip(det["labels"][order].tolist(), scores[order].tolist(),
-                                boxes.tolist())]
+                                boxes.tolist(), strict=True)]
     return {"height": int(size[0]), "width": int(size[1]), "detections": found}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Annotated, Dict, Optional
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -61,8 +61,9 @@ def app_state(request: Request) -> AppState:
     return request.app.state.irpe
 
 
-async def require_token(request: Request, credentials: Optional[HTTPAuthorizationCredentials]
-                        = Depends(_bearer)) -> None:
+async def require_token(
+        request: Request,
+        credentials: Annotated[Optional[HTTPAuthorizationCredentials], Depends(_bearer)]) -> None:
     """401 unless the bearer token equals the configured one (constant-time compare). Async: a
     plain def dependency would run in a worker thread per request, where requests overtake each
     other in the race for the GIL (the tail-latency fix of docs/serve.md)."""

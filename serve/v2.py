@@ -1,7 +1,7 @@
 """Open Inference Protocol v2 routes (KServe / Triton HTTP): health, metadata, infer."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel
@@ -116,13 +116,15 @@ def infer_request_body() -> Dict:
                                      "Length bytes, then the binary_data_size tensors"}}}
 
 
-_BINARY_RESPONSE = {200: {"description": "JSON, or with binary outputs: the JSON header "
-                          "(Inference-Header-Content-Length bytes) then the tensors",
-                          "content": {"application/octet-stream": {}}}}
-_INFER = dict(response_model=InferResponse, dependencies=[Depends(require_token)],
-              responses={**_BINARY_RESPONSE, **error_responses(400, 401, 404, 413, 415, 422,
-                                                               500, 503, 504)},
-              openapi_extra={"requestBody": infer_request_body()})
+_BINARY_RESPONSE: Dict[Union[int, str], Dict[str, Any]] = {
+    200: {"description": "JSON, or with binary outputs: the JSON header "
+          "(Inference-Header-Content-Length bytes) then the tensors",
+          "content": {"application/octet-stream": {}}}}
+_INFER: Dict[str, Any] = dict(
+    response_model=InferResponse, dependencies=[Depends(require_token)],
+    responses={**_BINARY_RESPONSE, **error_responses(400, 401, 404, 413, 415, 422, 500, 503,
+                                                     504)},
+    openapi_extra={"requestBody": infer_request_body()})
 
 
 @router.post("/models/{name}/infer", **_INFER)

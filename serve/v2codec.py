@@ -171,15 +171,19 @@ def classification_strings(values: np.ndarray, k: int, labels: List[str]) -> np.
     """(B, C) scores -> (B, k) "score:index:label" bytes, best first (Triton's extension)."""
     k = min(k, values.shape[-1])
     order = np.argsort(-values, axis=-1, kind="stable")[:, :k]
-    rows = [[f"{row[i]:f}:{i}:{labels[i]}".encode() for i in idx] for row, idx in zip(values, order)]
+    rows = [[f"{row[i]:f}:{i}:{labels[i]}".encode() for i in idx]
+            for row, idx in zip(values, order, strict=True)]
     return np.array(rows, dtype=object).reshape(len(rows), k)
 
 
-def encode_response(header: Dict[str, Any], outputs: List[OutTensor]) -> Tuple[bytes, Optional[int]]:
+def encode_response(header: Dict[str, Any],
+                    outputs: List[OutTensor]) -> Tuple[bytes, Optional[int]]:
     """Body of an infer response and the JSON header's length (None: no binary part)."""
-    entries, blobs = [], []
+    entries: List[Dict[str, Any]] = []
+    blobs: List[bytes] = []
     for out in outputs:
-        entry = {"name": out.name, "datatype": out.datatype, "shape": list(out.array.shape)}
+        entry: Dict[str, Any] = {"name": out.name, "datatype": out.datatype,
+                                 "shape": list(out.array.shape)}
         if out.binary:
             raw = _raw(out)
             entry["parameters"] = {"binary_data_size": len(raw)}

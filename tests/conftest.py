@@ -32,6 +32,23 @@ def _restore_logging():
         logger.propagate, logger.disabled = propagate, disabled
 
 
+@pytest.fixture
+def interpret(monkeypatch):
+    """Triton kernels on the CPU interpreter, the fused path forced (restored afterwards);
+    the fused-attention tests (tests/fused_common.py) take it.
+
+    conftest sets TRITON_INTERPRET=1 before triton is imported when there is no GPU; with a GPU
+    the process compiles for real (tests/gpu) and Triton cannot switch modes in one process."""
+    from irpe.fused import set_fused_attention, set_fused_ids
+    if torch.cuda.is_available():
+        pytest.skip("GPU machine: the kernels run compiled in tests/gpu, not interpreted")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    set_fused_attention("fused")
+    yield
+    set_fused_attention(None)
+    set_fused_ids("table")
+
+
 @pytest.fixture(scope="module")
 def cls_file(tmp_path_factory):
     """An untrained demo classifier saved as a trained-model file (serving tests, per module)."""

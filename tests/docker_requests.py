@@ -126,6 +126,7 @@ def error_checks() -> List[Tuple[str, Send]]:
 def infer_v2(url: str) -> np.ndarray:
     """tritonclient.http: two preprocessed images, binary data, top-2 classification."""
     import tritonclient.http as httpclient
+
     from irpe.data import Preprocess, load_image
     client = httpclient.InferenceServerClient(url.removeprefix("http://"))
     meta = client.get_model_metadata("deit_shapes_irpe")

@@ -1,4 +1,5 @@
-"""Shared pieces of the fused-attention tests (CPU interpreter): skip marker, fixture, inputs."""
+"""Shared pieces of the fused-attention tests (CPU interpreter): skip marker, inputs, checks;
+the ``interpret`` fixture is in tests/conftest.py."""
 import contextlib
 import importlib.util
 import os
@@ -6,7 +7,6 @@ import os
 import pytest
 import torch
 
-from irpe.fused import set_fused_attention, set_fused_ids
 from irpe.rpe import build_rpe, get_rpe_config
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None

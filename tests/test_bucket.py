@@ -1,10 +1,18 @@
 """Bucket index math against hand-computed tables and an independent scalar reference."""
 import pytest
 import torch
-
-from irpe.bucket import (Method, bucket_ids, bucket_ids_traceable, coefficients, num_buckets,
-                         parse_method, piecewise_index, relative_offsets)
 from reference import bucket_table
+
+from irpe.bucket import (
+    Method,
+    bucket_ids,
+    bucket_ids_traceable,
+    coefficients,
+    num_buckets,
+    parse_method,
+    piecewise_index,
+    relative_offsets,
+)
 
 # ratio 1.9: alpha 1.9, beta 3.8, gamma 15.2, ln(gamma/alpha) = ln 8.
 #  |x|=2: 1.9 + ln(2/1.9)/ln8*1.9 = 1.947 -> 2;  3: 2.317 -> 2;  4: 2.580 -> 3;

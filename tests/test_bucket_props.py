@@ -7,8 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from irpe.bucket import (bucket_ids, bucket_ids_traceable, coefficients, num_buckets,
-                         piecewise_index)
+from irpe.bucket import bucket_ids, bucket_ids_traceable, coefficients, num_buckets, piecewise_index
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True)
 METHODS = ("euc", "quant", "product", "cross_rows", "cross_cols")

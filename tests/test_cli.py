@@ -30,7 +30,8 @@ def test_models_lists_params_and_macs():
     plain = lines["deit_small_patch16_224"]
     qkv = lines["deit_small_patch16_224_ctx_product_50_shared_qkv"]
     assert plain[1:3] == ["22.05M", "4.60G"]  # DeiT-S: 22M params, 4.6 GMACs
-    assert float(qkv[1][:-1]) > float(plain[1][:-1]) and qkv[3:5] == ["224x224", "rpe-1.9-product-ctx-1-qkv"]
+    assert float(qkv[1][:-1]) > float(plain[1][:-1])
+    assert qkv[3:5] == ["224x224", "rpe-1.9-product-ctx-1-qkv"]
 
 
 def test_info_prints_bucket_table_and_counts():

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from export.source import load_source
+from irpe.artifact import contract, exporters
 from irpe.artifact.trained import ModelSpec, default_spec, read_spec, save_trained
 from irpe.checkpoint import save_checkpoint
 from irpe.cli import main
-from irpe.artifact import contract, exporters
 from irpe.models import create_model, model_info
 from irpe.models.deit import IRPE_VARIANTS
 from irpe.models.registry import bundled_weights

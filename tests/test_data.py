@@ -11,10 +11,19 @@ from torch.utils.data import DataLoader
 
 from irpe.box_ops import box_iou
 from irpe.cli import main
-from irpe.data import (SHAPE_CLASSES, CocoDetection, ImageFolder, Preprocess,
-                       ShapesClassification, ShapesDetection, collate_detection,
-                       render_classification, render_detection, write_classification,
-                       write_detection)
+from irpe.data import (
+    SHAPE_CLASSES,
+    CocoDetection,
+    ImageFolder,
+    Preprocess,
+    ShapesClassification,
+    ShapesDetection,
+    collate_detection,
+    render_classification,
+    render_detection,
+    write_classification,
+    write_detection,
+)
 from irpe.data.shapes import classification_scene, detection_scene
 
 LUMA = np.array([0.299, 0.587, 0.114])
@@ -140,7 +149,7 @@ def test_imagefolder_round_trip(tmp_path):
         memory = ShapesClassification(num, seed=2, size=32, split=split)
         assert folder.classes == memory.classes == list(SHAPE_CLASSES) and len(folder) == num
         assert [p for p, _ in folder.samples] == sorted(p for p, _ in folder.samples)
-        for (path, label), (image, label2) in zip(folder.samples, folder):
+        for (path, label), (image, label2) in zip(folder.samples, folder, strict=True):
             ref, ref_label = memory[int(Path(path).stem)]
             assert label == label2 == ref_label and np.array_equal(pixels(image), pixels(ref))
 

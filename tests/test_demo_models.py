@@ -6,9 +6,9 @@ from torch.utils.data import DataLoader
 from irpe.artifact.trained import default_spec, load_trained
 from irpe.data.datasets import ShapesClassification, ShapesDetection
 from irpe.data.shapes import SHAPE_CLASSES
-from irpe.training.evaluate import evaluate_classification, evaluate_detection
 from irpe.models import create_model, model_info
 from irpe.models.registry import bundled_weights
+from irpe.training.evaluate import evaluate_classification, evaluate_detection
 
 DEMOS = ["deit_shapes_irpe", "detr_shapes_irpe"]
 
@@ -19,7 +19,7 @@ def test_bundled_file_is_a_self_describing_trained_model(name):
     assert spec.model_name == name and spec.class_names == list(SHAPE_CLASSES)
     assert spec.preprocess == default_spec(name).preprocess
     same = create_model(name, pretrained=True).eval()
-    for (k, a), (_, b) in zip(model.state_dict().items(), same.state_dict().items()):
+    for (k, a), (_, b) in zip(model.state_dict().items(), same.state_dict().items(), strict=True):
         assert torch.equal(a, b), k
 
 

@@ -18,7 +18,7 @@ def torchvision_resnet50_keys(prefix):
     keys[prefix + "conv1.weight"] = (64, 3, 7, 7)
     bn("bn1", 64)
     cin = 64
-    for li, (n, w) in enumerate(zip([3, 4, 6, 3], [64, 128, 256, 512]), start=1):
+    for li, (n, w) in enumerate(zip([3, 4, 6, 3], [64, 128, 256, 512], strict=True), start=1):
         for b in range(n):
             p = f"layer{li}.{b}."
             keys[prefix + p + "conv1.weight"] = (w, cin, 1, 1)
@@ -107,7 +107,7 @@ def test_padded_batch_equals_each_image_alone(shapes):
                                        atol=1e-5, rtol=1e-4)
             torch.testing.assert_close(out["pred_boxes"][i], alone["pred_boxes"][0],
                                        atol=1e-5, rtol=1e-4)
-            for a, b in zip(out["aux_outputs"], alone["aux_outputs"]):
+            for a, b in zip(out["aux_outputs"], alone["aux_outputs"], strict=True):
                 torch.testing.assert_close(a["pred_boxes"][i], b["pred_boxes"][0],
                                            atol=1e-5, rtol=1e-4)
 

@@ -61,7 +61,8 @@ def test_relative_links_resolve(page: Path):
 
 def test_a_dead_link_is_caught(tmp_path: Path):
     page = tmp_path / "page.md"
-    page.write_text("# Top\n## A_b\n[ok](#top) [also ok](#a_b) [gone](missing.md) `[code](skipped.md)`\n[bad](#nowhere)\n")
+    page.write_text("# Top\n## A_b\n[ok](#top) [also ok](#a_b) [gone](missing.md) "
+                    "`[code](skipped.md)`\n[bad](#nowhere)\n")
     found = links(page)
     assert ("link", "missing.md") in found and ("link", "skipped.md") not in found
     assert {"top", "a_b"} <= anchors(page) and "nowhere" not in anchors(page)

@@ -59,7 +59,8 @@ def test_requirements_per_variant_are_pyprojects_without_torch():
               for v in ("cpu", "gpu")}
     deps = [r for r in project["dependencies"] if not r.startswith("torch")]
     assert listed["cpu"] == list(dict.fromkeys(deps + extras["serve"] + extras["export"]))
-    assert listed["gpu"] == list(dict.fromkeys(deps + extras["serve"] + extras["gpu"] + ["onnx>=1.16"]))
+    assert listed["gpu"] == list(dict.fromkeys(deps + extras["serve"] + extras["gpu"]
+                                               + ["onnx>=1.16"]))
     assert not any(r.startswith("onnxruntime>") for r in listed["gpu"])   # never beside -gpu
     build = _run(["python3", "scripts/requirements.py", "cpu", "--build"]).stdout.split()
     assert build[-2:] == ["setuptools>=68", "wheel"]

@@ -32,7 +32,7 @@ def _brute_force(cost):
     q, n = cost.shape
     best = min(itertools.permutations(range(q), n),
                key=lambda perm: sum(cost[p, j] for j, p in enumerate(perm)))
-    return sorted(zip(best, range(n)))
+    return sorted(zip(best, range(n), strict=True))
 
 
 def test_matcher_beats_greedy_on_hand_made_case():
@@ -45,7 +45,7 @@ def test_matcher_beats_greedy_on_hand_made_case():
     out = {"pred_logits": torch.zeros(1, 3, 3), "pred_boxes": preds}
     matcher = HungarianMatcher(cost_class=0, cost_bbox=1, cost_giou=0)
     (rows, cols), = matcher(out, targets)
-    assert list(zip(rows.tolist(), cols.tolist())) == [(0, 1), (1, 0)]
+    assert list(zip(rows.tolist(), cols.tolist(), strict=True)) == [(0, 1), (1, 0)]
 
 
 def test_matcher_equals_brute_force_with_all_costs():
@@ -61,7 +61,7 @@ def test_matcher_equals_brute_force_with_all_costs():
         matcher = HungarianMatcher()
         (rows, cols), = matcher(out, [target])
         cost = matcher.cost_matrix(out["pred_logits"][0], preds[0], target)
-        got = sorted(zip(rows.tolist(), cols.tolist()))
+        got = sorted(zip(rows.tolist(), cols.tolist(), strict=True))
         assert math.isclose(sum(cost[p, j] for p, j in got),
                             sum(cost[p, j] for p, j in _brute_force(cost)), rel_tol=1e-6)
 

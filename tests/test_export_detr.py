@@ -11,8 +11,8 @@ import torch
 from export.functions import DOMAIN, GATHER
 from export.onnx import export_onnx
 from export.validate import validate
-from irpe.artifact.contract import read_onnx_props
 from irpe import create_model, save_checkpoint
+from irpe.artifact.contract import read_onnx_props
 from irpe.models import pad_images
 
 NAME = "detr_tiny_irpe"

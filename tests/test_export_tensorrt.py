@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from export.onnx import export_onnx
-from irpe.artifact.contract import sidecar_path
-from irpe.runtime.tensorrt.build import build_engine
-from tests.trt_inspect import engine_plugin_layers
-from irpe.runtime.tensorrt.common import TensorRTUnavailable, import_tensorrt, is_rtx
 from irpe import RPEConfig, create_model
+from irpe.artifact.contract import sidecar_path
 from irpe.artifact.trained import default_spec, save_trained
+from irpe.runtime.tensorrt.build import build_engine
+from irpe.runtime.tensorrt.common import TensorRTUnavailable, import_tensorrt, is_rtx
 from tests.helpers import tiny_deit
+from tests.trt_inspect import engine_plugin_layers
 
 try:
     TRT = import_tensorrt()
@@ -40,7 +40,8 @@ def onnx_files(tmp_path_factory):
     small = dict(enc_layers=1, dec_layers=1)
     detr = create_model("detr_tiny_irpe", **small).eval()
     return {"deit": export_onnx(str(d / "deit.safetensors"), d / "deit.onnx"),
-            "detr": export_onnx(detr, d / "detr.onnx", spec=default_spec("detr_tiny_irpe", **small))}
+            "detr": export_onnx(detr, d / "detr.onnx",
+                                spec=default_spec("detr_tiny_irpe", **small))}
 
 
 @needs_trt
@@ -151,8 +152,8 @@ def test_clear_error_without_any_tensorrt_module(onnx_files):
 @needs_trt
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="TRTRunner needs a CUDA GPU")
 def test_runner_matches_pytorch_on_gpu(onnx_files, tmp_path):
-    from irpe.runtime.tensorrt.runner import TRTRunner
     from export.validate import validate
+    from irpe.runtime.tensorrt.runner import TRTRunner
     engine = tmp_path / "deit.engine"
     build_engine(onnx_files["deit"], engine, batch=(1, 2, 4))
     runner = TRTRunner(engine)

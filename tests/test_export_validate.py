@@ -59,8 +59,9 @@ def test_tampered_file_fails_and_names_the_worst_output(files):
 
 
 def test_cli_exit_codes_and_json(files, capsys, tmp_path):
-    assert main(["validate", str(files["good"]), "-n", "2", "--json", str(tmp_path / "r.json")]) == 0
-    assert json.loads((tmp_path / "r.json").read_text())["passed"] is True
+    report = tmp_path / "r.json"
+    assert main(["validate", str(files["good"]), "-n", "2", "--json", str(report)]) == 0
+    assert json.loads(report.read_text())["passed"] is True
     assert "PASS" in capsys.readouterr().out
     assert main(["validate", str(files["bad"]), "-n", "2"]) == 1
     out = capsys.readouterr().out
@@ -96,9 +97,9 @@ def test_bad_input(files, tmp_path):
 
 
 def test_validation_images_are_found_in_class_subfolders(tmp_path):
+    from export.inputs import make_batches
     from irpe.artifact.trained import default_spec
     from irpe.data.shapes import render_classification
-    from export.inputs import make_batches
     for index, cls in ((0, "circle"), (6, "star")):
         (tmp_path / cls).mkdir()
         render_classification(5, index, split="val")[0].save(tmp_path / cls / f"{index}.png")

@@ -7,7 +7,7 @@ from irpe.attention import RPEAttention, rpe_attention, unfused_attention
 from irpe.fused import set_fused_attention, set_fused_ids
 from irpe.idcache import BUCKET_IDS
 from irpe.rpe import get_rpe_config
-from tests.fused_common import check, inputs, interpret, modules, needs_triton  # noqa: F401
+from tests.fused_common import check, inputs, modules, needs_triton
 
 pytestmark = needs_triton
 

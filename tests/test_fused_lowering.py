@@ -19,11 +19,10 @@ import sys
 import time
 
 import pytest
-
 import torch
 
 from irpe.fused.variants import FAMILIES
-from tests.fused_common import check, count_launches, inputs, interpret, needs_triton  # noqa: F401
+from tests.fused_common import check, count_launches, inputs, needs_triton
 from tests.trt_plugin_env import ROOT
 
 _seen, FORWARD = set(), []

@@ -16,7 +16,7 @@ from irpe import RPEConfig
 from irpe.fused.variants import FAMILIES, variants
 from irpe.idcache import BUCKET_IDS, TensorLRU
 from serve.backends.cuda_graphs import GraphedClassifier
-from tests.fused_common import interpret, needs_triton  # noqa: F401
+from tests.fused_common import needs_triton
 from tests.helpers import tiny_deit
 
 

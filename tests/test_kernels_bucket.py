@@ -17,7 +17,8 @@ pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="no host C c
 
 @pytest.fixture(scope="module")
 def host_lib(tmp_path_factory):
-    return kernels_capi.KernelLibrary(kernels_capi.build_host_library(tmp_path_factory.mktemp("host")))
+    return kernels_capi.KernelLibrary(
+        kernels_capi.build_host_library(tmp_path_factory.mktemp("host")))
 
 
 def host_ids(lib, method, ratio, h, w, skip):
@@ -64,7 +65,8 @@ BOUNDARY_CASES = [("cross_rows", 4.1661, 23, 1), ("cross_rows", 9.8043, 63, 1),
 
 @pytest.mark.parametrize("method,ratio,h,w", BOUNDARY_CASES)
 def test_host_ids_at_rounding_boundaries(host_lib, method, ratio, h, w):
-    assert torch.equal(host_ids(host_lib, method, ratio, h, w, 0), bucket_ids(method, ratio, h, w, 0))
+    assert torch.equal(host_ids(host_lib, method, ratio, h, w, 0),
+                       bucket_ids(method, ratio, h, w, 0))
 
 
 def test_params_match_python_coefficients(host_lib):

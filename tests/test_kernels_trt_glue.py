@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from tools import trt_plugin_build
 from tests.trt_plugin_env import ROOT, require
+from tools import trt_plugin_build
 
 SOURCES = ["plugins/tensorrt/rpe_fields.cpp", "plugins/tensorrt/rpe_plugin.cpp",
            "plugins/tensorrt/register.cpp", "tests/trt_glue/glue_driver.cpp"]
@@ -22,7 +22,8 @@ def glue(tmp_path_factory):
     exe = tmp_path_factory.mktemp("glue") / "glue"
     build = subprocess.run(
         ["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-DIRPE_STATIC_REGISTRATION",
-         "-isystem", str(trt_plugin_build.find_headers()), "-isystem", str(trt_plugin_build.cuda_include()),
+         "-isystem", str(trt_plugin_build.find_headers()),
+         "-isystem", str(trt_plugin_build.cuda_include()),
          "-Itests/trt_glue", "-Iplugins/kernels", "-Iplugins/tensorrt", *SOURCES, "-o", str(exe)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr

@@ -22,7 +22,8 @@ from tests.helpers import TINY, env_session, run_python, tiny_deit
 pytestmark = pytest.mark.usefixtures("ort_library_env")  # fixtures: tests/conftest.py
 
 CASES = [(method, mode, on) for method in ("euc", "quant", "product", "cross")
-         for mode in ("bias", "ctx") for on in ("q", "k", "v") if not (mode == "bias" and on == "v")]
+         for mode in ("bias", "ctx") for on in ("q", "k", "v")
+         if not (mode == "bias" and on == "v")]
 
 
 def _profiled_ops(session: ort.InferenceSession) -> set:
@@ -87,7 +88,7 @@ def test_detr_one_file_three_resolutions(ort_library, tmp_path):
         got, want = custom.run(None, feeds), functions.run(None, feeds)
         with torch.no_grad():
             ref = model(images, sizes)
-        for g, w, r in zip(got, want, (ref["pred_logits"], ref["pred_boxes"])):
+        for g, w, r in zip(got, want, (ref["pred_logits"], ref["pred_boxes"]), strict=True):
             assert np.array_equal(g, w)  # DETR has iRPE-K only: gathers, bit-identical
             np.testing.assert_allclose(g, r.numpy(), atol=1e-4, rtol=1e-4)
 
@@ -160,9 +161,9 @@ def test_serve_backend_uses_the_library_and_logs_it(ort_library, qkv_file, caplo
 def test_serve_backend_required_library_missing(qkv_file, tmp_path):
     """ort_custom_ops: on without the library: the load fails with one clear error (the server
     marks that model failed, 503); auto serves through the functions."""
+    from irpe.runtime.onnxruntime.session import CustomOpsError
     from serve.backends import create_backend
     from serve.config import ModelConfig
-    from irpe.runtime.onnxruntime.session import CustomOpsError
     path, _ = qkv_file
     cfg = ModelConfig(name="m", path=path, backend="onnxruntime", ort_custom_ops="on",
                       ort_ops_library=tmp_path / "gone.so")
@@ -229,6 +230,7 @@ def test_benchmark_attention_blocks_cut_from_exported_files(ort_library, qkv_fil
 
 def _fused_ops(graph: bytes, stages: str) -> set:
     import onnx
+
     from irpe.runtime.onnxruntime.rewrites import fuse_model, parse_stages
     fused, _ = fuse_model(graph, parse_stages(stages))
     return {n.op_type for n in onnx.load_from_string(fused).graph.node}

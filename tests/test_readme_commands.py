@@ -31,7 +31,8 @@ def test_every_irpe_command_written_in_readme_and_docs_exists():
     commands = cli_commands()
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         unknown = sorted(written(IRPE_COMMAND, page.read_text()) - commands)
-        assert not unknown, f"{page.relative_to(ROOT)} shows irpe commands that do not exist: {unknown}"
+        assert not unknown, \
+            f"{page.relative_to(ROOT)} shows irpe commands that do not exist: {unknown}"
 
 
 def test_readme_names_every_irpe_command():
@@ -48,7 +49,8 @@ def test_every_make_target_in_readme_exists():
 
 
 def test_patterns_find_commands_as_written():
-    text = "`irpe export X`\n$ irpe validate m.onnx\ntorchrun --no-python irpe train cls\nthe irpe nope"
+    text = ("`irpe export X`\n$ irpe validate m.onnx\ntorchrun --no-python irpe train cls\n"
+            "the irpe nope")
     assert written(IRPE_COMMAND, text) == {"export", "validate", "train"}
     assert written(MAKE_TARGET, "make run     # x\n$ make ort-ops\n`make bench` and make nope") == \
         {"run", "ort-ops", "bench"}

@@ -1,5 +1,5 @@
-"""Artifact checks before use (irpe/artifact/filecheck.py): safetensors, ONNX and TensorRT engine files
-that are missing, empty, truncated or of another kind give one clear error, through every
+"""Artifact checks before use (irpe/artifact/filecheck.py): safetensors, ONNX and TensorRT engine
+files that are missing, empty, truncated or of another kind give one clear error, through every
 loader that reads them (serving, `irpe validate` / build-engine, the TensorRT runner)."""
 from __future__ import annotations
 
@@ -9,12 +9,11 @@ from pathlib import Path
 import onnx
 import pytest
 
-
 from irpe.artifact.contract import read_onnx_spec
-from irpe.runtime.tensorrt.runner import TRTRunner
+from irpe.artifact.filecheck import ArtifactError, ArtifactMissing, check_file
 from irpe.artifact.trained import read_spec
 from irpe.cli import main
-from irpe.artifact.filecheck import ArtifactError, ArtifactMissing, check_file
+from irpe.runtime.tensorrt.runner import TRTRunner
 
 VTRT = b"vtrt" + bytes(12)  # TensorRT-RTX header: tag, 12 bytes, u64 total size at offset 16
 

@@ -18,8 +18,16 @@ from irpe.cli import main
 from irpe.data.shapes import SHAPE_CLASSES
 from irpe.models import create_model
 from serve.config import ServeSettings
-from tests.helpers import (fault_backend, metric, running_server, shape_png, start_cli,
-                           wait_for_log, wait_ready, wait_until)
+from tests.helpers import (
+    fault_backend,
+    metric,
+    running_server,
+    shape_png,
+    start_cli,
+    wait_for_log,
+    wait_ready,
+    wait_until,
+)
 
 torch.set_num_threads(1)
 PNG = {"content-type": "image/png"}

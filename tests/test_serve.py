@@ -58,7 +58,7 @@ def test_classify_multipart_batch_in_request_order(client):
     assert r.status_code == 200, r.text
     batch = r.json()["results"]
     assert len(batch) == 3
-    for blob, got in zip(blobs, batch):
+    for blob, got in zip(blobs, batch, strict=True):
         alone = client.post("/v1/classify", files=[("image", ("x", blob))]).json()["results"][0]
         assert alone["indices"] == got["indices"]
         assert np.allclose(alone["scores"], got["scores"], atol=1e-5)
@@ -101,7 +101,7 @@ def test_detect_pixels_boxes_match_postprocess(client, reference):
     assert [d["label"] for d in dets] == [SHAPE_CLASSES[i] for i in ref["labels"][order]]
     coco = client.post("/v1/detect?threshold=0&max_detections=5&box_format=coco",
                        content=blob, headers={"content-type": "image/png"}).json()
-    for d, c in zip(dets, coco["results"][0]["detections"]):
+    for d, c in zip(dets, coco["results"][0]["detections"], strict=True):
         x0, y0, x1, y1 = d["box"]
         assert np.allclose(c["box"], [x0, y0, x1 - x0, y1 - y0], atol=1e-3)
 
@@ -111,7 +111,7 @@ def test_detect_batch_with_different_sizes_equals_single(client):
              enumerate([(128, 128), (96, 160), (160, 100)])]
     files = [("file", (f"{i}.png", b)) for i, b in enumerate(blobs)]
     batch = client.post("/v1/detect?threshold=0", files=files).json()["results"]
-    for blob, got in zip(blobs, batch):
+    for blob, got in zip(blobs, batch, strict=True):
         alone = client.post("/v1/detect?threshold=0", content=blob,
                             headers={"content-type": "image/png"}).json()["results"][0]
         assert np.allclose([d["score"] for d in alone["detections"]],
@@ -181,7 +181,7 @@ def test_tritonclient_classification(url, reference, binary):
     assert np.allclose(result.as_numpy("logits"), expected, atol=1e-5)
     top = client.infer("cls", [inp], outputs=outputs[1:]).as_numpy("logits")
     assert top.shape == (3, 2)
-    for row, logits in zip(top, expected):
+    for row, logits in zip(top, expected, strict=True):
         text = row[0].decode() if isinstance(row[0], bytes) else row[0]
         score, index, label = text.split(":")
         best = int(logits.argmax())

@@ -12,8 +12,15 @@ import httpx
 import pytest
 
 from serve.config import ServeSettings
-from tests.helpers import (fault_backend, metric, running_server, shape_png, start_cli,
-                           wait_ready, wait_until)
+from tests.helpers import (
+    fault_backend,
+    metric,
+    running_server,
+    shape_png,
+    start_cli,
+    wait_ready,
+    wait_until,
+)
 
 TOKEN = "s3cret-token"
 PNG = {"content-type": "image/png"}

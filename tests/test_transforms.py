@@ -14,8 +14,14 @@ from PIL import Image
 
 from irpe.data import transforms as T
 from irpe.data.shapes import SHAPE_CLASSES, render_classification
-from irpe.data.transforms import (ImageError, ImageTooLargeError, Preprocess, center_crop_box,
-                                  load_image, resize_shorter)
+from irpe.data.transforms import (
+    ImageError,
+    ImageTooLargeError,
+    Preprocess,
+    center_crop_box,
+    load_image,
+    resize_shorter,
+)
 from tests.helpers import encode
 
 

@@ -14,11 +14,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2  # Triton's schema (tritonclient[grpc], dev extra)
 
 from export.onnx import export_onnx
 from irpe.artifact.contract import read_onnx_props
 from irpe.cli import main
-from tritonclient.grpc import model_config_pb2  # Triton's schema (tritonclient[grpc], dev extra)
 
 DEMO = Path(__file__).resolve().parents[1] / "irpe" / "demo"
 # ONNX element type -> Triton data type, written out independently of export/triton_repo.py
@@ -55,7 +55,7 @@ def check_against_onnx(cfg, onnx_path: Path) -> None:
     inputs, outputs = onnx_io(onnx_path)
     for section, values in ((cfg.input, inputs), (cfg.output, outputs)):
         assert [t.name for t in section] == [v.name for v in values]
-        for t, v in zip(section, values):
+        for t, v in zip(section, values, strict=True):
             assert model_config_pb2.DataType.Name(t.data_type) == \
                 DTYPES[v.type.tensor_type.elem_type]
             assert _dims(v)[0] == -1 and list(t.dims) == _dims(v)[1:]  # batch axis stripped
@@ -203,7 +203,7 @@ def test_ort_ops_auto_references_the_build_only_if_it_runs_the_file(repo, tmp_pa
         with_lib = ort.InferenceSession(str(model / "1" / "model.onnx"), options,
                                         providers=["CPUExecutionProvider"]).run(None, feeds)
         plain = ort.InferenceSession(str(detr), providers=["CPUExecutionProvider"]).run(None, feeds)
-        for a, b in zip(with_lib, plain):
+        for a, b in zip(with_lib, plain, strict=True):
             np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
 
 

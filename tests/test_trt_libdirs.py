@@ -1,5 +1,5 @@
-"""The TensorRT wheels' library folders are found one way (irpe.runtime.tensorrt.common.library_dir /
-wheel_library_dirs), used by the plugin build (tools/trt_plugin_build) and the isolated engine
+"""The TensorRT wheels' library folders are found one way (irpe.runtime.tensorrt.common.library_dir
+/ wheel_library_dirs), used by the plugin build (tools/trt_plugin_build) and the isolated engine
 build (irpe.runtime.tensorrt.isolate). Real package folders on sys.path stand in for the wheels."""
 import sys
 from pathlib import Path

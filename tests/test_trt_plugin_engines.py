@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from export.onnx import export_onnx
-from irpe.runtime.tensorrt.build import build_engine
-from tests.trt_inspect import engine_plugin_layers
 from irpe import RPEConfig, create_model
 from irpe.artifact.trained import default_spec
+from irpe.runtime.tensorrt.build import build_engine
 from irpe.runtime.tensorrt.common import TensorRTUnavailable, import_tensorrt, is_rtx
 from tests.helpers import tiny_deit
+from tests.trt_inspect import engine_plugin_layers
 from tests.trt_plugin_env import ROOT, build_or_skip, require
 
 AOT = {"compute_capability": "SM89"}

@@ -17,9 +17,9 @@ import subprocess
 import pytest
 import torch
 
-from tools import trt_plugin_build
 from tests.trt_harness import cases as harness
 from tests.trt_plugin_env import ROOT, require
+from tools import trt_plugin_build
 
 BUILD_DIR = ROOT / "build" / "test-trt-harness"
 

@@ -70,7 +70,8 @@ def payloads(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(payloads):
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    srv.root, srv.hits, srv.lock, srv.release = payloads, Counter(), threading.Lock(), threading.Event()
+    srv.root, srv.hits = payloads, Counter()
+    srv.lock, srv.release = threading.Lock(), threading.Event()
     srv.url = f"http://127.0.0.1:{srv.server_address[1]}"
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
@@ -265,7 +266,8 @@ def test_cli_download_list_path(server, payloads, cache, capsys):
 def test_cli_errors_are_one_line(capsys, args, match):
     assert main(["weights"] + args) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("irpe weights: error: ") and re.search(match, err)
+    assert err.count("\n") == 1 and err.startswith("irpe weights: error: ")
+    assert re.search(match, err)
 
 
 @pytest.mark.parametrize("args", [["download", NAME, "--sha256", "xyz"], ["download"], []])

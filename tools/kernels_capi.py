@@ -1,8 +1,9 @@
 """ctypes view of the kernels' C ABI (plugins/kernels/irpe_kernels.h), and how to build it.
 
-A test and benchmark aid, never imported by the product: :func:`build_host_library` compiles
-only the bucket math (bucket_host.c, no CUDA) with the host C compiler,
-:func:`build_kernels_library` compiles the CUDA kernels with nvcc into a shared library. :class:`KernelLibrary` loads either and wraps the entry points.
+A test and benchmark aid, never imported by the product: :func:`build_host_library` compiles only
+the bucket math (bucket_host.c, no CUDA) with the host C compiler, :func:`build_kernels_library`
+compiles the CUDA kernels with nvcc into a shared library. :class:`KernelLibrary` loads either and
+wraps the entry points.
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ class BucketParams(ctypes.Structure):
 
 class Problem(ctypes.Structure):
     """irpe_problem: sizes and the element strides of the 4-D input."""
-    _fields_ = [(name, ctypes.c_int64) for name in ("batch", "heads", "lq", "lk", "num_buckets")] + \
+    _fields_ = [(name, ctypes.c_int64)
+                for name in ("batch", "heads", "lq", "lk", "num_buckets")] + \
                [("stride", ctypes.c_int64 * 4)]
 
 

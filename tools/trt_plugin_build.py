@@ -19,8 +19,8 @@ from typing import Dict, Optional, Sequence
 
 from irpe.runtime.tensorrt.common import library_dir
 
-__all__ = ["find_headers", "cuda_include", "rtx_library_dir", "tensorrt_library_dir", "build_plugins",
-           "unavailable_reason", "CI_HEADERS"]
+__all__ = ["find_headers", "cuda_include", "rtx_library_dir", "tensorrt_library_dir",
+           "build_plugins", "unavailable_reason", "CI_HEADERS"]
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = ROOT / "plugins"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from irpe.artifact.filecheck import check_file
 from irpe.artifact.trained import ModelSpec, spec_from_metadata
@@ -107,7 +107,7 @@ def onnx_quantization(props: Dict[str, str]) -> Optional[Dict]:
     return json.loads(text) if text else None
 
 
-def read_onnx_props(path: os.PathLike) -> Dict[str, str]:
+def read_onnx_props(path: StrPath) -> Dict[str, str]:
     """All metadata_props of an ONNX file; a clear error for missing or corrupt files."""
     path = os.fspath(path)
     check_file(path, "onnx")  # missing (FileNotFoundError), empty, not a ModelProto
@@ -140,7 +140,7 @@ def read_onnx_spec(path: os.PathLike) -> "ModelSpec":
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")  # file names read as TensorRT engines
 
 
-def sidecar_path(engine_path: os.PathLike) -> Path:
+def sidecar_path(engine_path: StrPath) -> Path:
     """The JSON file next to an engine (``model.engine`` -> ``model.engine.json``)."""
     return Path(f"{os.fspath(engine_path)}.json")
 
@@ -164,7 +164,7 @@ def read_sidecar(engine_path: os.PathLike) -> Dict:
         raise InvalidInput(f"{path} is not a JSON sidecar: {exc}") from None
 
 
-def engine_spec(engine_path: os.PathLike) -> "ModelSpec":
+def engine_spec(engine_path: StrPath) -> "ModelSpec":
     """The ModelSpec of an engine, from the ONNX metadata its sidecar recorded."""
     try:
         return spec_from_metadata(read_sidecar(engine_path).get("onnx_metadata", {}))

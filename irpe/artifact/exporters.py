@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Tuple
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
 __all__ = ["Exporter", "PROVIDERS", "register_exporter", "get_exporter"]
 
@@ -43,7 +45,7 @@ _EXPORTERS: Dict[str, Exporter] = {}
 
 
 def register_exporter(kind: str, write: Callable[[str, Path], Path],
-                      sources: Tuple[os.PathLike, ...] = ()) -> None:
+                      sources: Tuple[StrPath, ...] = ()) -> None:
     """Make ``kind`` artifacts writable through :func:`get_exporter` (re-registering replaces)."""
     _EXPORTERS[kind] = Exporter(kind, write, tuple(Path(s) for s in sources))
 

@@ -13,6 +13,9 @@ from typing import Callable, Dict, Optional, Union
 
 from irpe.checkpoint import CheckpointError
 
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+
 __all__ = ["ArtifactError", "ArtifactMissing", "check_file", "KINDS"]
 
 

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
 
 from torch import nn
 
-from irpe.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from irpe.artifact.filecheck import check_file
+from irpe.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from irpe.models import ModelInfo, create_model, model_info
 from irpe.rpe import RPEConfig
+
+if TYPE_CHECKING:  # irpe.data imports PIL; this module imports it only when a transform is made
+    from irpe.data.transforms import Preprocess
 
 __all__ = ["ModelSpec", "default_spec", "save_trained", "read_spec", "load_trained",
            "spec_from_metadata"]
@@ -47,7 +50,7 @@ class ModelSpec:
         """Builder keyword arguments (JSON form decoded, e.g. iRPE config strings)."""
         return _decode(self.overrides)
 
-    def transform(self):
+    def transform(self) -> Preprocess:
         """The :class:`irpe.data.Preprocess` this model was trained and evaluated with."""
         from irpe.data.transforms import Preprocess
         return Preprocess.from_dict(self.preprocess)

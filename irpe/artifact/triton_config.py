@@ -42,7 +42,7 @@ class TensorInfo:
     batch_dynamic: bool
 
 
-def onnx_io(path: os.PathLike) -> Tuple[List[TensorInfo], List[TensorInfo]]:
+def onnx_io(path: StrPath) -> Tuple[List[TensorInfo], List[TensorInfo]]:
     """Inputs (initializers excluded) and outputs of an ONNX file, with Triton dtypes."""
     import onnx
     model = onnx.load(os.fspath(path), load_external_data=False)

@@ -2,8 +2,14 @@
 
 The shapes and dataset names are imported on first use, so ``import irpe.data`` stays light.
 """
-from .transforms import (IMAGENET_MEAN, IMAGENET_STD, ImageError, ImageTooLargeError, Preprocess,
-                         load_image)
+from .transforms import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ImageError,
+    ImageTooLargeError,
+    Preprocess,
+    load_image,
+)
 
 _LAZY = {
     "SHAPE_CLASSES": "shapes", "render_classification": "shapes", "render_detection": "shapes",

@@ -17,7 +17,9 @@ import numpy as np
 from irpe.atomic import atomic_dir
 
 if TYPE_CHECKING:
+    from _typeshed import StrPath
     from PIL import Image
+    from tqdm import tqdm
 
 SHAPE_CLASSES: Tuple[str, ...] = ("circle", "cross", "diamond", "hexagon", "ring", "square",
                                   "star", "triangle")

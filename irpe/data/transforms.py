@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from PIL.Image import Image as PILImage
 
 Array = Union[np.ndarray, torch.Tensor]  # numpy on the host, torch on any device
+Channels = Union[Sequence[float], Array]  # one value per channel (R, G, B)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -60,7 +61,8 @@ def load_image_for(source: Union[bytes, str], preprocess: "Preprocess",
     return _decode(source, max_pixels, preprocess.draft_request)
 
 
-def _decode(source: Union[bytes, str], max_pixels: int, draft: Optional[DraftRequest]):
+def _decode(source: Union[bytes, str], max_pixels: int, draft: Optional[DraftRequest]
+            ) -> Tuple[Image.Image, Tuple[int, int]]:
     """(RGB image, upright full (width, height)); JPEGs reduced to ``draft(w, h)`` if given."""
     from PIL import Image
     if isinstance(source, (bytes, bytearray)) and not source:
@@ -164,20 +166,25 @@ def normalize(pixels: Array, mean: Union[Sequence[float], torch.Tensor] = IMAGEN
     (the torch backend, on the GPU); a numpy array stays numpy, so host backends add no torch
     thread pool beside their runtime's. With ``sizes`` (B, 2) = valid (h, w) of each image of a
     padded batch (detection), the padding stays 0."""
-    xp = np if isinstance(pixels, np.ndarray) else torch
-    x = pixels.astype(np.float32) if xp is np else pixels.to(torch.float32)
-    x = (x / 255.0 - _per_channel(mean, x)) / _per_channel(std, x)
-    if sizes is None:
-        return x
-    if xp is np:
+    if isinstance(pixels, np.ndarray):
+        x = pixels.astype(np.float32)
+        x = (x / 255.0 - _per_channel(mean, x)) / _per_channel(std, x)
+        if sizes is None:
+            return x
         hw, rows, cols = np.asarray(sizes), np.arange(x.shape[-2]), np.arange(x.shape[-1])
-    else:
-        hw = torch.as_tensor(sizes, device=x.device)
-        rows = torch.arange(x.shape[-2], device=x.device)
-        cols = torch.arange(x.shape[-1], device=x.device)
-    inside = ((rows.reshape(1, -1, 1) < hw[:, 0].reshape(-1, 1, 1))
-              & (cols.reshape(1, 1, -1) < hw[:, 1].reshape(-1, 1, 1)))
-    return xp.where(inside[:, None], x, 0.0)
+        inside = ((rows.reshape(1, -1, 1) < hw[:, 0].reshape(-1, 1, 1))
+                  & (cols.reshape(1, 1, -1) < hw[:, 1].reshape(-1, 1, 1)))
+        return np.where(inside[:, None], x, 0.0)
+    t = pixels.to(torch.float32)
+    t = (t / 255.0 - _per_channel(mean, t)) / _per_channel(std, t)
+    if sizes is None:
+        return t
+    hw_t = torch.as_tensor(sizes, device=t.device)
+    rows_t = torch.arange(t.shape[-2], device=t.device)
+    cols_t = torch.arange(t.shape[-1], device=t.device)
+    inside_t = ((rows_t.reshape(1, -1, 1) < hw_t[:, 0].reshape(-1, 1, 1))
+                & (cols_t.reshape(1, 1, -1) < hw_t[:, 1].reshape(-1, 1, 1)))
+    return torch.where(inside_t[:, None], t, 0.0)
 
 
 def _per_channel(values: Union[Sequence[float], torch.Tensor], like: Array) -> Array:
@@ -232,7 +239,8 @@ class Preprocess:
         size = (source_size[0], source_size[1]) if source_size is not None else image.size
         if self.task == "classification":
             return _resize_crop(image, int(self.size / self.crop_pct), self.size, size)
-        return image.resize(resize_shorter(size, self.min_size, self.max_size), Image.BILINEAR)
+        return image.resize(resize_shorter(size, self.min_size, self.max_size),
+                            Image.Resampling.BILINEAR)
 
     def draft_request(self, width: int, height: int) -> Optional[Tuple[int, int]]:
         """Smallest (w, h) a JPEG of ``width`` x ``height`` may be decoded at: DRAFT_MARGIN x
@@ -279,7 +287,7 @@ def _resize_crop(image: PILImage, shorter: int, crop: int,
     scaled = resize_shorter(size or image.size, shorter)
     box = center_crop_box(scaled, crop)
     if scaled[0] * scaled[1] <= MAX_RESIZED_PIXELS:
-        return image.resize(scaled, Image.BICUBIC).crop(box)
+        return image.resize(scaled, Image.Resampling.BICUBIC).crop(box)
     sx, sy = image.width / scaled[0], image.height / scaled[1]
     source = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
-    return image.resize((crop, crop), Image.BICUBIC, box=source)
+    return image.resize((crop, crop), Image.Resampling.BICUBIC, box=source)

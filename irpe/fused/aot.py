@@ -17,13 +17,17 @@ import re
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
 from .backward import backward_shape
 from .launch import launch_shape, next_pow2
 from .variants import DTYPES, FAMILIES, Family
+
+if TYPE_CHECKING:  # triton ships no type information: these name what the functions handle
+    from triton.compiler import CompiledKernel
+    from triton.runtime.jit import JITFunction
 
 __all__ = ["compile_variant", "compile_backward_variant", "compile_family", "LoweringReport",
            "lower", "lower_variants", "V_BUCKETS"]
@@ -32,7 +36,7 @@ _TRITON_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: 
 V_BUCKETS = 81  # V table of the lowering checks: product ratio 2.0 (DETR size), BLOCK_T 128
 
 
-def _signature(params, dtype: str, constexprs: Dict) -> Dict[str, str]:
+def _signature(params: Sequence[str], dtype: str, constexprs: Dict) -> Dict[str, str]:
     pointer = {"Q": dtype, "K": dtype, "V": dtype, "OUT": dtype, "TK": dtype, "TQ": dtype,
                "IDK": "i32", "IDQ": "i32", "IDV": "i32", "MASK": "i8", "S": "fp32",
                "LSE": "fp32", "DO": dtype, "DS": "fp32", "DELTA": "fp32", "DQ": "fp32",
@@ -41,7 +45,8 @@ def _signature(params, dtype: str, constexprs: Dict) -> Dict[str, str]:
             for p in params}
 
 
-def _compile(kernel, dtype: torch.dtype, cx: Dict, arch: int, num_warps: int):
+def _compile(kernel: JITFunction, dtype: torch.dtype, cx: Dict, arch: int, num_warps: int
+             ) -> CompiledKernel:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -56,7 +61,8 @@ def _compile(kernel, dtype: torch.dtype, cx: Dict, arch: int, num_warps: int):
 
 def compile_variant(dtype: torch.dtype = torch.float16, head_dim: int = 64, k_term: bool = True,
                     q_term: bool = False, v_buckets: int = 0, mask: bool = False, planes: int = 1,
-                    id_table: bool = True, arch: int = 90, num_warps: Optional[int] = None):
+                    id_table: bool = True, arch: int = 90, num_warps: Optional[int] = None
+                    ) -> CompiledKernel:
     """triton.compile one forward variant for sm_``arch`` with the launch shape op.py uses;
     returns the CompiledKernel (``.asm["cubin"]``, ``.asm["ptx"]``)."""
     from .kernel import get_kernel
@@ -72,7 +78,8 @@ def compile_variant(dtype: torch.dtype = torch.float16, head_dim: int = 64, k_te
 def compile_backward_variant(dtype: torch.dtype = torch.float16, head_dim: int = 64,
                              k_term: bool = True, q_term: bool = False, v_term: bool = False,
                              mask: bool = False, planes: int = 1, id_table: bool = True,
-                             arch: int = 90, num_warps: Optional[int] = None):
+                             arch: int = 90, num_warps: Optional[int] = None
+                             ) -> CompiledKernel:
     """triton.compile one backward-kernel variant for sm_``arch`` (see :func:`compile_variant`)."""
     from .kernel_bwd import get_backward_kernel
     block, warps = backward_shape(dtype, head_dim, divmod(arch, 10))
@@ -83,11 +90,12 @@ def compile_backward_variant(dtype: torch.dtype = torch.float16, head_dim: int =
 
 
 def compile_family(family: Family, dtype: torch.dtype, arch: int = 90, head_dim: int = 64,
-                   v_buckets: int = V_BUCKETS):
+                   v_buckets: int = V_BUCKETS) -> CompiledKernel:
     """Compile the kernel a variant family runs (forward, or backward for training families)."""
     sw = family.switches()
-    common = dict(dtype=dtype, head_dim=head_dim, k_term=sw["HAS_TK"], q_term=sw["HAS_TQ"],
-                  mask=sw["HAS_MASK"], planes=sw["NID"], id_table=sw["ID_TABLE"], arch=arch)
+    common: Dict[str, Any] = dict(dtype=dtype, head_dim=head_dim, k_term=sw["HAS_TK"],
+                                  q_term=sw["HAS_TQ"], mask=sw["HAS_MASK"], planes=sw["NID"],
+                                  id_table=sw["ID_TABLE"], arch=arch)
     if family.backward:
         return compile_backward_variant(v_term=sw["HAS_V"], **common)
     return compile_variant(v_buckets=v_buckets if sw["HAS_V"] else 0, **common)
@@ -106,7 +114,7 @@ class LoweringReport:
     seconds: float
 
 
-def lower(name: str, compile_fn, **kwargs) -> LoweringReport:
+def lower(name: str, compile_fn: Callable[..., CompiledKernel], **kwargs: Any) -> LoweringReport:
     """Compile with Triton's own ptxas run forced (no cache hit) and its -v log captured."""
     import triton
     knobs = (triton.knobs.compilation, "always_compile"), (triton.knobs.nvidia, "dump_ptxas_log")
@@ -118,7 +126,7 @@ def lower(name: str, compile_fn, **kwargs) -> LoweringReport:
         with contextlib.redirect_stdout(log):  # Triton prints the ptxas log
             kernel = compile_fn(**kwargs)
     finally:
-        for (obj, attr), value in zip(knobs, saved):
+        for (obj, attr), value in zip(knobs, saved, strict=True):
             setattr(obj, attr, value)
     text = log.getvalue()
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)

@@ -6,13 +6,20 @@ chunked torch adjoints of :func:`irpe.fused.reference.reference_backward`.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from .launch import (MAX_HEAD_DIM, broadcast_strides, cdiv, dot_in_f32, kernel_available,
-                     launch_forward, next_pow2)
-from .reference import reduce_grad_to, reference_backward
+from .launch import (
+    MAX_HEAD_DIM,
+    broadcast_strides,
+    cdiv,
+    dot_in_f32,
+    kernel_available,
+    launch_forward,
+    next_pow2,
+)
+from .reference import FusedGrads, FusedInputs, reduce_grad_to, reference_backward
 
 __all__ = ["fused_rpe_attention_backward", "backward_shape"]
 
@@ -38,18 +45,19 @@ def _block(q: Tensor) -> Tuple[int, int]:
     return backward_shape(q.dtype, q.shape[-1], torch.cuda.get_device_capability(q.device))
 
 
-def _launch_backward(inputs: tuple, grad_out: Tensor, grad_s: Optional[Tensor]) -> tuple:
+def _launch_backward(inputs: FusedInputs, grad_out: Tensor, grad_s: Optional[Tensor]
+                     ) -> FusedGrads:
     """Gradients of (q, k, v, table_k, table_q) by the Triton backward kernel; the forward runs
     once more to get the rows' log-sum-exp (not kept by the op, so its outputs stay two)."""
     from .kernel_bwd import get_backward_kernel
     q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask, grid = inputs
     b, h, length, d = q.shape
-    f32 = dict(dtype=torch.float32, device=q.device)
+    f32: Dict[str, Any] = dict(dtype=torch.float32, device=q.device)
     lse = torch.empty((b * h, length), **f32)
     out, s = launch_forward(*inputs, lse=lse)
     has_v = ids_v is not None and grad_s is not None
     delta = (grad_out.float() * out.float()).sum(-1)
-    if has_v:
+    if has_v and grad_s is not None:  # (has_v says it is not None; this tells the type checker)
         grad_s = grad_s.float().contiguous()
         delta = delta + (grad_s * s).sum(-1)
     grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
@@ -99,19 +107,24 @@ def fused_rpe_attention_backward(q: Tensor, k: Tensor, v: Tensor, table_k: Optio
                                  grad_s: Optional[Tensor]
                                  ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, d table_k, d table_q); an absent table's gradient is an empty tensor."""
-    inputs = (q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, key_padding_mask,
-              grid)
+    inputs: FusedInputs = (q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v,
+                           key_padding_mask, grid)
     if kernel_available(q.device) and q.shape[-1] <= MAX_HEAD_DIM:
         grads = _launch_backward(inputs, grad_out, grad_s)
     else:
         grads = reference_backward(inputs, grad_out, grad_s)
-    return tuple(g if g is not None else q.new_empty(0) for g in grads)
+    dq, dk, dv, dtk, dtq = grads
+    return (dq, dk, dv, dtk if dtk is not None else q.new_empty(0),
+            dtq if dtq is not None else q.new_empty(0))
 
 
 @fused_rpe_attention_backward.register_fake
-def _fake(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, key_padding_mask, grid,
-          grad_out, grad_s):
-    def like(t):
+def _fake(q: Tensor, k: Tensor, v: Tensor, table_k: Optional[Tensor], ids_k: Optional[Tensor],
+          table_q: Optional[Tensor], ids_q: Optional[Tensor], ids_v: Optional[Tensor],
+          num_buckets_v: int, key_padding_mask: Optional[Tensor], grid: Optional[List[int]],
+          grad_out: Tensor, grad_s: Optional[Tensor]
+          ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    def like(t: Optional[Tensor]) -> Tensor:
         if t is None:
             return q.new_empty(0)
         return torch.empty_like(t, memory_format=torch.contiguous_format)

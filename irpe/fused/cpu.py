@@ -121,7 +121,10 @@ def cpu_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, rpe_q: Optional
     """rpe_attention's result (q, k, v (B, H, L, D), self-attention, no active dropout)."""
     attention_grid(rpe_q, rpe_k, rpe_v, q.shape[2], height, width)  # its errors before any work
     if library_supported(q, k, v, rpe_q, rpe_k, rpe_v, key_padding_mask):
-        return library_attention(q, k, v, scale, rpe_q, rpe_k, rpe_v, height, width)
+        # library_supported admits plain iRPE modules only
+        return library_attention(q, k, v, scale, cast("Optional[iRPE]", rpe_q),
+                                 cast("Optional[iRPE]", rpe_k), cast("Optional[iRPE]", rpe_v),
+                                 height, width)
     qs = _scaled(q, scale)
     kc = k.contiguous() if rpe_q is not None or rpe_v is not None else k
     mask = term_mask(qs, kc, scale, rpe_q, rpe_k, height, width, key_padding_mask)

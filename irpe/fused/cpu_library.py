@@ -86,7 +86,12 @@ def set_cpu_library(path: Union[str, Path, None, bool]) -> None:
     import, else the build's)."""
     global _path
     with _lock:
-        _path = _DEFAULT if path is True else (Path(path) if path not in (None, False) else None)
+        if path is True:
+            _path = _DEFAULT
+        elif path is None or path is False:
+            _path = None
+        else:
+            _path = Path(path)
 
 
 def cpu_library() -> Optional[_Library]:

@@ -4,7 +4,7 @@ Triton kernel can run here, tile shapes, stride arguments, and the forward kerne
 from __future__ import annotations
 
 import os
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -78,8 +78,11 @@ def dot_in_f32(q: Tensor) -> bool:
     return q.dtype == torch.bfloat16 and q.device.type == "cpu"
 
 
-def launch_forward(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask, grid,
-                   lse: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+def launch_forward(q: Tensor, k: Tensor, v: Tensor, table_k: Optional[Tensor],
+                   ids_k: Optional[Tensor], table_q: Optional[Tensor], ids_q: Optional[Tensor],
+                   ids_v: Optional[Tensor], num_buckets_v: int, mask: Optional[Tensor],
+                   grid: Optional[List[int]], lse: Optional[Tensor] = None
+                   ) -> Tuple[Tensor, Tensor]:
     """Run the forward Triton kernel -> (out, V-term bucket sums s); with ``lse`` also store the
     rows' log-sum-exp there (the backward needs it)."""
     from .kernel import get_kernel

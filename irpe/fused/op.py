@@ -8,13 +8,13 @@ reference, so the op never fails for lack of a kernel.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 
 from .backward import fused_rpe_attention_backward
 from .launch import MAX_BUCKETS_V, MAX_HEAD_DIM, kernel_available, launch_forward
-from .reference import reference_forward
+from .reference import FusedInputs, reference_forward
 
 __all__ = ["fused_rpe_attention", "check_inputs"]
 
@@ -37,7 +37,7 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, table_k: Optional[Tensor],
                                   or table.shape[0] not in (1, b) or table.shape[1] not in (1, h)):
             raise ValueError(f"fused_rpe_attention: {name} must be (B|1,H|1,{length},K), got "
                              f"{tuple(table.shape)}")
-    want = (length, length)
+    want: Tuple[int, ...] = (length, length)
     if grid is not None:
         if len(grid) != 3 or min(grid) < 0 or min(grid[:2]) < 1 or grid[2] + grid[0] * grid[1] \
                 != length:
@@ -67,8 +67,8 @@ def fused_rpe_attention(q: Tensor, k: Tensor, v: Tensor, table_k: Optional[Tenso
     ids: (NID, L, L) matrices, or with ``grid`` = [h, w, skip] relative-offset tables
     (NID, (2h-1)(2w-1)+1) whose last entry is the skip bucket.
     """
-    args = (q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, key_padding_mask,
-            grid)
+    args: FusedInputs = (q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v,
+                         key_padding_mask, grid)
     check_inputs(*args)
     if kernel_available(q.device) and q.shape[-1] <= MAX_HEAD_DIM:
         return launch_forward(*args)
@@ -76,20 +76,24 @@ def fused_rpe_attention(q: Tensor, k: Tensor, v: Tensor, table_k: Optional[Tenso
 
 
 @fused_rpe_attention.register_fake
-def _fake(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, key_padding_mask,
-          grid=None):
+def _fake(q: Tensor, k: Tensor, v: Tensor, table_k: Optional[Tensor], ids_k: Optional[Tensor],
+          table_q: Optional[Tensor], ids_q: Optional[Tensor], ids_v: Optional[Tensor],
+          num_buckets_v: int, key_padding_mask: Optional[Tensor],
+          grid: Optional[List[int]] = None) -> Tuple[Tensor, Tensor]:
     b, h, length, _ = q.shape
     nb = num_buckets_v if ids_v is not None else 0
     return q.new_empty(q.shape), q.new_empty((b, h, length, nb), dtype=torch.float32)
 
 
-def _setup(ctx, inputs, output) -> None:
+# ctx: the autograd context, an attribute bag (torch types it Any)
+def _setup(ctx: Any, inputs: FusedInputs, output: Tuple[Tensor, Tensor]) -> None:
     q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, mask, grid = inputs
     ctx.save_for_backward(q, k, v, table_k, ids_k, table_q, ids_q, ids_v, mask)
     ctx.num_buckets_v, ctx.grid = num_buckets_v, grid
 
 
-def _backward(ctx, grad_out, grad_s):
+def _backward(ctx: Any, grad_out: Optional[Tensor], grad_s: Optional[Tensor]
+              ) -> Tuple[Optional[Tensor], ...]:
     q, k, v, table_k, ids_k, table_q, ids_q, ids_v, mask = ctx.saved_tensors
     inputs = (q, k, v, table_k, ids_k, table_q, ids_q, ids_v, ctx.num_buckets_v, mask, ctx.grid)
     if grad_out is None:

@@ -8,7 +8,7 @@ the kernel cannot run, for the backward and in tests.
 """
 from __future__ import annotations
 
-from typing import Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, cast
 
 import torch
 
@@ -16,6 +16,12 @@ __all__ = ["ids_block", "expand_ids", "reference_forward", "reference_backward",
            "CHUNK_ELEMS"]
 
 Tensor = torch.Tensor
+# the op's inputs, in order: q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v,
+# key_padding_mask, grid
+FusedInputs = Tuple[Tensor, Tensor, Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor],
+                    Optional[Tensor], Optional[Tensor], int, Optional[Tensor], Optional[List[int]]]
+# gradients of q, k, v, table_k, table_q (None for an absent table)
+FusedGrads = Tuple[Tensor, Tensor, Tensor, Optional[Tensor], Optional[Tensor]]
 CHUNK_ELEMS = 1 << 24  # fp32 values per (B, H, rows, L) temporary: 64 MB
 
 
@@ -38,7 +44,7 @@ def expand_ids(ids: Tensor, grid: Optional[List[int]], length: int) -> Tensor:
     return ids_block(ids, grid, length, tokens, tokens)
 
 
-def _gather(table: Tensor, ids: Tensor, shape) -> Tensor:
+def _gather(table: Tensor, ids: Tensor, shape: Sequence[int]) -> Tensor:
     """out[b,h,r,c] = sum over planes p of table[b,h,r,ids[p,r,c]] in fp32; shape (B,H,R,C)."""
     b, h, r, c = shape
     t = table.to(torch.float32).expand(b, h, r, table.shape[-1])
@@ -64,17 +70,19 @@ def _chunks(q: Tensor) -> Iterator[Tensor]:
         yield torch.arange(start, min(start + size, length), device=q.device)
 
 
-def _probs(inputs: tuple, rows: Tensor, cols: Tensor) -> Tensor:
+def _probs(inputs: FusedInputs, rows: Tensor, cols: Tensor) -> Tensor:
     """Softmax rows (B, H, R, L) fp32: q k^T + K term + Q term, padding -inf after the terms."""
     q, k, _, table_k, ids_k, table_q, ids_q, _, _, mask, grid = inputs
     length = k.shape[2]
     logits = q[:, :, rows].to(torch.float32) @ k.to(torch.float32).transpose(-2, -1)
+    # a table comes with its ids (check_inputs)
     if table_k is not None:
-        logits = logits + _gather(table_k[:, :, rows], ids_block(ids_k, grid, length, rows, cols),
+        logits = logits + _gather(table_k[:, :, rows],
+                                  ids_block(cast(Tensor, ids_k), grid, length, rows, cols),
                                   logits.shape)
     if table_q is not None:  # term[i, j] = table_q[j, ids_q[j, i]]
         shape = (*logits.shape[:2], length, len(rows))
-        logits = logits + _gather(table_q, ids_block(ids_q, grid, length, cols, rows),
+        logits = logits + _gather(table_q, ids_block(cast(Tensor, ids_q), grid, length, cols, rows),
                                   shape).transpose(-2, -1)
     if mask is not None:
         logits = logits.masked_fill(mask[:, None, None, :].bool(), float("-inf"))
@@ -87,8 +95,8 @@ def reference_forward(q: Tensor, k: Tensor, v: Tensor, table_k: Optional[Tensor]
                       key_padding_mask: Optional[Tensor], grid: Optional[List[int]] = None
                       ) -> Tuple[Tensor, Tensor]:
     """(out (B,H,L,D) in q's dtype, bucket sums s (B,H,L,num_buckets_v) fp32)."""
-    inputs = (q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v, key_padding_mask,
-              grid)
+    inputs: FusedInputs = (q, k, v, table_k, ids_k, table_q, ids_q, ids_v, num_buckets_v,
+                           key_padding_mask, grid)
     b, h, length, _ = q.shape
     cols = torch.arange(length, device=q.device)
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
@@ -110,13 +118,14 @@ def reduce_grad_to(grad: Tensor, like: Tensor) -> Tensor:
     return grad.to(like.dtype)
 
 
-def reference_backward(inputs: tuple, grad_out: Tensor, grad_s: Optional[Tensor]) -> tuple:
+def reference_backward(inputs: FusedInputs, grad_out: Optional[Tensor], grad_s: Optional[Tensor]
+                       ) -> FusedGrads:
     """Gradients of (q, k, v, table_k, table_q) by the explicit softmax/gather/scatter adjoints,
     recomputing the probabilities chunk by chunk."""
     q, k, v, table_k, ids_k, table_q, ids_q, ids_v, _, _, grid = inputs
     b, h, length, _ = q.shape
     cols = torch.arange(length, device=q.device)
-    f32 = dict(dtype=torch.float32, device=q.device)
+    f32: Dict[str, Any] = dict(dtype=torch.float32, device=q.device)
     dq, dk, dv = (torch.zeros(x.shape, **f32) for x in (q, k, v))
     if grad_out is None:
         grad_out = torch.zeros(q.shape, **f32)
@@ -134,12 +143,13 @@ def reference_backward(inputs: tuple, grad_out: Tensor, grad_s: Optional[Tensor]
         dz = p * (dp - (p * dp).sum(-1, keepdim=True))
         dq[:, :, rows] = dz @ k32
         dk += dz.transpose(-2, -1) @ q[:, :, rows].to(torch.float32)
-        if dtk is not None:
-            dtk[:, :, rows] = _scatter(dz, ids_block(ids_k, grid, length, rows, cols),
+        if dtk is not None:  # (with table_k, so with ids_k)
+            dtk[:, :, rows] = _scatter(dz, ids_block(cast(Tensor, ids_k), grid, length, rows, cols),
                                        dtk.shape[-1])
         if dtq is not None:
             dtq += _scatter(dz.transpose(-2, -1).contiguous(),
-                            ids_block(ids_q, grid, length, cols, rows), dtq.shape[-1])
+                            ids_block(cast(Tensor, ids_q), grid, length, cols, rows),
+                            dtq.shape[-1])
     return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
-            None if dtk is None else reduce_grad_to(dtk, table_k),
-            None if dtq is None else reduce_grad_to(dtq, table_q))
+            None if dtk is None or table_k is None else reduce_grad_to(dtk, table_k),
+            None if dtq is None or table_q is None else reduce_grad_to(dtq, table_q))

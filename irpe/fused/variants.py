@@ -8,7 +8,7 @@ id planes, id tables or (L, L) id matrices, forward or backward); each runs in e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, Tuple, TypedDict
 
 import torch
 
@@ -16,6 +16,16 @@ __all__ = ["DTYPES", "FAMILIES", "Family", "Variant", "variants"]
 
 DTYPES: Dict[str, torch.dtype] = {"fp16": torch.float16, "bf16": torch.bfloat16,
                                   "fp32": torch.float32}
+
+
+class Switches(TypedDict):
+    """A family's compile-time switches, named as the kernels' constexprs (NID: id planes)."""
+    HAS_TK: bool
+    HAS_TQ: bool
+    HAS_V: bool
+    HAS_MASK: bool
+    NID: int
+    ID_TABLE: bool
 
 
 @dataclass(frozen=True)
@@ -30,7 +40,7 @@ class Family:
     ids: str = "table"      # "table" (relative offsets) or "matrix" ((L, L) ids)
     backward: bool = False  # the backward kernel (training)
 
-    def switches(self) -> Dict[str, object]:
+    def switches(self) -> Switches:
         """The kernel constexprs this family sets (names of irpe/fused/kernel*.py)."""
         return {"HAS_TK": "k" in self.on, "HAS_TQ": "q" in self.on, "HAS_V": "v" in self.on,
                 "HAS_MASK": self.mask, "NID": 2 if self.method == "cross" else 1,

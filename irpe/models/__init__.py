@@ -4,5 +4,5 @@ from .deit import VisionTransformer
 from .detr import DETR, PostProcess, pad_images
 from .registry import ModelInfo, create_model, list_models, model_info, register_model
 
-__all__ = ["VisionTransformer", "DETR", "PostProcess", "pad_images", "ModelInfo", "create_model", "list_models", "model_info",
-           "register_model"]
+__all__ = ["VisionTransformer", "DETR", "PostProcess", "pad_images", "ModelInfo", "create_model",
+           "list_models", "model_info", "register_model"]

@@ -21,6 +21,11 @@ Sizes = torch.Tensor  # (B, 2) int64: valid (height, width) per image
 class FrozenBatchNorm2d(nn.Module):
     """BatchNorm with fixed statistics and affine (buffers: weight, bias, running_mean/var)."""
 
+    weight: torch.Tensor
+    bias: torch.Tensor
+    running_mean: torch.Tensor
+    running_var: torch.Tensor
+
     def __init__(self, num_features: int, eps: float = 1e-5) -> None:
         super().__init__()
         self.eps = eps
@@ -51,7 +56,8 @@ def valid_mask(sizes: Sizes, height: int, width: int) -> torch.Tensor:
     return (rows < sizes[:, 0].view(-1, 1, 1)) & (cols < sizes[:, 1].view(-1, 1, 1))
 
 
-def masked(layer: nn.Module, x: torch.Tensor, sizes: Optional[Sizes]):
+def masked(layer: nn.Module, x: torch.Tensor, sizes: Optional[Sizes]
+           ) -> Tuple[torch.Tensor, Optional[Sizes]]:
     """Apply a Conv2d/MaxPool2d after zeroing the padded region; returns output, valid sizes."""
     if sizes is None:
         return layer(x), None
@@ -98,7 +104,8 @@ def _downsample(cin: int, cout: int, stride: int) -> Optional[nn.Sequential]:
                          FrozenBatchNorm2d(cout))
 
 
-def block_forward(block: nn.Module, x: torch.Tensor, sizes: Optional[Sizes]):
+def block_forward(block: Union[BasicBlock, Bottleneck], x: torch.Tensor, sizes: Optional[Sizes]
+                  ) -> Tuple[torch.Tensor, Optional[Sizes]]:
     """Residual block with masked convs: relu(bn(conv(...)) + shortcut)."""
     out, out_sizes = x, sizes
     for i, name in enumerate(block.convs):

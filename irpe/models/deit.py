@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..bucket import Method, parse_method
 from ..rpe import RPEConfig
 from .layers import Block, ConvStem, PatchEmbed
 from .registry import register_model
@@ -159,8 +160,8 @@ def _deit_config(name: str) -> dict:
     rpe = None
     if variant is not None:
         ratio, method, on = IRPE_VARIANTS[variant]
-        rpe = RPEConfig(ratio=ratio, method=method, mode="contextual", shared_head=True,
-                        skip=1, on=on)
+        rpe = RPEConfig(ratio=ratio, method=parse_method(method), mode="contextual",
+                        shared_head=True, skip=1, on=on)
     dim, heads = DEIT_ARCHS[arch]
     return dict(img_size=224, patch_size=16, embed_dim=dim, depth=12, num_heads=heads,
                 mlp_ratio=4.0, qkv_bias=True, distilled=distilled, rpe_config=rpe)
@@ -182,7 +183,7 @@ for _name, _top1 in DEIT_MODELS:
 # iRPE product/contextual on Q, K and V; weights bundled (irpe/demo/, `make demo-models`).
 _SHAPES = dict(img_size=64, patch_size=8, embed_dim=96, depth=4, num_heads=3, mlp_ratio=4.0,
                qkv_bias=True, num_classes=8, distilled=False, stem="conv",
-               rpe_config=RPEConfig(ratio=1.9, method="product", mode="contextual",
+               rpe_config=RPEConfig(ratio=1.9, method=Method.PRODUCT, mode="contextual",
                                     shared_head=True, skip=1, on="qkv"))
 
 

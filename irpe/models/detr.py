@@ -10,7 +10,7 @@ image's valid (h, w) so every image gets the detections it would get alone.
 from __future__ import annotations
 
 import functools
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -54,9 +54,9 @@ class DETR(nn.Module):
         block, layers = resnet_layers(depth)
         self.num_classes, self.num_queries, self.aux_loss = num_classes, num_queries, aux_loss
         self.rpe_config = rpe_config
-        self.backbone = nn.Sequential(Backbone(block, layers, widths, norm),
-                                      PositionEmbeddingSine(d_model // 2))
-        self.input_proj = nn.Conv2d(self.backbone[0].num_channels, d_model, kernel_size=1)
+        body = Backbone(block, layers, widths, norm)
+        self.backbone = nn.Sequential(body, PositionEmbeddingSine(d_model // 2))
+        self.input_proj = nn.Conv2d(body.num_channels, d_model, kernel_size=1)
         self.query_embed = nn.Embedding(num_queries, d_model)
         self.transformer = Transformer(d_model, nhead, enc_layers, dec_layers, dim_feedforward,
                                        dropout, rpe_config)
@@ -125,11 +125,12 @@ _VARIANTS = {
     "detr_tiny_irpe": (_TINY, _DETR_RPE),
     "detr_shapes_irpe": (_SHAPES, _DETR_RPE),
 }
-_DEMO = {"detr_shapes_irpe": dict(preprocess=dict(task="detection", min_size=128, max_size=256),
-                                  weights="detr_shapes_irpe.safetensors")}
+_DEMO: Dict[str, Dict[str, Any]] = {
+    "detr_shapes_irpe": dict(preprocess=dict(task="detection", min_size=128, max_size=256),
+                             weights="detr_shapes_irpe.safetensors")}
 
 
 for _name, (_base, _rpe) in _VARIANTS.items():
-    _config = dict(_base, rpe_config=RPEConfig.from_string(_rpe) if _rpe else None)
+    _config: Dict[str, Any] = dict(_base, rpe_config=RPEConfig.from_string(_rpe) if _rpe else None)
     register_model(_name, family="detr", config=_config, **_DEMO.get(_name, {}))(
         functools.partial(DETR, **_config))

@@ -93,7 +93,8 @@ def create_model(name: Union[str, ModelInfo], checkpoint: Optional[str] = None,
                              "checkpoints: `irpe weights download NAME`)")
         checkpoint = bundled_weights(info)
     model = info.builder(**overrides)
-    model.model_name = name
+    # nn.Module.__setattr__ is typed Tensor | Module; a plain value is stored as any attribute
+    model.model_name = name  # type: ignore[assignment]
     if checkpoint is not None:
         from ..checkpoint import load_checkpoint
         load_checkpoint(model, checkpoint, strict=strict)

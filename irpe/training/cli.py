@@ -148,9 +148,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             loader = DataLoader(dataset, batch_size=args.batch_size,
                                 sampler=ShardSampler(len(dataset), dist))
             metrics = evaluate_classification(model, loader, device, dist)
-        else:
-            metrics = evaluate_detection(model, dataset, args.batch_size, device, category_ids,
-                                         dist)
+        else:  # a detection model's set (_eval_dataset)
+            metrics = evaluate_detection(model, cast("DetectionSet", dataset), args.batch_size,
+                                         device, category_ids, dist)
         ended_well = True
     finally:
         teardown(dist, meet=ended_well)
@@ -193,10 +193,10 @@ def _eval_dataset(spec: "ModelSpec", args: argparse.Namespace,
     if not os.path.isdir(args.data):
         raise CLIError(f"data directory not found: {args.data} (or use --data shapes)")
     if spec.task == "classification":
-        dataset = ImageFolder(os.path.join(args.data, args.split), tf)
-        check_same_classes(dataset.classes, spec.class_names,  # ValueError: `irpe` exits 2
-                           f"class folders of {dataset.root}", "model's classes")
-        return dataset, None
+        folder = ImageFolder(os.path.join(args.data, args.split), tf)
+        check_same_classes(folder.classes, spec.class_names,  # ValueError: `irpe` exits 2
+                           f"class folders of {folder.root}", "model's classes")
+        return folder, None
     dataset = CocoDetection(args.data, args.split, tf)
     check_same_classes(dataset.categories, spec.class_names, f"categories of "
                        f"{dataset.ann_path}", "model's classes", ordered=False)

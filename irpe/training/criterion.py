@@ -40,8 +40,10 @@ class StepTotals:
 class SetCriterion(nn.Module):
     """Hungarian-matched losses of the last decoder layer, plus the same for aux outputs."""
 
+    class_weight: torch.Tensor  # buffer: CE weight per class, "no object" last
+
     def __init__(self, num_classes: int, matcher: HungarianMatcher,
-                 weights: Dict[str, float] = None, eos_coef: float = 0.1,
+                 weights: Optional[Dict[str, float]] = None, eos_coef: float = 0.1,
                  dist: Dist = SINGLE) -> None:
         super().__init__()
         self.dist = dist

@@ -17,8 +17,14 @@ from ..runtime.onnxruntime.session import OrtOptions
 from ..runtime.openvino.session import OvOptions
 from .distributed import SINGLE, Dist, ShardSampler
 
+if TYPE_CHECKING:  # the data sets are imported where they are read
+    from ..data.datasets import CocoDetection, ShapesDetection
+
 __all__ = ["topk_accuracy", "evaluate_classification", "coco_map", "detections_to_coco",
            "evaluate_detection", "OnnxModel", "OpenVINOModel"]
+
+# what the loops evaluate: a torch model, or an exported file run by ONNX Runtime
+Evaluated = Union[nn.Module, "OnnxModel"]
 
 COCO_STATS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm",
               "ARl")
@@ -33,13 +39,14 @@ def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, ks: Sequence[int] 
 
 
 @torch.no_grad()
-def evaluate_classification(model: nn.Module, loader: Iterable, device: str = "cpu",
+def evaluate_classification(model: Evaluated, loader: Iterable, device: str = "cpu",
                             dist: Dist = SINGLE) -> Dict[str, float]:
     """Top-1 / top-5 accuracy (percent) and mean cross-entropy over a loader of (x, y).
 
     Under torchrun each rank sees its shard; the counts are summed over ranks (exact).
     """
     model.eval()
+    total: float  # a count; the sum over ranks below comes back as a float
     hits, total, loss = {1: 0, 5: 0}, 0, 0.0
     for images, labels in loader:
         logits = model(images.to(device)).float().cpu()
@@ -114,7 +121,7 @@ def evaluate_detection(model: nn.Module, dataset: Dataset, batch_size: int = 16,
         results += detections_to_coco(post(outputs, orig), [t["image_id"] for t in targets], ids)
     gathered = dist.gather(results)
     metrics = None
-    if dist.main:
+    if dist.main and gathered is not None:  # (rank 0 gets the list, the others None)
         metrics = coco_map(dataset.coco_json(), [r for part in gathered for r in part])
         metrics["images"] = len(dataset)
     return dist.broadcast(metrics)
@@ -140,7 +147,14 @@ class OnnxModel:
         """Runs on ONNX Runtime's CPU provider whatever the device: inputs are read to host."""
         return self
 
-    def __call__(self, images: torch.Tensor, sizes: Optional[torch.Tensor] = None):
+    @overload
+    def __call__(self, images: torch.Tensor, sizes: None = None) -> torch.Tensor: ...
+
+    @overload
+    def __call__(self, images: torch.Tensor, sizes: torch.Tensor) -> Dict[str, torch.Tensor]: ...
+
+    def __call__(self, images: torch.Tensor, sizes: Optional[torch.Tensor] = None
+                 ) -> Union[torch.Tensor, Dict[str, torch.Tensor]]:
         feeds = {"images": images.float().cpu().numpy()}
         if sizes is not None:
             feeds["sizes"] = sizes.cpu().numpy().astype("int64")

@@ -20,7 +20,8 @@ def _no_decay(name: str, param: torch.Tensor, skip: set) -> bool:
 def param_groups(model: nn.Module, weight_decay: float, lr: float,
                  lr_backbone: Optional[float] = None) -> List[Dict]:
     """AdamW parameter groups: decay vs no decay, and DETR's backbone at its own lr."""
-    skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
+    no_weight_decay = getattr(model, "no_weight_decay", None)  # timm's hook, where defined
+    skip = set(no_weight_decay()) if no_weight_decay is not None else set()
     groups: Dict[Tuple[bool, bool], Dict] = {}
     for name, param in model.named_parameters():
         if not param.requires_grad:

@@ -23,7 +23,7 @@ def rng_snapshot(d: Dist, flip: torch.Generator) -> Optional[Dict]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         mine["cuda"] = torch.cuda.get_rng_state()
     ranks = d.gather(mine)
-    if not d.main:
+    if not d.main or ranks is None:  # (rank 0 gets the list, the others None)
         return None
     return {"flip": flip.get_state(), "torch": [r["torch"] for r in ranks],
             "cuda": [r["cuda"] for r in ranks if "cuda" in r]}

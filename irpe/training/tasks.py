@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # train.py imports this module
     from .train import TrainConfig
 
 SHAPES = "shapes"  # --data shapes: the synthetic set generated in memory
+Batch = Tuple[Any, ...]  # a loader batch: (images, labels) or (images, sizes, targets)
 
 
 def random_hflip(images: torch.Tensor, sizes: Optional[torch.Tensor],
@@ -70,6 +71,8 @@ class ClassificationTask:
     """ImageFolder (DIR/train, DIR/val) or the synthetic shapes set; DeiT loss with mixup."""
 
     main_metric = "top1"
+    train_set: Union[ShapesClassification, ImageFolder]
+    val_set: Union[ShapesClassification, ImageFolder]
 
     def __init__(self, cfg: "TrainConfig", dist: Dist = SINGLE) -> None:
         from ..data.datasets import ImageFolder, ShapesClassification, check_same_classes
@@ -80,10 +83,11 @@ class ClassificationTask:
             self.val_set = ShapesClassification(cfg.shapes_val, cfg.seed, size, preprocess,
                                                 split="val")
         else:
-            self.train_set = ImageFolder(os.path.join(cfg.data, "train"), preprocess)
-            self.val_set = ImageFolder(os.path.join(cfg.data, "val"), preprocess)
-            check_same_classes(self.val_set.classes, self.train_set.classes,
-                               f"class folders of {self.val_set.root}", "training classes")
+            train_set = ImageFolder(os.path.join(cfg.data, "train"), preprocess)
+            val_set = ImageFolder(os.path.join(cfg.data, "val"), preprocess)
+            check_same_classes(val_set.classes, train_set.classes,
+                               f"class folders of {val_set.root}", "training classes")
+            self.train_set, self.val_set = train_set, val_set
         classes = list(self.train_set.classes)
         overrides: Dict[str, Any] = {"num_classes": len(classes), "drop_path_rate": cfg.drop_path}
         self.model = create_model(cfg.model, **overrides)
@@ -107,7 +111,8 @@ class ClassificationTask:
                                        self.cfg.mixup, self.cfg.cutmix, self.cfg.label_smoothing)
         logits = model(images)
         if isinstance(logits, tuple):  # distilled model in train mode: both heads, same target
-            loss = sum(soft_cross_entropy(lg, targets) for lg in logits) / len(logits)
+            loss = cast(torch.Tensor, sum(soft_cross_entropy(lg, targets) for lg in logits)
+                        ) / len(logits)
         else:
             loss = soft_cross_entropy(logits, targets)
         return loss, {}
@@ -120,6 +125,8 @@ class DetectionTask:
     """COCO-format directory (DIR/annotations/instances_{train,val}.json) or synthetic shapes."""
 
     main_metric = "AP50"
+    train_set: Union[ShapesDetection, CocoDetection]
+    val_set: Union[ShapesDetection, CocoDetection]
 
     def __init__(self, cfg: "TrainConfig", dist: Dist = SINGLE) -> None:
         from ..data.datasets import CocoDetection, ShapesDetection, check_same_classes
@@ -199,4 +206,6 @@ def _flip_target(target: Dict, flip: bool, device: str) -> Dict:
     return target
 
 
-TASKS = {"classification": ClassificationTask, "detection": DetectionTask}
+Task = Union[ClassificationTask, DetectionTask]
+TASKS: Dict[str, Union[Type[ClassificationTask], Type[DetectionTask]]] = {
+    "classification": ClassificationTask, "detection": DetectionTask}

@@ -23,7 +23,7 @@ from ..errors import InvalidInput
 from .distributed import setup, teardown
 from .optim import param_groups, warmup_cosine
 from .state import check_fits, read_last, restore_rng, resume_step, rng_snapshot
-from .tasks import TASKS
+from .tasks import TASKS, Batch
 
 __all__ = ["TrainConfig", "train"]
 
@@ -197,6 +197,7 @@ class Trainer:
                    desc=f"epoch {self.epoch + 1}/{self.cfg.epochs}",
                    disable=not (self.cfg.progress and self.main), leave=False,
                    dynamic_ncols=True)
+        count: float  # steps; the sum over ranks below comes back as a float
         total, count = 0.0, 0
         for micro in bar:
             loss, parts = self.train_step(micro)

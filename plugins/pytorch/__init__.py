@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Optional
+from types import ModuleType
+from typing import Optional, Union
 
 import torch
 
-from irpe.bucket import parse_method
+from irpe.bucket import Method, parse_method
 from irpe.ops import check_inputs, gather_generic, register_kernels, scatter_generic
 
 from ..kernel_sources import CUDA_SOURCES, KERNEL_DIR, METHOD_IDS, nvcc_path
@@ -46,7 +47,7 @@ def unavailable_reason() -> Optional[str]:
     return None
 
 
-def load(verbose: bool = False):
+def load(verbose: bool = False) -> ModuleType:
     """Build (first call; cached on disk by torch) and import the extension module."""
     global _module
     with _lock:
@@ -93,23 +94,24 @@ def is_registered() -> bool:
     return _registered
 
 
-def _grid_args(method, ratio: float, height: int, width: int, skip: int) -> tuple:
+def _grid_args(method: Union[str, int, Method], ratio: float, height: int, width: int,
+               skip: int) -> tuple:
     m = parse_method(method)
     if m not in METHOD_IDS:
         raise ValueError(f"method {m.value!r} has no single bucket map; use cross_rows/cols")
     return METHOD_IDS[m], float(ratio), int(height), int(width), int(skip)
 
 
-def gather_grid(table: torch.Tensor, method, ratio: float, height: int, width: int,
-                skip: int = 0) -> torch.Tensor:
+def gather_grid(table: torch.Tensor, method: Union[str, int, Method], ratio: float,
+                height: int, width: int, skip: int = 0) -> torch.Tensor:
     """rpe_gather with ids computed in the kernel (no index tensor); Lq = skip + H*W."""
     _check_grid_input(table, height, width, skip)
     args = _grid_args(method, ratio, height, width, skip)
     return load().gather_grid(table, *args)
 
 
-def scatter_grid(attn: torch.Tensor, method, ratio: float, height: int, width: int,
-                 skip: int = 0) -> torch.Tensor:
+def scatter_grid(attn: torch.Tensor, method: Union[str, int, Method], ratio: float,
+                 height: int, width: int, skip: int = 0) -> torch.Tensor:
     """rpe_scatter with ids computed in the kernel; K = num_buckets(method, ratio, skip)."""
     _check_grid_input(attn, height, width, skip)
     if attn.shape[3] != attn.shape[2]:
@@ -118,8 +120,8 @@ def scatter_grid(attn: torch.Tensor, method, ratio: float, height: int, width: i
     return load().scatter_grid(attn, *args)
 
 
-def bucket_ids(method, ratio: float, height: int, width: int, skip: int = 0,
-               device="cuda") -> torch.Tensor:
+def bucket_ids(method: Union[str, int, Method], ratio: float, height: int, width: int,
+               skip: int = 0, device: Union[str, torch.device] = "cuda") -> torch.Tensor:
     """int32 (skip+H*W)^2 id table computed on the GPU (equals irpe.bucket_ids)."""
     args = _grid_args(method, ratio, height, width, skip)
     return load().bucket_ids(*args, torch.device(device))

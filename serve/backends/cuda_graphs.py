@@ -44,7 +44,7 @@ class Captured:
     """One bucket's graph with everything its replay reads or writes: the static input, the
     static output and the cached tensors (bucket ids) the forward read during capture."""
 
-    graph: object  # torch.cuda.CUDAGraph
+    graph: torch.cuda.CUDAGraph
     static: torch.Tensor
     out: torch.Tensor
     held: Tuple[torch.Tensor, ...]
@@ -83,7 +83,7 @@ class GraphedClassifier:
                 self.forward(static)
         torch.cuda.current_stream(self.device).wait_stream(self._stream)
 
-    def _capture(self, static: torch.Tensor) -> Tuple[object, torch.Tensor]:
+    def _capture(self, static: torch.Tensor) -> Tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """Capture one forward on the side stream; other threads may use CUDA meanwhile."""
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool, stream=self._stream,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
 import numpy as np
 
@@ -13,6 +13,9 @@ from irpe.errors import MissingFile
 
 from . import Artifact, Backend, output_names
 
+if TYPE_CHECKING:  # TensorRT is imported by load() (the module may be absent)
+    from irpe.runtime.tensorrt.runner import TRTRunner
+
 __all__ = ["TensorRTBackend"]
 
 
@@ -20,6 +23,7 @@ class TensorRTBackend(Backend):
     """Adapter from the backend interface to ``TRTRunner(engine, plugins, device)``."""
 
     platform = "tensorrt_plan"
+    runner: Optional[TRTRunner]  # set by load(), released by close()
 
     def read_artifact(self) -> Artifact:
         """The spec from ``metadata`` (.safetensors / .onnx) or the engine's JSON sidecar; no
@@ -54,6 +58,8 @@ class TensorRTBackend(Backend):
         feeds = {"images": self.torch.from_numpy(images)}
         if self.spec.task == "detection":
             feeds["sizes"] = self.torch.from_numpy(sizes)
+        if self.runner is None:
+            raise RuntimeError(f"model {self.cfg.name}: the backend is closed")
         out = self.runner(**feeds)
         return {k: out[k].float().cpu().numpy() for k in output_names(self.spec.task)}
 

@@ -17,12 +17,16 @@ from typing import Callable, Dict, Optional
 
 import numpy as np
 import torch
+from torch import nn
 
 from irpe.artifact.trained import load_trained, read_spec
 from irpe.data.transforms import normalize
 from irpe.precision import torch_dtype
 
 from . import Artifact, Backend, output_names
+
+if TYPE_CHECKING:  # imported on use: CUDA graphs are captured only when configured
+    from .cuda_graphs import GraphedClassifier
 
 __all__ = ["PRECISION_TOLERANCE", "TorchBackend", "precision_error"]
 
@@ -44,7 +48,9 @@ class TorchBackend(Backend):
     """``irpe.artifact.trained.load_trained`` + eval-mode forward under ``torch.inference_mode``."""
 
     platform = "pytorch_libtorch"
-    graphs = None
+    graphs: Optional[GraphedClassifier] = None
+    model: Optional[nn.Module]  # set by load(), released by close()
+    reference: Optional[nn.Module]  # the fp32 copy until the warmup compared against it
 
     def read_artifact(self) -> Artifact:
         return Artifact(read_spec(str(self.cfg.path))[0])  # cast to the configured precision
@@ -74,7 +80,7 @@ class TorchBackend(Backend):
                                "models only")
         with torch.inference_mode():
             try:
-                self.graphs = GraphedClassifier(self.model, (3, size, size), self.dtype,
+                self.graphs = GraphedClassifier(self._loaded(), (3, size, size), self.dtype,
                                                 self.device, self.cfg.max_batch_size)
                 log.info("cuda graphs captured", extra={"model": self.cfg.name,
                                                         "batch_sizes": sorted(self.graphs.graphs)})
@@ -85,7 +91,13 @@ class TorchBackend(Backend):
                 with CAPTURE_LOCK:  # not while another instance captures
                     torch.cuda.synchronize(self.device)
 
-    def _on_stream(self):
+    def _loaded(self) -> nn.Module:
+        """The model load() made; a RuntimeError once close() released it."""
+        if self.model is None:
+            raise RuntimeError(f"model {self.cfg.name}: the backend is closed")
+        return self.model
+
+    def _on_stream(self) -> ContextManager[object]:
         """This instance's CUDA stream (no-op on CPU)."""
         return torch.cuda.stream(self.stream) if self.stream is not None \
             else contextlib.nullcontext()
@@ -94,10 +106,10 @@ class TorchBackend(Backend):
     def infer(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
         with self._on_stream():
             x = torch.from_numpy(images).to(self.device, dtype=self.dtype)
-            return self._outputs(self._forward(self.model, x, sizes, self.graphs))
+            return self._outputs(self._forward(self._loaded(), x, sizes, self.graphs))
 
     @torch.inference_mode()
-    def infer_uint8(self, images: np.ndarray, sizes: Optional[np.ndarray]
+    def infer_uint8(self, images: Union[np.ndarray, torch.Tensor], sizes: Optional[np.ndarray]
                     ) -> Dict[str, np.ndarray]:
         """uint8 batch (numpy, or a tensor already on the device from nvjpeg) -> device
         (pinned + non-blocking on CUDA) -> normalised there."""
@@ -108,7 +120,7 @@ class TorchBackend(Backend):
             if self.device.type == "cuda" and x.device.type == "cpu":
                 x = x.pin_memory().to(self.device, non_blocking=True)
             x = normalize(x, self.mean, self.std, sizes).to(self.dtype)
-            return self._outputs(self._forward(self.model, x, sizes, self.graphs))
+            return self._outputs(self._forward(self._loaded(), x, sizes, self.graphs))
 
     def _consume(self, x: torch.Tensor) -> None:
         """Order this instance's stream after the caller's current stream, which wrote ``x``

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from export.onnx import export_onnx
-from irpe.runtime.tensorrt.build import build_engine
-from tests.trt_inspect import engine_plugin_layers
 from irpe import RPEConfig, create_model
 from irpe.artifact.trained import default_spec
+from irpe.runtime.tensorrt.build import build_engine
 from irpe.runtime.tensorrt.common import TensorRTUnavailable, import_tensorrt, is_rtx
-from tools import trt_plugin_build
 from tests.helpers import tiny_deit
+from tests.trt_inspect import engine_plugin_layers
 from tests.trt_plugin_env import BUILD_DIR
+from tools import trt_plugin_build
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                   reason="needs a CUDA GPU")]
@@ -88,6 +88,6 @@ def test_detr_plugin_engine_matches_pytorch(setup, tmp_path):
     sizes = torch.tensor([[64, 96]], dtype=torch.int64)
     out, ref = _run(trt, plugin, model, onnx, tmp_path, {"images": images, "sizes": sizes},
                     batch=(1, 1, 2), height=(32, 64, 96), width=(32, 96, 128))
-    ref = ref if isinstance(ref, dict) else dict(zip(out, ref))
+    ref = ref if isinstance(ref, dict) else dict(zip(out, ref, strict=True))
     for name, value in out.items():
         torch.testing.assert_close(value.float().cpu(), ref[name].float(), atol=1e-3, rtol=1e-3)

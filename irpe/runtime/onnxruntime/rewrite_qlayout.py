@@ -8,16 +8,21 @@ instead of K. The same values up to the MatMul's order of summation (not bit-ide
 stage, off with ``IRPE_ORT_FUSE=gather,scatter``)."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
 from irpe.runtime.onnxruntime.op_names import DOMAIN, GATHER
 
+if TYPE_CHECKING:  # onnx and numpy are imported when a model is rewritten
+    import numpy as np
+    from onnx import GraphProto, NodeProto
+
 __all__ = ["relayout_q"]
+Rank = Callable[[str], int]  # a float tensor's declared rank by name, -1 unknown
 
 _SUFFIX = "/irpe_qlayout"
 
 
-def _match(node, producer: Dict, uses: Dict, inits: Dict, rank,
+def _match(node: NodeProto, producer: Dict, uses: Dict, inits: Dict, rank: Rank,
            majors: Dict) -> Optional[tuple]:
     """(MatMul, Mul or None, k, scaled W, bucket-major ids) when ``node`` is the Q-form
     RPEGather; else None. ``majors``: index name -> its bucket-major ids (or None), filled here
@@ -52,7 +57,7 @@ def _match(node, producer: Dict, uses: Dict, inits: Dict, rank,
     return matmul, mul, source, (w * scale).astype(np.float32), major
 
 
-def _bucket_major(ids, kb: int):
+def _bucket_major(ids: np.ndarray, kb: int) -> Optional[np.ndarray]:
     """ids c * L + j for Q-form ids j * kb + c, 0 <= c < kb ([Lq, L]), same dtype; None when
     any id is of another form."""
     import numpy as np
@@ -65,7 +70,7 @@ def _bucket_major(ids, kb: int):
     return (codes * ids.shape[1] + keys).astype(ids.dtype)
 
 
-def _scaled_source(name: str, producer: Dict, uses: Dict, inits: Dict, rank) -> tuple:
+def _scaled_source(name: str, producer: Dict, uses: Dict, inits: Dict, rank: Rank) -> tuple:
     """(x, s, the Mul) when ``name`` is Mul(x, s), s a float32 scalar initializer, used only
     there (s then goes into W^T, leaving the new Transpose free to merge upstream); else
     (name, 1, None)."""
@@ -83,7 +88,7 @@ def _scaled_source(name: str, producer: Dict, uses: Dict, inits: Dict, rank) -> 
     return name, np.float32(1), None
 
 
-def relayout_q(graph, rank, uses: Dict[str, int]) -> int:
+def relayout_q(graph: GraphProto, rank: Rank, uses: Dict[str, int]) -> int:
     """Rewrites every Q-form RPEGather of ``graph`` in place (``rank(name)``: a float tensor's
     declared rank, -1 unknown; ``uses``: readers per tensor name); returns how many."""
     from onnx import helper, numpy_helper

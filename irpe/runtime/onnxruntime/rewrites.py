@@ -124,8 +124,8 @@ def fuse_graph(graph: GraphProto) -> int:
     """Fuse every pair in ``graph`` (the main graph, in place); returns how many."""
     from onnx import helper
     pairs = _pairs(graph)
-    drop = set()
-    replace = {}
+    drop: Set[int] = set()
+    replace: Dict[int, NodeProto] = {}
     for g, k, side in pairs:
         gather, add = graph.node[g], graph.node[k]
         fused = helper.make_node(GATHER_ADD,
@@ -145,7 +145,8 @@ def fuse_chains(graph: GraphProto) -> int:
     from onnx import helper
     producer = {out: k for k, node in enumerate(graph.node) for out in node.output}
     uses = _consumers(graph)
-    drop, replace = set(), {}
+    drop: Set[int] = set()
+    replace: Dict[int, NodeProto] = {}
     for k, node in enumerate(graph.node):
         if node.domain != DOMAIN or node.op_type != GATHER_ADD or k in drop:
             continue
@@ -275,7 +276,9 @@ def fuse_softmax(graph: GraphProto, opset: int = DEFAULT_OPSET, scatter: bool = 
     for k, node in enumerate(graph.node):
         if node.domain == DOMAIN and node.op_type == SCATTER_MATMUL_ADD:
             v_readers.setdefault(node.input[0], []).append(k)
-    drop, replace, with_v = set(), {}, 0
+    drop: Set[int] = set()
+    replace: Dict[int, NodeProto] = {}
+    with_v = 0
     for k, node in enumerate(graph.node):
         if (node.op_type != "Softmax" or node.domain not in ("", "ai.onnx") or
                 not _softmax_on_last_axis(node, opset)):

@@ -27,7 +27,18 @@ import logging
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    FrozenSet,
+    Iterable,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 from irpe.errors import InvalidInput, IrpeError
 from irpe.plugin_files import BUILD_DIR
@@ -131,16 +142,18 @@ class OrtOptions:
         for key, value in given.items():
             if value is None or (key == "library" and not value.strip()):
                 continue
+            change: Dict[str, Any] = {key: value}  # a setting's text: __post_init__ parses it
             try:
                 options = replace(options, **{key: value})
             except InvalidInput as exc:
                 raise InvalidInput(f"{names[key]}={value!r}: {exc}") from None
         return options
 
-    def with_(self, custom_ops: Optional[str] = None, library: Optional[os.PathLike] = None,
+    def with_(self, custom_ops: Optional[str] = None, library: Optional[StrPath] = None,
               rewrites: Optional[Union[str, Iterable[str]]] = None) -> "OrtOptions":
         """These options with the given (not None) ones replaced (CLI flags over settings)."""
-        given = {"custom_ops": custom_ops, "library": library, "rewrites": rewrites}
+        given: Dict[str, Any] = {"custom_ops": custom_ops, "library": library,
+                                 "rewrites": rewrites}  # parsed by __post_init__
         return replace(self, **{k: v for k, v in given.items() if v is not None})
 
 
@@ -149,12 +162,12 @@ def _wants_cuda(providers: Sequence[Union[str, tuple]]) -> bool:
     return bool(names) and names[0] in GPU_PROVIDERS
 
 
-def _wanted(library: Optional[os.PathLike], cuda: bool) -> Union[os.PathLike, str]:
+def _wanted(library: Optional[StrPath], cuda: bool) -> StrPath:
     """The library asked for: the argument or the build folder's."""
     return library or default_library(cuda)
 
 
-def find_library(library: Optional[os.PathLike] = None, cuda: bool = False) -> Optional[Path]:
+def find_library(library: Optional[StrPath] = None, cuda: bool = False) -> Optional[Path]:
     """The library to load: the argument or the build folder's; ``None`` when that file does
     not exist."""
     path = Path(_wanted(library, cuda)).expanduser()
@@ -204,7 +217,7 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _plan(ort: Any, mode: str, library: Optional[os.PathLike], cuda: bool,
+def _plan(ort: Any, mode: str, library: Optional[StrPath], cuda: bool,
           threads: Optional[int]) -> Tuple[Any, OpsPath]:
     """Options with the library registered, or without it and the reason."""
     options = session_options(ort, threads)
@@ -244,9 +257,9 @@ def _fused_source(source: Union[str, bytes], path: OpsPath, stages: FrozenSet[st
                           counts.softmax, counts.qlayout, counts.attention)
 
 
-def create_session(model: Union[os.PathLike, bytes], providers: Optional[List] = None, *,
+def create_session(model: Union[StrPath, bytes], providers: Optional[List] = None, *,
                    threads: Optional[int] = None, options: Optional[OrtOptions] = None,
-                   custom_ops: Optional[str] = None, library: Optional[os.PathLike] = None,
+                   custom_ops: Optional[str] = None, library: Optional[StrPath] = None,
                    quiet: bool = False, rewrites: Optional[Union[str, Iterable[str]]] = None
                    ) -> Tuple[Any, OpsPath]:
     """An ``InferenceSession`` for ``model`` (path or bytes) and the iRPE ops path it uses, run

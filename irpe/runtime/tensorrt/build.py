@@ -26,6 +26,9 @@ from irpe.runtime.tensorrt.common import (
 )
 from irpe.runtime.tensorrt.isolate import build_in_subprocess, child_main
 
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+
 __all__ = ["build_engine", "parse_compute_capability", "default_ranges", "PRECISIONS"]
 
 PRECISIONS = ("fp32", "tf32", "fp16")
@@ -185,7 +188,7 @@ def check_parsable(props: Dict[str, str], onnx_path: os.PathLike | str) -> None:
                          f"zero points), which TensorRT cannot parse; {redo}")
 
 
-def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision: str = "fp32",
+def build_engine(onnx_path: StrPath, engine_path: StrPath, *, precision: str = "fp32",
                  batch: Optional[Sequence[int]] = None, height: Optional[Sequence[int]] = None,
                  width: Optional[Sequence[int]] = None, workspace_mib: Optional[int] = None,
                  timing_cache: Optional[str] = None, plugins: Sequence[str] = (),
@@ -238,7 +241,8 @@ def build_engine(onnx_path: os.PathLike, engine_path: os.PathLike, *, precision:
     sidecar = _sidecar(trt, props, onnx_path, engine_path, precision, shapes, target, plugins,
                        creators, plugin_override, _plugin_layers(trt, network),
                        time.perf_counter() - start)
-    sidecar["timing_cache"] = os.path.abspath(timing_cache) if cache is not None else None
+    sidecar["timing_cache"] = (os.path.abspath(timing_cache)
+                               if cache is not None and timing_cache is not None else None)
     sidecar["build_warnings"] = list(logger.messages)
     with atomic_path(engine_path) as part:  # the engine appears last, its sidecar in place
         part.write_bytes(bytes(plan))

@@ -63,7 +63,19 @@ _QUIET = ("already exists, the output tensors of this new instance will not be q
 def make_logger(trt: ModuleType, verbose: bool = False) -> Any:
     """An ILogger that prints warnings and errors to stderr and keeps them for reports."""
 
-    class _Logger(trt.ILogger):
+
+class EngineLogger(Protocol):
+    """The ILogger of :func:`make_logger`: what it kept for reports."""
+
+    messages: List[str]  # warnings and errors, "SEVERITY: message"
+    suppressed: int  # known-harmless warnings counted, not shown
+
+
+def make_logger(trt: ModuleType, verbose: bool = False) -> EngineLogger:
+    """An ILogger that prints warnings and errors to stderr and keeps them for reports."""
+    logger_base: TRTObject = trt.ILogger
+
+    class _Logger(logger_base):
         def __init__(self) -> None:
             trt.ILogger.__init__(self)
             self.messages: List[str] = []

@@ -6,7 +6,6 @@ buffers or copies are needed and callers order work with ordinary torch stream s
 """
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -36,7 +35,7 @@ class TRTRunner:
     produced on the current stream of that device.
     """
 
-    def __init__(self, engine_path: os.PathLike, plugins: Sequence[str] = (),
+    def __init__(self, engine_path: StrPath, plugins: Sequence[str] = (),
                  device: Optional[torch.device] = None, module: Optional[str] = None) -> None:
         check_file(engine_path, "engine")  # missing, empty, truncated or not an engine
         if not torch.cuda.is_available():
