@@ -24,7 +24,6 @@ import irpe
 from irpe.artifact.contract import DEFAULT_OPSET, check_opset, io_spec, onnx_metadata
 from irpe.artifact.trained import ModelSpec
 from irpe.atomic import refuse_same_file, write_bytes
-from irpe.errors import InvalidInput
 from irpe.rpe import iRPE, set_traceable
 
 from . import symbolic

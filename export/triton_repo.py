@@ -8,7 +8,6 @@ the graph. The config is written as text; tests parse it with Triton's own proto
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -22,6 +21,9 @@ from irpe.artifact.triton_config import TensorInfo, model_config, onnx_io, pbtxt
 from irpe.atomic import atomic_dir
 from irpe.errors import InvalidInput
 from irpe.runtime.onnxruntime.session import default_library
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
 __all__ = ["RepoOptions", "TensorInfo", "onnx_io", "write_repository", "config_text",
            "ort_library_problem", "DEFAULT_ORT_OPS", "ENGINE_SUFFIXES"]

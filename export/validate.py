@@ -35,6 +35,10 @@ from .inputs import Batch, make_batches
 from .pair import check_pair
 from .source import Source, SourceLike, load_source, weights_from_metadata
 
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+    from onnxruntime import InferenceSession
+
 __all__ = ["validate", "compare", "TOLERANCES", "ENGINE_SUFFIXES", "RUNTIMES", "file_runtime"]
 
 # int8: a quantised file (``irpe quantize``) against PyTorch fp32; its logits move by a few
@@ -62,20 +66,29 @@ def _onnx_runner(path: str, ort_options: Optional[OrtOptions] = None
     session, ops = create_session(path, options=ort_options)
     functions = (create_session(path, options=ort_options, custom_ops="off", quiet=True)[0]
                  if ops.custom_ops else None)
-    names = [i.name for i in session.get_inputs()]
-    outputs = [o.name for o in session.get_outputs()]
-
-    def run(feeds: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
-        np_feeds = {n: feeds[n].numpy() for n in names}
-        got = dict(zip(outputs, session.run(None, np_feeds), strict=True))
-        if functions is not None:
-            for name, ref in zip(outputs, functions.run(None, np_feeds), strict=True):
-                diff = float(np.abs(got[name].astype(np.float64) - ref).max(initial=0.0))
-                run.versus[name] = max(run.versus.get(name, 0.0), diff)
-        return got
-
-    run.versus = {}
+    run = _OrtRun(session, functions)
     return run, props, f"onnxruntime {ort.__version__} (CPUExecutionProvider; {ops.describe()})"
+
+
+class _OrtRun:
+    """A :data:`Runner` of an ORT session; with ``functions`` (the function-path session of the
+    same file) run beside it, ``versus`` collects max |session - functions| per output."""
+
+    def __init__(self, session: InferenceSession, functions: Optional[InferenceSession]
+                 ) -> None:
+        self.session, self.functions = session, functions
+        self.names = [i.name for i in session.get_inputs()]
+        self.outputs = [o.name for o in session.get_outputs()]
+        self.versus: Dict[str, float] = {}
+
+    def __call__(self, feeds: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
+        np_feeds = {n: feeds[n].numpy() for n in self.names}
+        got = dict(zip(self.outputs, self.session.run(None, np_feeds), strict=True))
+        if self.functions is not None:
+            for name, ref in zip(self.outputs, self.functions.run(None, np_feeds), strict=True):
+                diff = float(np.abs(got[name].astype(np.float64) - ref).max(initial=0.0))
+                self.versus[name] = max(self.versus.get(name, 0.0), diff)
+        return got
 
 
 def _openvino_runner(path: str, ov_options: OvOptions) -> Tuple[Runner, Dict[str, str], str]:
@@ -236,9 +249,9 @@ def _run_all(batches: List[Batch], run: Runner, ref: Runner
     return cat(got), cat(exp), rows
 
 
-def validate(onnx_or_engine_path: os.PathLike, source: Optional[SourceLike] = None,
+def validate(onnx_or_engine_path: StrPath, source: Optional[SourceLike] = None,
              checkpoint: Optional[str] = None,
-             num_inputs: int = 8, image_dir: Optional[os.PathLike] = None,
+             num_inputs: int = 8, image_dir: Optional[StrPath] = None,
              atol: Optional[float] = None, rtol: Optional[float] = None,
              precision: Optional[str] = None,
              sizes: Optional[Sequence[Tuple[int, int]]] = None,
@@ -307,6 +320,6 @@ def _file_precision(path: str) -> str:
     return onnx_precision(read_ir_props(path) if is_ir(path) else read_onnx_props(Path(path)))
 
 
-def write_report(report: Dict, path: os.PathLike) -> Path:
+def write_report(report: Dict, path: StrPath) -> Path:
     """Write the report as indented JSON, atomically (irpe.atomic)."""
     return write_text(path, json.dumps(report, indent=2) + "\n")

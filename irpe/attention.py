@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .bucket import IntOrTensor
 from .fused.cpu import cpu_attention
 from .fused.dispatch import cpu_supported, exporting, fused_attention, fused_supported
 from .rpe import Encoding, GridSize, RPEConfig, build_rpe

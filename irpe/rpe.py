@@ -194,11 +194,11 @@ class iRPE(nn.Module):
         height, width, skip = self.check_grid(length, height, width)
         device = None if device is None else torch.device(device)
         if device is None or device.type == "cpu":  # CPU ids: cached by bucket_ids
-            return bucket_ids(self.method, self.ratio, h, w, s)
+            return bucket_ids(self.method, self.ratio, height, width, skip)
         # other devices: one lookup per forward; the CPU ids are read only on a miss
-        key = (self.method, float(self.ratio), h, w, s, device)
+        key = (self.method, float(self.ratio), height, width, skip, device)
         return BUCKET_IDS.get_or_build(key, lambda: _to_device(
-            bucket_ids(self.method, self.ratio, h, w, s), device))  # one LRU by bytes
+            bucket_ids(self.method, self.ratio, height, width, skip), device))  # one LRU by bytes
 
     def _skip(self, skip: int) -> int:
         if isinstance(skip, int) and (skip > 0) != (self.skip > 0):
@@ -323,7 +323,7 @@ def build_rpe(config: Optional[RPEConfig], head_dim: int, num_heads: int,
     def one(on: str, transposed: bool) -> Optional[Encoding]:
         if on not in config.on:
             return None
-        cls: type[RPEModule] = iRPECross if config.method == Method.CROSS else iRPE
+        cls: type[Encoding] = iRPECross if config.method == Method.CROSS else iRPE
         return cls(head_dim=head_dim, num_heads=1 if config.shared_head else num_heads,
                    mode=config.mode, method=config.method, ratio=config.ratio, skip=config.skip,
                    transposed=transposed, initializer=initializer)

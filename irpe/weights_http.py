@@ -10,9 +10,12 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import IO, BinaryIO, Optional, Tuple, Union
+from typing import IO, TYPE_CHECKING, BinaryIO, NoReturn, Optional, Tuple, Union
 
 from .errors import IrpeError
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 __all__ = ["CHUNK", "WeightsError", "stream"]
 

@@ -43,7 +43,7 @@ def interpret(monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("GPU machine: the kernels run compiled in tests/gpu, not interpreted")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    set_fused_attention("fused")
+    set_fused_attention("on")
     yield
     set_fused_attention(None)
     set_fused_ids("table")

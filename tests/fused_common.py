@@ -17,21 +17,6 @@ needs_triton = pytest.mark.skipif(
 TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
-@pytest.fixture
-def interpret(monkeypatch):
-    """Triton kernels on the CPU interpreter, the fused path forced (restored afterwards).
-
-    conftest sets TRITON_INTERPRET=1 before triton is imported when there is no GPU; with a GPU
-    the process compiles for real (tests/gpu) and Triton cannot switch modes in one process."""
-    if torch.cuda.is_available():
-        pytest.skip("GPU machine: the kernels run compiled in tests/gpu, not interpreted")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    set_fused_attention("on")
-    yield
-    set_fused_attention(None)
-    set_fused_ids("table")
-
-
 def modules(method, on, mode="ctx", skip=0, heads=2, head_dim=16, shared=True, dtype=None):
     cfg = get_rpe_config(1.9, method, mode, shared, skip, on)
     mods = build_rpe(cfg, head_dim, heads, initializer=lambda p: torch.nn.init.normal_(p, std=0.5))

@@ -24,7 +24,7 @@ from irpe.fused import (
 from irpe.fused.op import check_inputs
 from irpe.models.transformer import RPEMultiheadAttention
 from irpe.rpe import get_rpe_config, set_traceable
-from tests.fused_common import check, count_launches, inputs, interpret, modules, needs_triton  # noqa: F401
+from tests.fused_common import check, count_launches, inputs, modules, needs_triton
 
 ROOT = Path(__file__).resolve().parents[1]
 

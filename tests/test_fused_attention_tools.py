@@ -8,7 +8,7 @@ import torch
 from irpe.attention import RPEAttention, rpe_attention, unfused_attention
 from irpe.fused import set_fused_attention
 from irpe.rpe import get_rpe_config
-from tests.fused_common import HAVE_TRITON, check, inputs, interpret, needs_triton  # noqa: F401
+from tests.fused_common import HAVE_TRITON, check, inputs, needs_triton
 
 
 def test_plain_path_is_sdpa_and_matches_manual():

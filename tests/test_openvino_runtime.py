@@ -159,7 +159,8 @@ def test_compiled_model_says_how_it_runs_and_takes_any_batch(qkv, qkv_compiled):
     compiled, line = qkv_compiled
     assert compiled_precision(compiled) == "fp32"
     assert re.fullmatch(r"openvino \S+ CPU: fp32, threads 1, streams 1, hint latency; "
-                        r"iRPE ops: converted at load \(Gather, ScatterElementsUpdate\)", line), line
+                        r"iRPE ops: converted at load \(Gather, ScatterElementsUpdate\)",
+                        line), line
     for batch in (1, 5):
         x = torch.randn(batch, 3, 40, 40)
         with torch.no_grad():

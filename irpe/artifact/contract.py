@@ -18,6 +18,9 @@ from irpe.checkpoint import CheckpointError
 from irpe.errors import InvalidInput, MissingFile
 from irpe.rpe import RPEConfig
 
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+
 __all__ = ["TASKS", "MIN_OPSET", "DEFAULT_OPSET", "MAX_OPSET", "check_opset", "input_names",
            "output_names", "dynamic_axes", "io_spec",
            "onnx_metadata", "read_onnx_props", "onnx_spec",
@@ -40,9 +43,9 @@ MAX_OPSET = 20
 
 
 def check_opset(opset: int) -> int:
-    """``opset`` when an export may have it, else ValueError naming the range."""
+    """``opset`` when an export may have it, else InvalidInput (a ValueError) naming the range."""
     if not MIN_OPSET <= opset <= MAX_OPSET:
-        raise ValueError(f"opset {opset} is not supported; choose {MIN_OPSET}..{MAX_OPSET}")
+        raise InvalidInput(f"opset {opset} is not supported; choose {MIN_OPSET}..{MAX_OPSET}")
     return opset
 
 
@@ -119,7 +122,7 @@ def read_onnx_props(path: StrPath) -> Dict[str, str]:
     return {p.key: p.value for p in model.metadata_props}
 
 
-def onnx_spec(props: Dict[str, str], path: os.PathLike) -> "ModelSpec":
+def onnx_spec(props: Dict[str, str], path: StrPath) -> "ModelSpec":
     """The :class:`irpe.artifact.trained.ModelSpec` in an ONNX file's metadata_props (from
     :func:`read_onnx_props`; ``path`` names the file in the error)."""
     if not any(key.startswith("irpe.") for key in props):
@@ -132,7 +135,7 @@ def onnx_spec(props: Dict[str, str], path: os.PathLike) -> "ModelSpec":
         raise InvalidInput(f"{os.fspath(path)}: {exc}") from None
 
 
-def read_onnx_spec(path: os.PathLike) -> "ModelSpec":
+def read_onnx_spec(path: StrPath) -> "ModelSpec":
     """The :class:`irpe.artifact.trained.ModelSpec` stored in an exported ONNX file."""
     return onnx_spec(read_onnx_props(path), path)
 
@@ -145,14 +148,14 @@ def sidecar_path(engine_path: StrPath) -> Path:
     return Path(f"{os.fspath(engine_path)}.json")
 
 
-def write_sidecar(engine_path: os.PathLike, sidecar: Dict) -> Path:
+def write_sidecar(engine_path: StrPath, sidecar: Dict) -> Path:
     """Write an engine's sidecar (its ``onnx_metadata`` carries the source file's props),
     atomically (irpe.atomic)."""
     from irpe.atomic import write_text
     return write_text(sidecar_path(engine_path), json.dumps(sidecar, indent=2) + "\n")
 
 
-def read_sidecar(engine_path: os.PathLike) -> Dict:
+def read_sidecar(engine_path: StrPath) -> Dict:
     """An engine's sidecar dict; MissingFile (a FileNotFoundError) naming the sidecar when it
     is absent."""
     path = sidecar_path(engine_path)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 import struct
-from typing import Callable, Dict, Optional, Union
+from typing import TYPE_CHECKING, Callable, Dict, Optional
 
 from irpe.checkpoint import CheckpointError
 
@@ -74,7 +74,7 @@ _LABELS = {"safetensors": "safetensors file", "onnx": "ONNX file", "engine": "Te
 KINDS = tuple(_CHECKS)
 
 
-def check_file(path: Union[str, "os.PathLike[str]"], kind: str) -> None:
+def check_file(path: StrPath, kind: str) -> None:
     """Raise :class:`ArtifactError` unless ``path`` exists (else :class:`ArtifactMissing`) and
     looks like a ``kind`` file (``safetensors``, ``onnx``, ``engine``, ``ir``): size, magic,
     header."""

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from irpe.errors import InvalidInput
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # onnx is imported where a file is read (the export extra)
     import onnx
+    from _typeshed import StrPath
 
 __all__ = ["TensorInfo", "onnx_io", "model_config", "pbtxt", "V2_TYPES"]
 

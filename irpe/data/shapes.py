@@ -8,9 +8,8 @@ so boxes are exact (the tight box of the painted pixels) and tests can check the
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, NoReturn, Optional, Tuple
 
 import numpy as np
 
@@ -257,8 +256,8 @@ def coco_categories() -> List[Dict]:
 
 def coco_ground_truth(images: List[Tuple[int, int, List[Dict]]], size: int) -> Dict:
     """COCO detection dict from (index, image_id, annotations) of square ``size`` images."""
-    out = {"info": {"description": "irpe synthetic shapes"}, "licenses": [], "images": [],
-           "annotations": [], "categories": coco_categories()}
+    out: Dict[str, Any] = {"info": {"description": "irpe synthetic shapes"}, "licenses": [],
+                           "images": [], "annotations": [], "categories": coco_categories()}
     for index, image_id, boxes in images:
         out["images"].append({"id": image_id, "file_name": f"{index:06d}.png",
                               "width": size, "height": size})
@@ -275,18 +274,18 @@ def check_counts(**counts: int) -> None:
             raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
 
 
-def _progress(total: int, enabled: bool, desc: str) -> Any:
+def _progress(total: int, enabled: bool, desc: str) -> tqdm[NoReturn]:
     from tqdm import tqdm
     return tqdm(total=total, desc=desc, unit="img", disable=not enabled, leave=False)
 
 
-def _write_json(path: os.PathLike | str, data: Dict) -> None:
+def _write_json(path: StrPath, data: Dict) -> None:
     import json
     with open(path, "w", encoding="utf-8") as f:  # inside a staging folder (atomic_dir)
         json.dump(data, f)
 
 
-def write_classification(out_dir: os.PathLike | str, num_train: int = 4000,
+def write_classification(out_dir: StrPath, num_train: int = 4000,
                          num_val: int = 1000, seed: int = 0, size: int = 64,
                          progress: bool = False) -> Dict:
     """Write ``out_dir/{train,val}/<class>/<index:06d>.png`` (ImageFolder layout); summary.
@@ -316,7 +315,7 @@ def write_classification(out_dir: os.PathLike | str, num_train: int = 4000,
     return summary
 
 
-def write_detection(out_dir: os.PathLike | str, num_train: int = 4000, num_val: int = 500,
+def write_detection(out_dir: StrPath, num_train: int = 4000, num_val: int = 500,
                     seed: int = 0, size: int = 128, max_objects: int = 5,
                     progress: bool = False) -> Dict:
     """Write ``out_dir/{train,val}/<index:06d>.png`` and COCO json under annotations/; summary.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import numbers
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
 import torch
@@ -62,7 +62,7 @@ def load_image_for(source: Union[bytes, str], preprocess: "Preprocess",
 
 
 def _decode(source: Union[bytes, str], max_pixels: int, draft: Optional[DraftRequest]
-            ) -> Tuple[Image.Image, Tuple[int, int]]:
+            ) -> Tuple[PILImage, Tuple[int, int]]:
     """(RGB image, upright full (width, height)); JPEGs reduced to ``draft(w, h)`` if given."""
     from PIL import Image
     if isinstance(source, (bytes, bytearray)) and not source:
@@ -158,9 +158,18 @@ def to_tensor(image: PILImage, mean: Sequence[float] = IMAGENET_MEAN,
     return normalize(pixels, mean, std).contiguous()
 
 
-def normalize(pixels: Array, mean: Union[Sequence[float], torch.Tensor] = IMAGENET_MEAN,
-              std: Union[Sequence[float], torch.Tensor] = IMAGENET_STD,
-              sizes: Optional[Union[np.ndarray, torch.Tensor]] = None) -> Array:
+@overload
+def normalize(pixels: np.ndarray, mean: Channels = ..., std: Channels = ...,
+              sizes: Optional[Array] = ...) -> np.ndarray: ...
+
+
+@overload
+def normalize(pixels: torch.Tensor, mean: Channels = ..., std: Channels = ...,
+              sizes: Optional[Array] = ...) -> torch.Tensor: ...
+
+
+def normalize(pixels: Array, mean: Channels = IMAGENET_MEAN, std: Channels = IMAGENET_STD,
+              sizes: Optional[Array] = None) -> Array:
     """uint8 (..., 3, H, W) pixels -> float32 (x / 255 - mean) / std: the one normalisation of
     training, evaluation and every serving backend. A torch tensor stays a tensor on its device
     (the torch backend, on the GPU); a numpy array stays numpy, so host backends add no torch
@@ -187,7 +196,15 @@ def normalize(pixels: Array, mean: Union[Sequence[float], torch.Tensor] = IMAGEN
     return torch.where(inside_t[:, None], t, 0.0)
 
 
-def _per_channel(values: Union[Sequence[float], torch.Tensor], like: Array) -> Array:
+@overload
+def _per_channel(values: Channels, like: np.ndarray) -> np.ndarray: ...
+
+
+@overload
+def _per_channel(values: Channels, like: torch.Tensor) -> torch.Tensor: ...
+
+
+def _per_channel(values: Channels, like: Array) -> Array:
     """Channel values as float32 (3, 1, 1) of ``like``'s kind and device (no copy when there)."""
     if isinstance(like, np.ndarray):
         return np.asarray(values, dtype=np.float32).reshape(-1, 1, 1)

@@ -11,7 +11,7 @@ in place, then P v and the bucket sums of the same P. The gathers index a flatte
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, cast
 
 import torch
 import torch.nn.functional as F

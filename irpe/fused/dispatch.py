@@ -88,7 +88,7 @@ def _capability(device: torch.device) -> Tuple[int, int]:
 
 def fused_supported(q: Tensor, k: Tensor, rpe_q: Optional[Encoding], rpe_k: Optional[Encoding],
                     rpe_v: Optional[Encoding], height: GridSize, width: GridSize,
-                    dropout: Optional[nn.Module]) -> bool:
+                    dropout: Optional[nn.Dropout]) -> bool:
     """Whether this call may take the fused kernel (mode, device, shapes, no export/dropout)."""
     mode = fused_mode()
     if mode == "off" or exporting() or q.shape != k.shape or q.dim() != 4:
@@ -111,7 +111,7 @@ def fused_supported(q: Tensor, k: Tensor, rpe_q: Optional[Encoding], rpe_k: Opti
 
 def cpu_supported(q: Tensor, k: Tensor, rpe_q: Optional[Encoding], rpe_k: Optional[Encoding],
                   rpe_v: Optional[Encoding], height: GridSize,
-                  dropout: Optional[nn.Module]) -> bool:
+                  dropout: Optional[nn.Dropout]) -> bool:
     """Whether this call may take the CPU path (irpe.fused.cpu): CPU self-attention with iRPE,
     mode auto/on (on with the Triton interpreter on means the kernel), no export/dropout."""
     mode = fused_mode()

@@ -4,16 +4,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union, cast
 
 from ..argtypes import number, positive
 from ..errors import CLIError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported inside the commands (`irpe` starts without them)
     from torch import nn
-    from torch.utils.data import Dataset
 
     from ..artifact.trained import ModelSpec
+    from ..data.datasets import CocoDetection, ImageFolder, ShapesClassification, ShapesDetection
+
+    DetectionSet = Union[ShapesDetection, CocoDetection]
+    EvalSet = Union[ShapesClassification, ImageFolder, DetectionSet]
 
 TASK_NAMES = {"cls": "classification", "det": "detection"}
 RUN_FILES = ("model.safetensors", "last.pt", "last.pt.tmp", "log.jsonl")  # what --force removes
@@ -175,7 +178,7 @@ def _report(spec: "ModelSpec", args: argparse.Namespace, metrics: Dict,
 
 
 def _eval_dataset(spec: "ModelSpec", args: argparse.Namespace,
-                  ) -> Tuple["Dataset", Optional[List[int]]]:
+                  ) -> Tuple["EvalSet", Optional[List[int]]]:
     """(dataset, dataset category id of each model label or None) for ``irpe eval``."""
     from ..data.datasets import (
         CocoDetection,

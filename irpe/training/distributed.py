@@ -157,9 +157,11 @@ class ResumableSampler(Sampler):
         from torch.utils.data import DistributedSampler
         slots = d.world * accum
         # DistributedSampler needs no process group when rank and world are given
-        self.inner = [DistributedSampler(range(n), num_replicas=slots, rank=d.rank * accum + k,
-                                         shuffle=True, seed=seed, drop_last=True)
-                      for k in range(accum)]
+        # torch types the data set as a Dataset; the sampler only takes its len()
+        self.inner: List[DistributedSampler[int]] = [
+            DistributedSampler(range(n), num_replicas=slots,  # type: ignore[arg-type]
+                               rank=d.rank * accum + k, shuffle=True, seed=seed, drop_last=True)
+            for k in range(accum)]
         self.batch_size, self.start = batch_size, 0
         self.steps = len(self.inner[0]) // batch_size  # whole global batches per epoch
 

@@ -5,11 +5,10 @@ import contextlib
 import io
 import os
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Union, overload
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset
 
 from ..errors import InvalidInput
 from ..models.detr import PostProcess
@@ -23,8 +22,8 @@ if TYPE_CHECKING:  # the data sets are imported where they are read
 __all__ = ["topk_accuracy", "evaluate_classification", "coco_map", "detections_to_coco",
            "evaluate_detection", "OnnxModel", "OpenVINOModel"]
 
-# what the loops evaluate: a torch model, or an exported file run by ONNX Runtime
-Evaluated = Union[nn.Module, "OnnxModel"]
+# what the loops evaluate: a torch model, or an exported file run by ONNX Runtime or OpenVINO
+Evaluated = Union[nn.Module, "OnnxModel", "OpenVINOModel"]
 
 COCO_STATS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm",
               "ARl")
@@ -97,9 +96,10 @@ def coco_map(ground_truth: Dict, results: List[Dict]) -> Dict[str, float]:
 
 
 @torch.no_grad()
-def evaluate_detection(model: nn.Module, dataset: Dataset, batch_size: int = 16,
-                       device: str = "cpu", category_ids: Optional[Sequence[int]] = None,
-                       dist: Dist = SINGLE) -> Dict[str, float]:
+def evaluate_detection(model: Evaluated, dataset: Union[ShapesDetection, CocoDetection],
+                       batch_size: int = 16, device: str = "cpu",
+                       category_ids: Optional[Sequence[int]] = None, dist: Dist = SINGLE
+                       ) -> Dict[str, float]:
     """COCO mAP of a DETR model on a detection dataset with ``coco_json()``/``category_ids``.
 
     ``category_ids[label]`` is the dataset id of the model's label (default: the dataset's own
@@ -189,7 +189,14 @@ class OpenVINOModel:
         """Runs on OpenVINO's CPU plugin whatever the device: inputs are read to host."""
         return self
 
-    def __call__(self, images: torch.Tensor, sizes: Optional[torch.Tensor] = None):
+    @overload
+    def __call__(self, images: torch.Tensor, sizes: None = None) -> torch.Tensor: ...
+
+    @overload
+    def __call__(self, images: torch.Tensor, sizes: torch.Tensor) -> Dict[str, torch.Tensor]: ...
+
+    def __call__(self, images: torch.Tensor, sizes: Optional[torch.Tensor] = None
+                 ) -> Union[torch.Tensor, Dict[str, torch.Tensor]]:
         feeds = {"images": images.float().cpu().numpy()}
         if sizes is not None:
             feeds["sizes"] = sizes.cpu().numpy().astype("int64")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Type, Union, cast
 
 import torch
 from torch import nn
@@ -17,7 +17,8 @@ from .evaluate import evaluate_classification, evaluate_detection
 from .matcher import HungarianMatcher
 from .optim import mixup_cutmix, soft_cross_entropy
 
-if TYPE_CHECKING:  # train.py imports this module
+if TYPE_CHECKING:  # the data sets are imported by the tasks; train.py imports this module
+    from ..data.datasets import CocoDetection, ImageFolder, ShapesClassification, ShapesDetection
     from .train import TrainConfig
 
 SHAPES = "shapes"  # --data shapes: the synthetic set generated in memory
@@ -158,7 +159,7 @@ class DetectionTask:
         """Before the step's first micro-batch: flip coins, and the box counts of the whole
         step that the set loss divides by (known before any micro-batch runs)."""
         self.coins.draw(len(micro[0][0]))
-        queries = self.model.num_queries
+        queries = cast(int, self.model.num_queries)  # DETR's int (nn.Module types attributes)
         self.totals = self.criterion.step_totals(
             [StepTotals.local(targets, queries) for _, _, targets in micro])
 

@@ -13,17 +13,30 @@ import math
 import os
 import time
 from dataclasses import asdict, dataclass, fields
-from typing import Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import (
+    TYPE_CHECKING,
+    ContextManager,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Tuple,
+    cast,
+)
 
 import torch
 
 from ..artifact.trained import save_trained
 from ..checkpoint import CheckpointError
 from ..errors import InvalidInput
-from .distributed import setup, teardown
+from .distributed import ResumableSampler, setup, teardown
 from .optim import param_groups, warmup_cosine
 from .state import check_fits, read_last, restore_rng, resume_step, rng_snapshot
 from .tasks import TASKS, Batch
+
+if TYPE_CHECKING:
+    from torch.nn.parallel import DistributedDataParallel
 
 __all__ = ["TrainConfig", "train"]
 
@@ -190,8 +203,8 @@ class Trainer:
             for m in self.model.modules():
                 if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
                     m.eval()
-        self.train_loader.sampler.set_epoch(
-            self.epoch, self.epoch_step * self.cfg.batch_size * self.accum)
+        sampler = cast(ResumableSampler, self.train_loader.sampler)  # as tasks._loaders made it
+        sampler.set_epoch(self.epoch, self.epoch_step * self.cfg.batch_size * self.accum)
         bar = tqdm(_steps(self.train_loader, self.accum),
                    total=self.steps_per_epoch - self.epoch_step,
                    desc=f"epoch {self.epoch + 1}/{self.cfg.epochs}",
@@ -213,7 +226,7 @@ class Trainer:
     def _stop(self) -> bool:
         return bool(self.cfg.max_steps) and self.step >= self.cfg.max_steps
 
-    def train_step(self, micro: List) -> Tuple[float, Dict[str, float]]:
+    def train_step(self, micro: List[Batch]) -> Tuple[float, Dict[str, float]]:
         """One optimiser step over this process's micro-batches of a global batch.
 
         Each micro-batch's loss is scaled by 1 / grad_accum_steps and its gradient added up;
@@ -223,7 +236,8 @@ class Trainer:
         """
         self.optimizer.zero_grad(set_to_none=True)
         self.task.begin_step(micro)
-        losses, parts_sum = [], {}
+        losses: List[float] = []
+        parts_sum: Dict[str, float] = {}
         for k, batch in enumerate(micro):
             with self._sync(k == len(micro) - 1):
                 with torch.autocast(self.device.split(":")[0], dtype=self.amp_dtype,
@@ -250,7 +264,7 @@ class Trainer:
         """DDP all-reduces on the last micro-batch of a step only."""
         if last or self.dist.world == 1:
             return contextlib.nullcontext()
-        return self.net.no_sync()
+        return cast("DistributedDataParallel", self.net).no_sync()  # _wrap: DDP when world > 1
 
     def run(self) -> Dict:
         """Train the remaining epochs; returns the last log record (with the best metric)."""

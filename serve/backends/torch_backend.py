@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-from typing import Callable, Dict, Optional
+from typing import TYPE_CHECKING, Callable, ContextManager, Dict, Optional, Union
 
 import numpy as np
 import torch

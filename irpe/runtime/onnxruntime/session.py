@@ -45,6 +45,9 @@ from irpe.plugin_files import BUILD_DIR
 from irpe.runtime.onnxruntime.rewrites import STAGES, parse_stages
 from irpe.switch import Switch, parse_switch
 
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+
 __all__ = ["MODE_ENV", "LIBRARY_ENV", "FUSE_ENV", "CustomOpsError",
            "GPU_PROVIDERS", "OpsPath",
            "OrtOptions", "default_library", "resolve_mode", "find_library", "share_thread_pool",
@@ -144,7 +147,7 @@ class OrtOptions:
                 continue
             change: Dict[str, Any] = {key: value}  # a setting's text: __post_init__ parses it
             try:
-                options = replace(options, **{key: value})
+                options = replace(options, **change)
             except InvalidInput as exc:
                 raise InvalidInput(f"{names[key]}={value!r}: {exc}") from None
         return options

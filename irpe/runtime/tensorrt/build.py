@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from irpe.artifact.contract import read_onnx_props, write_sidecar
 from irpe.atomic import atomic_path, refuse_same_file, write_bytes
@@ -52,7 +52,7 @@ def _check_range(name: str, values: Sequence[int]) -> Range3:
     values = tuple(int(v) for v in values)
     if len(values) != 3 or not 1 <= values[0] <= values[1] <= values[2]:
         raise InvalidInput(f"{name} needs min <= opt <= max (all >= 1), got {values}")
-    return values  # type: ignore[return-value]
+    return values
 
 
 def _profiles(network: Any, batch: Range3, height: Optional[Range3],
@@ -180,12 +180,12 @@ def check_parsable(props: Dict[str, str], onnx_path: os.PathLike | str) -> None:
         return  # an unreadable record: let the parser judge the graph
     redo = "quantise the fp32 file with `irpe quantize --calibration DIR|shapes --target tensorrt`"
     if record.get("mode") == "dynamic":
-        raise ValueError(f"{onnx_path} was quantised dynamically for ONNX Runtime (ConvInteger / "
-                         f"MatMulInteger / DynamicQuantizeLinear), which TensorRT cannot parse; "
-                         f"{redo}")
+        raise InvalidInput(f"{onnx_path} was quantised dynamically for ONNX Runtime "
+                           "(ConvInteger / MatMulInteger / DynamicQuantizeLinear), which "
+                           f"TensorRT cannot parse; {redo}")
     if record.get("mode") == "static" and record.get("target", "onnxruntime") != "tensorrt":
-        raise ValueError(f"{onnx_path} was quantised for ONNX Runtime (int32 biases, activation "
-                         f"zero points), which TensorRT cannot parse; {redo}")
+        raise InvalidInput(f"{onnx_path} was quantised for ONNX Runtime (int32 biases, "
+                           f"activation zero points), which TensorRT cannot parse; {redo}")
 
 
 def build_engine(onnx_path: StrPath, engine_path: StrPath, *, precision: str = "fp32",

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Protocol, Sequence
 
 from irpe.errors import IrpeError, MissingFile, ResourceError
 
@@ -60,8 +60,9 @@ def is_rtx(trt: ModuleType) -> bool:
 _QUIET = ("already exists, the output tensors of this new instance will not be queryable",)
 
 
-def make_logger(trt: ModuleType, verbose: bool = False) -> Any:
-    """An ILogger that prints warnings and errors to stderr and keeps them for reports."""
+# TensorRT's objects come from the module import_tensorrt loads at run time (tensorrt or
+# tensorrt_rtx, whichever is installed; neither is typed here): these names say what a value is
+TRTObject = Any  # an object of that module: builder, network, config, engine, data type, ...
 
 
 class EngineLogger(Protocol):
@@ -81,7 +82,7 @@ def make_logger(trt: ModuleType, verbose: bool = False) -> EngineLogger:
             self.messages: List[str] = []
             self.suppressed = 0
 
-        def log(self, severity: Any, msg: str) -> None:
+        def log(self, severity: TRTObject, msg: str) -> None:  # severity: ILogger.Severity
             if any(q in msg for q in _QUIET):
                 self.suppressed += 1
                 return

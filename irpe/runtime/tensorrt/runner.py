@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 import torch
 
 from irpe.artifact.filecheck import check_file
 from irpe.errors import GPURequired, InvalidInput
 from irpe.runtime.tensorrt.common import import_tensorrt, load_plugins, make_logger
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
 __all__ = ["TRTRunner"]
 
