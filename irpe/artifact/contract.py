@@ -40,9 +40,9 @@ MAX_OPSET = 20
 
 
 def check_opset(opset: int) -> int:
-    """``opset`` when an export may have it, else ValueError naming the range."""
+    """``opset`` when an export may have it, else InvalidInput naming the range."""
     if not MIN_OPSET <= opset <= MAX_OPSET:
-        raise ValueError(f"opset {opset} is not supported; choose {MIN_OPSET}..{MAX_OPSET}")
+        raise InvalidInput(f"opset {opset} is not supported; choose {MIN_OPSET}..{MAX_OPSET}")
     return opset
 
 

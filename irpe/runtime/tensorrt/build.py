@@ -177,11 +177,11 @@ def check_parsable(props: Dict[str, str], onnx_path: os.PathLike | str) -> None:
         return  # an unreadable record: let the parser judge the graph
     redo = "quantise the fp32 file with `irpe quantize --calibration DIR|shapes --target tensorrt`"
     if record.get("mode") == "dynamic":
-        raise ValueError(f"{onnx_path} was quantised dynamically for ONNX Runtime (ConvInteger / "
+        raise InvalidInput(f"{onnx_path} was quantised dynamically for ONNX Runtime (ConvInteger / "
                          f"MatMulInteger / DynamicQuantizeLinear), which TensorRT cannot parse; "
                          f"{redo}")
     if record.get("mode") == "static" and record.get("target", "onnxruntime") != "tensorrt":
-        raise ValueError(f"{onnx_path} was quantised for ONNX Runtime (int32 biases, activation "
+        raise InvalidInput(f"{onnx_path} was quantised for ONNX Runtime (int32 biases, activation "
                          f"zero points), which TensorRT cannot parse; {redo}")
 
 
