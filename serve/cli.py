@@ -2,7 +2,14 @@
 from __future__ import annotations
 
 import argparse
-from typing import Dict, List
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, TypeVar
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from .config import ServeSettings
+
+T = TypeVar("T")
 
 __all__ = ["add_parser", "cmd_serve"]
 
@@ -52,7 +59,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return _run(app, settings)
 
 
-def _share_ort_pool(settings) -> None:
+def _share_ort_pool(settings: ServeSettings) -> None:
     """`irpe serve` owns its process: its onnxruntime models share one intra-op pool
     (``ort_thread_pool: shared``), made before the server loads them (docs/serve.md)."""
     import logging
@@ -66,10 +73,12 @@ def _share_ort_pool(settings) -> None:
         "models": names})
 
 
-def _user_errors(fn, *args):
+def _user_errors(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` with settings and exporter problems turned into one-line CLI errors."""
-    from irpe.errors import CLIError
     from pydantic import ValidationError
+
+    from irpe.errors import CLIError
+
     from .errors import validation_message
     try:
         return fn(*args)
@@ -79,7 +88,7 @@ def _user_errors(fn, *args):
         raise CLIError(str(exc)) from None
 
 
-def _settings(args: argparse.Namespace):
+def _settings(args: argparse.Namespace) -> ServeSettings:
     from .config import ServeSettings
     given = {"repository": args.repository, "host": args.host, "port": args.port,
              "threads": args.threads, "log_format": args.log_format,
@@ -87,13 +96,13 @@ def _settings(args: argparse.Namespace):
     return ServeSettings(**{k: v for k, v in given.items() if v is not None})
 
 
-def _with_demo(settings, args: argparse.Namespace):
+def _with_demo(settings: ServeSettings, args: argparse.Namespace) -> ServeSettings:
     from .demo import demo_models
     demo = demo_models(args.backend, settings.cache_dir, args.device)
     return settings.with_models(settings.models + demo)
 
 
-def _with_precision(settings, precision: str):
+def _with_precision(settings: ServeSettings, precision: str) -> ServeSettings:
     """Every torch-backend model at ``precision`` (re-validated: fp16 on cpu is refused)."""
     from .config import ModelConfig
     models = [ModelConfig.model_validate({**m.model_dump(), "precision": precision})
@@ -101,8 +110,9 @@ def _with_precision(settings, precision: str):
     return settings.model_copy(update={"models": models})
 
 
-def _prepare(app) -> int:
+def _prepare(app: FastAPI) -> int:
     import asyncio
+
     from .state import AppState
     state: AppState = app.state.irpe
 
@@ -114,24 +124,22 @@ def _prepare(app) -> int:
 
     rows = asyncio.run(load())
     print(f"{'model':<24} {'task':<15} {'backend':<12} {'state':<8} path")
-    for row, model in zip(rows, state.models.values()):
+    for row, model in zip(rows, state.models.values(), strict=True):
         print(f"{row['name']:<24} {row['task']:<15} {row['backend']:<12} "
               f"{row['state'] if not row['error'] else 'failed':<8} {model.cfg.path}"
               + (f"  ({row['error']})" if row["error"] else ""))
     return 1 if any(r["error"] for r in rows) else 0
 
 
-def _run(app, settings) -> int:
-    """Serve on an explicit TCP socket; "serving" is logged once it accepts connections."""
-    import uvicorn
+def _run(app: FastAPI, settings: ServeSettings) -> int:
+    """Serve on an explicit TCP socket; "serving" is logged once it accepts connections, and
+    SIGTERM drains (serve.drain: readiness 503 for drain_grace_s, then in-flight requests)."""
+    from .drain import DrainingServer
     from .net import listen_socket
-    from .server import AnnouncingServer
     sock = listen_socket(settings.host, settings.port)
     _share_ort_pool(settings)  # here, not before: --prepare and start-up errors make no pool
-    config = uvicorn.Config(app, log_config=None, access_log=False,
-                            timeout_graceful_shutdown=settings.shutdown_timeout_s)
     try:
-        AnnouncingServer(config, settings.model_names()).run(sockets=[sock])
+        DrainingServer.for_app(app, settings).run(sockets=[sock])
     except KeyboardInterrupt:  # Ctrl-C: uvicorn re-raises it after its graceful shutdown
         import os  # drained and stopped (logged): die by SIGINT as Python would, no traceback
         import signal

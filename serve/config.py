@@ -15,8 +15,18 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Union
 
-from pydantic import (AfterValidator, AliasChoices, BaseModel, BeforeValidator, ConfigDict,
-                      Field, SecretStr, field_validator, model_validator)
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -197,15 +207,23 @@ class ServeSettings(BaseSettings):
                             "libraries and models, and stop stalling every request in flight")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "json"
-    shutdown_timeout_s: float = Field(30.0, gt=0, description="drain time on SIGTERM")
+    drain_grace_s: float = Field(
+        5.0, ge=0, le=600, description="SIGTERM: seconds readiness answers 503 while requests "
+        "are still served (each answer with Connection: close), so load balancers notice before "
+        "the listener and the idle keep-alive connections close; SIGINT skips it")
+    shutdown_timeout_s: float = Field(30.0, gt=0, description="after the grace: the most "
+                                      "seconds in-flight requests get to finish")
     cache_dir: Optional[Path] = Field(None, description="demo ONNX files (default irpe cache)")
     bucket_cache_mib: Optional[float] = Field(
         None, ge=0, description="torch backend: bucket-id cache limit in MiB, process-wide LRU "
         "(default: $IRPE_BUCKET_CACHE_MIB or 64)")
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings,
-                                   dotenv_settings, file_secret_settings
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings],
+                                   init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource
                                    ) -> Tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, FieldNames(settings_cls, env_settings), RepositorySource(settings_cls)
 
@@ -236,11 +254,12 @@ class FieldNames(PydanticBaseSettingsSource):
     are: a field read from ``IRPE_SERVE_X`` or an older variable then replaces the file's
     value instead of sitting beside it (an extra key to pydantic)."""
 
-    def __init__(self, settings_cls, source: PydanticBaseSettingsSource) -> None:
+    def __init__(self, settings_cls: type[BaseSettings],
+                 source: PydanticBaseSettingsSource) -> None:
         super().__init__(settings_cls)
         self.source = source
 
-    def get_field_value(self, field, field_name: str) -> Tuple[Any, str, bool]:
+    def get_field_value(self, field: FieldInfo, field_name: str) -> Tuple[Any, str, bool]:
         return None, field_name, False
 
     def __call__(self) -> Dict[str, Any]:
@@ -255,7 +274,7 @@ class FieldNames(PydanticBaseSettingsSource):
 class RepositorySource(PydanticBaseSettingsSource):
     """Lowest-priority source: the repository file named by a higher-priority source."""
 
-    def get_field_value(self, field, field_name: str) -> Tuple[Any, str, bool]:
+    def get_field_value(self, field: FieldInfo, field_name: str) -> Tuple[Any, str, bool]:
         return None, field_name, False
 
     def __call__(self) -> Dict[str, Any]:
