@@ -1,13 +1,16 @@
 """Request bodies (issue 42): a Content-Encoding is undone off the event loop, so inflating
 bodies never stalls other requests (defect 12, a real `irpe serve` process); gzip bodies follow
 gzip's own rules: several members are one body, trailing garbage is a 400 that says so (defect
-13)."""
+13); a 413 is counted and logged under the route the request was sent to, whether refused on
+its declared Content-Length or while streaming (defect 14)."""
 from __future__ import annotations
 
 import base64
 import gzip
 import json
+import logging
 import os
+import socket
 import threading
 import time
 import zlib
@@ -17,10 +20,11 @@ import pytest
 
 from serve.config import ServeSettings
 from tests.drain_load import percentile_ms
-from tests.helpers import ROOT, running_server, shape_png, start_cli, wait_ready, wait_until
+from tests.helpers import ROOT, metric, running_server, shape_png, start_cli, wait_ready, wait_until
 
 LIMIT = 128 << 10
 PNG = shape_png(2)
+ROUTE = "/v1/models/{name}/classify"
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +84,36 @@ def test_gzip_members_are_one_body_and_trailing_garbage_is_refused(url, kind):
         r = post(_members(body + b" " * (2 * LIMIT)))  # each member small, together too big
         assert r.status_code == 413
         assert r.json() == {"error": f"decompressed body is over the limit of {LIMIT} bytes"}
+
+
+def _raw_post(url: str, path: str, head: str, body: bytes) -> int:
+    host, port = url.rsplit("/", 1)[1].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n{head}"
+                     "\r\n".encode() + body)
+        return int(sock.makefile("rb").readline().split()[1])
+
+
+def test_413_is_counted_and_logged_under_its_route(url, caplog):
+    caplog.set_level(logging.INFO, logger="irpe.serve.access")
+    labels = dict(method="POST", route=ROUTE, status="413")  # /metrics order
+    before = metric(url, "irpe_http_requests_total", **labels)
+    unmatched = metric(url, "irpe_http_requests_total", method="POST", route="unmatched",
+                       status="413")
+    big = b"\0" * (LIMIT + 1)
+    declared = _raw_post(url, "/v1/models/cls/classify", f"Content-Length: {len(big)}\r\n", big)
+    chunked = f"{len(big):x}\r\n".encode() + big + b"\r\n0\r\n\r\n"
+    streamed = _raw_post(url, "/v1/models/cls/classify", "Transfer-Encoding: chunked\r\n",
+                         chunked)
+    assert (declared, streamed) == (413, 413)
+    assert metric(url, "irpe_http_requests_total", **labels) == before + 2  # main: + 1
+    assert metric(url, "irpe_http_requests_total", method="POST", route="unmatched",
+                  status="413") == unmatched  # main: + 1, the declared one
+    logged = [r for r in caplog.records if getattr(r, "status", None) == 413]
+    assert [r.route for r in logged] == [ROUTE, ROUTE]
+    assert _raw_post(url, "/nowhere", f"Content-Length: {len(big)}\r\n", big) == 413
+    assert metric(url, "irpe_http_requests_total", method="POST", route="unmatched",
+                  status="413") == unmatched + 1  # no route: unmatched, as a 404 is
 
 
 BOMB = gzip.compress(b"\0" * ((32 << 20) - 1024), 9)  # ~32 KB inflating to just under 32 MiB
