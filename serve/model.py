@@ -22,7 +22,8 @@ from .config import ModelConfig, ServeSettings
 from .errors import ServeError, unavailable
 from .gc_freeze import freeze_loaded, thaw
 from .metrics import Metrics
-from .nvjpeg import available as nvjpeg_available, decode_on_device
+from .nvjpeg import available as nvjpeg_available
+from .nvjpeg import decode_on_device
 from .preprocess_pool import decode_numbered, map_images, map_images_fifo
 
 __all__ = ["ServedModel", "Input", "check_count"]
@@ -75,6 +76,12 @@ class ServedModel:
         return list(configured)
 
     @property
+    def precision(self) -> str:
+        """What the model computes in, the one source of /v1/models and the "model ready" log
+        line: an ONNX file's own precision (int8 when quantised), else the configured one."""
+        return getattr(self.backend, "file_precision", None) or self.cfg.run_precision()
+
+    @property
     def ready(self) -> bool:
         """True once loaded and warmed up (and not shutting down)."""
         return self.state == "ready"
@@ -95,7 +102,7 @@ class ServedModel:
         self.state = "ready"
         log.info("model ready", extra={"model": self.name, "backend": self.cfg.backend,
                                        "task": self.task, "instances": len(self.backends),
-                                       "precision": self.cfg.run_precision(),
+                                       "precision": self.precision,
                                        "frozen_objects": frozen})
 
     async def _start_instance(self, i: int) -> Dict[str, np.ndarray]:
@@ -201,8 +208,7 @@ class ServedModel:
                 "platform": self.backend.platform, "model": self.spec.model_name,
                 "state": self.state, "num_classes": len(self.labels),
                 "max_batch_size": self.cfg.max_batch_size, "instances": len(self.backends),
-                "precision": getattr(self.backend, "file_precision", None)
-                or self.cfg.run_precision()}
+                "precision": self.precision}
 
 
 async def _given(inputs: List[Input]) -> List[Input]:
