@@ -29,10 +29,11 @@ import signal
 import socket
 import time
 from types import FrameType
-from typing import Any, Awaitable, Callable, Dict, List, MutableMapping, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import uvicorn
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .config import ServeSettings
@@ -45,12 +46,6 @@ log = logging.getLogger("irpe.serve")
 
 IDLE_CLOSE_S = 0.5  # after the grace: a connection idle this long closes (none arrives midway)
 _POLL_S = 0.05
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class CloseWhileDraining:
