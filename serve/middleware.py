@@ -6,6 +6,10 @@ import logging
 import re
 import time
 import uuid
+from typing import Iterator, Optional
+
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import CLIENT_CLOSED_REQUEST, ServeError
 from .logs import request_id
@@ -24,10 +28,10 @@ class BodyTooLarge(ServeError):
 class ObserveMiddleware:
     """Assign X-Request-ID, log each request, count it by route template and status."""
 
-    def __init__(self, app, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app, self.metrics = app, metrics
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
@@ -35,7 +39,7 @@ class ObserveMiddleware:
         token = request_id.set(rid)
         status, start = 500, time.perf_counter()
 
-        async def send_with_id(message) -> None:
+        async def send_with_id(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
@@ -51,7 +55,7 @@ class ObserveMiddleware:
             self._record(scope, status, time.perf_counter() - start)
             request_id.reset(token)
 
-    def _record(self, scope, status: int, seconds: float) -> None:
+    def _record(self, scope: Scope, status: int, seconds: float) -> None:
         route = getattr(scope.get("route"), "path", None) or "unmatched"
         self.metrics.requests.labels(route, scope["method"], str(status)).inc()
         if status == CLIENT_CLOSED_REQUEST:
@@ -73,11 +77,11 @@ class BodyLimitMiddleware:
     (the client will not send that body, so the connection cannot carry another request).
     """
 
-    def __init__(self, app, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app, self.limit = app, limit
         self.drain = max(4 * limit, 16 << 20)
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
@@ -86,10 +90,11 @@ class BodyLimitMiddleware:
         if length is not None and (not length.isdigit() or int(length) > self.limit):
             if not expects and length.isdigit() and int(length) <= self.drain:
                 await self._discard(receive, 0)
+            _find_route(scope)  # refused before routing: counted and logged under its route
             return await _reject(send, self._message(), close=expects)
         received, asked = 0, False
 
-        async def limited_receive():
+        async def limited_receive() -> Message:
             nonlocal received, asked
             asked = True
             message = await receive()
@@ -101,7 +106,7 @@ class BodyLimitMiddleware:
                     raise BodyTooLarge(413, self._message())
             return message
 
-        async def closing_send(message) -> None:
+        async def closing_send(message: Message) -> None:
             if message["type"] == "http.response.start" and expects and not asked:
                 message["headers"] = list(message.get("headers", [])) + [(b"connection",
                                                                            b"close")]
@@ -109,7 +114,7 @@ class BodyLimitMiddleware:
 
         await self.app(scope, limited_receive, closing_send)
 
-    async def _discard(self, receive, seen: int) -> None:
+    async def _discard(self, receive: Receive, seen: int) -> None:
         while seen <= self.drain:
             message = await receive()
             if message["type"] != "http.request":
@@ -122,7 +127,29 @@ class BodyLimitMiddleware:
         return f"request body is over the limit of {self.limit} bytes"
 
 
-async def _reject(send, message: str, close: bool = False) -> None:
+def _find_route(scope: Scope) -> Optional[object]:
+    """Set ``scope["route"]`` to the app's route that fully matches the request, as the router
+    would (ObserveMiddleware labels metrics and logs with its path); None when none does."""
+    for route in _leaf_routes(getattr(scope.get("app"), "router", None)):
+        match, child = route.matches(scope)
+        if match is Match.FULL:
+            scope["route"] = child.get("route", route)
+            return scope["route"]
+    return None
+
+
+def _leaf_routes(router: object) -> Iterator[BaseRoute]:
+    """The routes of ``router``, those of included routers in their place (FastAPI keeps an
+    included router as one route holding the ``original_router``)."""
+    for route in getattr(router, "routes", []):
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            yield from _leaf_routes(inner)
+        else:
+            yield route
+
+
+async def _reject(send: Send, message: str, close: bool = False) -> None:
     body = json.dumps({"error": message}, separators=(",", ":")).encode()
     headers = [(b"content-type", b"application/json"),
                (b"content-length", str(len(body)).encode())]

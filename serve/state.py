@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Annotated, Dict, Optional
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -26,11 +26,13 @@ class AppState:
     settings: ServeSettings
     models: Dict[str, ServedModel]
     metrics: Metrics = field(default_factory=Metrics)
-    stopping: bool = False
+    draining: bool = False  # SIGTERM: readiness 503, answers say Connection: close (serve.drain)
+    stopping: bool = False  # models stopping (lifespan shutdown): inference 503 too
 
     def not_ready(self) -> Optional[str]:
-        """Why the server is not ready, or None when every model is."""
-        if self.stopping:
+        """Why the server is not ready, or None when every model is. Draining is not ready
+        at once, so load balancers stop routing here while requests are still answered."""
+        if self.draining or self.stopping:
             return "server is shutting down"
         waiting = [f"{m.name} ({m.state})" for m in self.models.values() if not m.ready]
         return f"models not ready: {', '.join(waiting)}" if waiting else None
@@ -61,8 +63,8 @@ def app_state(request: Request) -> AppState:
     return request.app.state.irpe
 
 
-async def require_token(request: Request, credentials: Optional[HTTPAuthorizationCredentials]
-                        = Depends(_bearer)) -> None:
+async def require_token(request: Request, credentials: Annotated[
+        Optional[HTTPAuthorizationCredentials], Depends(_bearer)]) -> None:
     """401 unless the bearer token equals the configured one (constant-time compare). Async: a
     plain def dependency would run in a worker thread per request, where requests overtake each
     other in the race for the GIL (the tail-latency fix of docs/serve.md)."""

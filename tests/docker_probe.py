@@ -27,8 +27,8 @@ from tests.docker_requests import CHECKS, drain_request, error_checks, infer_v2
 from tests.helpers import ROOT, metric, start_cli, wait_ready
 
 START_PERIOD_S = 180.0   # the Dockerfile's HEALTHCHECK --start-period
-STOP_TIMEOUT_S = 10      # docker stop's default; the image drains for IRPE_SERVE_SHUTDOWN_TIMEOUT_S=8
-HOLD_S = 1.0             # the held drain request sends the rest of its body this long after the stop
+STOP_TIMEOUT_S = 10      # docker stop's default; the image drains within 2 + 6 s (Dockerfile)
+HOLD_S = 1.0             # the held drain request sends its body's rest this long after the stop
 THREADS = "2"            # same ONNX Runtime pool size in and out of the container
 REPOSITORY = """\
 models:
@@ -180,7 +180,8 @@ def compare(host: str, box: str) -> None:
             ok = CHECKS[0][1](client, box)
             check(ok == CHECKS[0][1](client, host), "  ... and the next good request is served")
     a, b = infer_v2(host), infer_v2(box)
-    check(np.array_equal(a, b), f"v2 infer through tritonclient (binary + classification): {b.tolist()}")
+    check(np.array_equal(a, b),
+          f"v2 infer through tritonclient (binary + classification): {b.tolist()}")
 
 
 def drain(docker: Docker, cid: str, url: str, host: str, work_s: float = 2.5) -> Dict[str, float]:
@@ -233,7 +234,8 @@ def drain(docker: Docker, cid: str, url: str, host: str, work_s: float = 2.5) ->
     check(after >= 1, "the stop overlapped requests (at least one finished after it)")
     code = docker.state(cid, ".State.ExitCode")
     check(code == "0" and stopped < STOP_TIMEOUT_S,
-          f"container exit code {code}, stopped in {stopped:.1f} s (stop timeout {STOP_TIMEOUT_S} s)")
+          f"container exit code {code}, stopped in {stopped:.1f} s "
+          f"(stop timeout {STOP_TIMEOUT_S} s)")
     check('"draining"' in docker.logs(cid), "its log says draining")
     return {"stop_s": round(stopped, 1), "drain_requests": requests,
             "finished_after_stop": after}
@@ -247,7 +249,8 @@ def demo_prepare(docker: Docker, image: str, work: Path) -> None:
     empty.mkdir()
     os.chown(empty, 10001, 10001)
     for extra, what in (([], "from the baked cache"),
-                        (["-v", f"{empty}:/var/cache/irpe"], "exported at start into an empty cache")):
+                        (["-v", f"{empty}:/var/cache/irpe"],
+                         "exported at start into an empty cache")):
         t = time.monotonic()
         out = docker("run", "--rm", "--read-only", "--tmpfs", "/tmp", *extra, image,
                      "irpe", "serve", "--prepare", "--log-level", "warning")
