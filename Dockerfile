@@ -77,8 +77,9 @@ RUN useradd --create-home --uid 10001 irpe && mkdir -p /models && chown irpe /mo
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /opt/irpe-deploy/plugins /opt/irpe-deploy/plugins
 COPY --from=build --chown=10001 /var/cache/irpe /var/cache/irpe
-# drain on SIGTERM within docker stop's default 10 s (Kubernetes sets its own: deploy/)
-ENV IRPE_SERVE_SHUTDOWN_TIMEOUT_S=8
+# drain on SIGTERM within docker stop's default 10 s: readiness 503 for 2 s while requests are
+# still served, then at most 6 s for those in flight (Kubernetes sets its own: deploy/)
+ENV IRPE_SERVE_DRAIN_GRACE_S=2 IRPE_SERVE_SHUTDOWN_TIMEOUT_S=6
 USER 10001
 WORKDIR /home/irpe
 EXPOSE 8000

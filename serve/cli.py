@@ -137,19 +137,14 @@ def _prepare(app: FastAPI) -> int:
 
 
 def _run(app: FastAPI, settings: ServeSettings) -> int:
-    """Serve on an explicit TCP socket; "serving" is logged once it accepts connections."""
-    import uvicorn
-
+    """Serve on an explicit TCP socket; "serving" is logged once it accepts connections, and
+    SIGTERM drains (serve.drain: readiness 503 for drain_grace_s, then in-flight requests)."""
+    from .drain import DrainingServer
     from .net import listen_socket
-    from .server import AnnouncingServer
     sock = listen_socket(settings.host, settings.port)
     _share_ort_pool(settings)  # here, not before: --prepare and start-up errors make no pool
-    # uvicorn types the drain time int; it is an asyncio timeout, so fractions of a second work
-    config = uvicorn.Config(
-        app, log_config=None, access_log=False,
-        timeout_graceful_shutdown=settings.shutdown_timeout_s)  # type: ignore[arg-type]
     try:
-        AnnouncingServer(config, settings.model_names()).run(sockets=[sock])
+        DrainingServer.for_app(app, settings).run(sockets=[sock])
     except KeyboardInterrupt:  # Ctrl-C: uvicorn re-raises it after its graceful shutdown
         import os  # drained and stopped (logged): die by SIGINT as Python would, no traceback
         import signal

@@ -231,7 +231,12 @@ class ServeSettings(BaseSettings):
                             "libraries and models, and stop stalling every request in flight")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "json"
-    shutdown_timeout_s: float = Field(30.0, gt=0, description="drain time on SIGTERM")
+    drain_grace_s: float = Field(
+        5.0, ge=0, le=600, description="SIGTERM: seconds readiness answers 503 while requests "
+        "are still served (each answer with Connection: close), so load balancers notice before "
+        "the listener and the idle keep-alive connections close; SIGINT skips it")
+    shutdown_timeout_s: float = Field(30.0, gt=0, description="after the grace: the most "
+                                      "seconds in-flight requests get to finish")
     cache_dir: Optional[Path] = Field(None, description="demo ONNX files (default irpe cache)")
     bucket_cache_mib: Optional[float] = Field(
         None, ge=0, description="torch backend: bucket-id cache limit in MiB, process-wide LRU "

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import zlib
 from typing import Any, Dict, List
 
 from pydantic import BaseModel, Field, ValidationError
@@ -11,13 +10,13 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
 from .errors import ServeError, body_error
+from .inflate import CODINGS, inflate
 
 __all__ = ["ImagesJSON", "RAW_IMAGE_TYPES", "CODINGS", "media_type", "content_codings",
-           "decode_body", "read_body", "read_images", "image_request_body"]
+           "read_body", "read_images", "image_request_body"]
 
 RAW_IMAGE_TYPES = ("image/jpeg", "image/png", "image/webp", "image/bmp", "image/gif",
                    "image/tiff")
-CODINGS = {"gzip": 31, "deflate": 15}  # Content-Encoding -> zlib wbits (deflate = zlib stream)
 
 
 class ImagesJSON(BaseModel):
@@ -44,26 +43,13 @@ def content_codings(request: Request) -> List[str]:
     return codings
 
 
-def decode_body(body: bytes, codings: List[str], limit: int) -> bytes:
-    """Undo ``codings`` (last applied first); 400 for a corrupt stream, 413 when the inflated
-    body passes ``limit`` bytes (inflating stops there: no decompression bomb)."""
-    for coding in reversed(codings):
-        inflater = zlib.decompressobj(wbits=CODINGS[coding])
-        try:
-            body = inflater.decompress(body, limit + 1)
-        except zlib.error as exc:
-            raise ServeError(400, f"cannot decompress the {coding} body: {exc}") from None
-        if len(body) > limit:
-            raise ServeError(413, f"decompressed body is over the limit of {limit} bytes")
-        if not inflater.eof:
-            raise ServeError(400, f"cannot decompress the {coding} body: the stream is truncated")
-    return body
-
-
 async def read_body(request: Request, limit: int) -> bytes:
-    """The request body with its Content-Encoding undone (415 checked before reading)."""
+    """The request body with its Content-Encoding undone (415 checked before reading): inflated
+    off the event loop as it streams in (serve.inflate: gzip members, 400 / 413)."""
     codings = content_codings(request)
-    return decode_body(await request.body(), codings, limit)
+    if not codings:
+        return await request.body()
+    return await inflate(request.stream(), codings, limit)
 
 
 async def read_images(request: Request, max_images: int, limit: int) -> List[bytes]:

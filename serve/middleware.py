@@ -6,7 +6,9 @@ import logging
 import re
 import time
 import uuid
+from typing import Iterator, Optional
 
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import CLIENT_CLOSED_REQUEST, ServeError
@@ -88,6 +90,7 @@ class BodyLimitMiddleware:
         if length is not None and (not length.isdigit() or int(length) > self.limit):
             if not expects and length.isdigit() and int(length) <= self.drain:
                 await self._discard(receive, 0)
+            _find_route(scope)  # refused before routing: counted and logged under its route
             return await _reject(send, self._message(), close=expects)
         received, asked = 0, False
 
@@ -122,6 +125,28 @@ class BodyLimitMiddleware:
 
     def _message(self) -> str:
         return f"request body is over the limit of {self.limit} bytes"
+
+
+def _find_route(scope: Scope) -> Optional[object]:
+    """Set ``scope["route"]`` to the app's route that fully matches the request, as the router
+    would (ObserveMiddleware labels metrics and logs with its path); None when none does."""
+    for route in _leaf_routes(getattr(scope.get("app"), "router", None)):
+        match, child = route.matches(scope)
+        if match is Match.FULL:
+            scope["route"] = child.get("route", route)
+            return scope["route"]
+    return None
+
+
+def _leaf_routes(router: object) -> Iterator[BaseRoute]:
+    """The routes of ``router``, those of included routers in their place (FastAPI keeps an
+    included router as one route holding the ``original_router``)."""
+    for route in getattr(router, "routes", []):
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            yield from _leaf_routes(inner)
+        else:
+            yield route
 
 
 async def _reject(send: Send, message: str, close: bool = False) -> None:

@@ -77,6 +77,12 @@ class ServedModel:
         return list(configured)
 
     @property
+    def precision(self) -> str:
+        """What the model computes in, the one source of /v1/models and the "model ready" log
+        line: an ONNX file's own precision (int8 when quantised), else the configured one."""
+        return self.backend.file_precision or self.cfg.run_precision()
+
+    @property
     def ready(self) -> bool:
         """True once loaded and warmed up (and not shutting down)."""
         return self.state == "ready"
@@ -97,7 +103,7 @@ class ServedModel:
         self.state = "ready"
         log.info("model ready", extra={"model": self.name, "backend": self.cfg.backend,
                                        "task": self.task, "instances": len(self.backends),
-                                       "precision": self.precision(),
+                                       "precision": self.precision,
                                        "frozen_objects": frozen})
 
     async def _start_instance(self, i: int) -> Dict[str, np.ndarray]:
@@ -200,12 +206,7 @@ class ServedModel:
                 "platform": self.backend.platform, "model": self.spec.model_name,
                 "state": self.state, "num_classes": len(self.labels),
                 "max_batch_size": self.cfg.max_batch_size, "instances": len(self.backends),
-                "precision": self.precision()}
-
-    def precision(self) -> str:
-        """What the model runs in: int8 for a quantised file (its metadata), else the
-        configured precision (an openvino model checks it against the compiled model)."""
-        return self.backend.file_precision or self.cfg.run_precision()
+                "precision": self.precision}
 
 
 async def _given(inputs: List[Input]) -> List[Input]:

@@ -1,4 +1,5 @@
-"""uvicorn's server, announcing its URL only once the listening socket accepts connections."""
+"""uvicorn's server, announcing its URL only once the listening socket accepts connections
+(the drain on SIGTERM: serve.drain.DrainingServer, a subclass)."""
 from __future__ import annotations
 
 import logging
@@ -32,11 +33,3 @@ class AnnouncingServer(uvicorn.Server):
         await super().startup(sockets)
         if self.started and sockets:
             log.info("serving", extra={"url": socket_url(sockets[0]), "models": self.models})
-
-    async def shutdown(self, sockets: Optional[List[socket.socket]] = None) -> None:
-        """Close the listeners first, say so ("draining": new connections are refused from
-        now on), then uvicorn's own shutdown (in-flight requests finish, lifespan stops)."""
-        for server in getattr(self, "servers", []):
-            server.close()
-        log.info("draining", extra={"in_flight_connections": len(self.server_state.connections)})
-        await super().shutdown(sockets)

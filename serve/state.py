@@ -26,11 +26,13 @@ class AppState:
     settings: ServeSettings
     models: Dict[str, ServedModel]
     metrics: Metrics = field(default_factory=Metrics)
-    stopping: bool = False
+    draining: bool = False  # SIGTERM: readiness 503, answers say Connection: close (serve.drain)
+    stopping: bool = False  # models stopping (lifespan shutdown): inference 503 too
 
     def not_ready(self) -> Optional[str]:
-        """Why the server is not ready, or None when every model is."""
-        if self.stopping:
+        """Why the server is not ready, or None when every model is. Draining is not ready
+        at once, so load balancers stop routing here while requests are still answered."""
+        if self.draining or self.stopping:
             return "server is shutting down"
         waiting = [f"{m.name} ({m.state})" for m in self.models.values() if not m.ready]
         return f"models not ready: {', '.join(waiting)}" if waiting else None

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 import irpe
 
 from .errors import ServeError, error_responses, unavailable
-from .inputs import content_codings, decode_body, media_type
+from .inputs import media_type, read_body
 from .state import app_state, get_model, require_token
 from .v2codec import InferResponse, decode_request, encode_response
 from .v2infer import model_metadata, run_infer, triton_config
@@ -136,10 +136,8 @@ async def infer(request: Request, name: str, version: Optional[str] = None) -> R
     if media_type(request) not in _V2_TYPES:
         raise ServeError(415, f"unsupported media type {media_type(request)}: send "
                          "application/json or application/octet-stream")
-    codings = content_codings(request)  # 415 before reading the body
-    raw = await request.body()
+    body = await read_body(request, app_state(request).settings.max_body_bytes)  # 415 first
     model.shed()  # a full queue answers 503 before any tensor is parsed
-    body = decode_body(raw, codings, app_state(request).settings.max_body_bytes)
     req, tensors = decode_request(body, request.headers.get("inference-header-content-length"))
     outputs = await run_infer(model, req, tensors)
     header = {"model_name": model.name, "model_version": "1"}

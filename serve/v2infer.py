@@ -34,7 +34,7 @@ def model_metadata(model: ServedModel) -> Dict:
             "inputs": inputs, "outputs": outputs,
             "parameters": {"task": model.task, "labels": model.labels,
                            "preprocess": p.to_dict(), "model": model.spec.model_name,
-                           "backend": model.cfg.backend, "precision": model.precision()}}
+                           "backend": model.cfg.backend, "precision": model.precision}}
 
 
 _CONFIGS: "weakref.WeakKeyDictionary[ServedModel, Dict]" = weakref.WeakKeyDictionary()

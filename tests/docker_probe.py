@@ -27,10 +27,8 @@ from tests.docker_requests import CHECKS, drain_request, error_checks, infer_v2
 from tests.helpers import ROOT, metric, start_cli, wait_ready
 
 START_PERIOD_S = 180.0   # the Dockerfile's HEALTHCHECK --start-period
-# docker stop's default; the image drains for IRPE_SERVE_SHUTDOWN_TIMEOUT_S=8
-STOP_TIMEOUT_S = 10
-# the held drain request sends the rest of its body this long after the stop
-HOLD_S = 1.0
+STOP_TIMEOUT_S = 10      # docker stop's default; the image drains within 2 + 6 s (Dockerfile)
+HOLD_S = 1.0             # the held drain request sends its body's rest this long after the stop
 THREADS = "2"            # same ONNX Runtime pool size in and out of the container
 REPOSITORY = """\
 models:

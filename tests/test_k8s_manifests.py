@@ -1,12 +1,14 @@
 """deploy/: Kubernetes and KServe manifests checked against the server they run (no cluster
 here): each manifest round-trips through the official Kubernetes client's models (field names,
 types); env names are ServeSettings fields; the container env builds real settings on the
-container port; probe paths are routes of serve.app's app; the grace period outlasts the drain;
+container port; probe paths are routes of serve.app's app; the grace period outlasts the drain
+(readiness grace + in-flight timeout, also the image's within `docker stop`);
 names and selectors line up; deploy/models.yaml validates as a model repository."""
 from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Dict, List
 
@@ -17,6 +19,7 @@ from serve.config import ServeSettings
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 PREFIX = ServeSettings.model_config["env_prefix"]
+DOCKER_STOP_TIMEOUT_S = 10  # `docker stop` without -t (the image cannot change it)
 
 
 def docs(sub: str) -> Dict[str, dict]:
@@ -103,17 +106,44 @@ def test_one_gpu_per_replica(where, c):
     assert requests.get("nvidia.com/gpu", "1") == "1"  # extended resources: request == limit
 
 
+def _drain_s(values: Dict[str, str]) -> float:
+    """Seconds `irpe serve` may take from SIGTERM to exit under these IRPE_SERVE_* values: the
+    readiness-503 grace, then the in-flight timeout (serve.drain), as the settings parse them."""
+    settings = ServeSettings(drain_grace_s=values[PREFIX + "DRAIN_GRACE_S"],
+                             shutdown_timeout_s=values[PREFIX + "SHUTDOWN_TIMEOUT_S"])
+    return settings.drain_grace_s + settings.shutdown_timeout_s
+
+
+def _values(c: dict) -> Dict[str, str]:
+    return {name: item["value"] for name, item in env(c).items() if "value" in item}
+
+
 def test_grace_period_outlasts_prestop_and_drain():
     spec = K8S["Deployment"]["spec"]["template"]["spec"]
     c = container(spec)
-    drain = float(env(c)[PREFIX + "SHUTDOWN_TIMEOUT_S"]["value"])
-    assert drain == ServeSettings(shutdown_timeout_s=drain).shutdown_timeout_s
+    drain = _drain_s(_values(c))
+    assert float(_values(c)[PREFIX + "DRAIN_GRACE_S"]) > 0  # load balancers see the 503
     command = c["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "sleep"
     grace = spec["terminationGracePeriodSeconds"]
     assert grace > float(command[1]) + drain
     live = c["livenessProbe"]
     assert live["periodSeconds"] * live["failureThreshold"] > grace  # no kill while draining
+
+
+def test_kserve_drain_fits_the_default_grace_period():
+    """KServe's pods keep Kubernetes' default terminationGracePeriodSeconds (30 s)."""
+    predictor = KSERVE["InferenceService"]["spec"]["predictor"]
+    grace = predictor.get("terminationGracePeriodSeconds", 30)
+    assert _drain_s(_values(container(KSERVE["ServingRuntime"]["spec"]))) < grace
+
+
+def test_image_drain_fits_docker_stop():
+    """The Dockerfile's drain settings end before `docker stop`'s default 10 s (then SIGKILL)."""
+    text = (DEPLOY.parent / "Dockerfile").read_text()
+    values = dict(re.findall(r"\b(IRPE_SERVE_[A-Z_]+)=(\S+)", text))
+    assert float(values[PREFIX + "DRAIN_GRACE_S"]) > 0
+    assert _drain_s(values) < DOCKER_STOP_TIMEOUT_S - 1  # a second left for the models' stop
 
 
 def test_names_selectors_and_volumes_line_up():

@@ -3,6 +3,7 @@ precision from the file's metadata, it classifies as the fp32 file does, and ``i
 triton-repo`` packs it into a repository whose model runs at the config's shapes."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import httpx
@@ -29,13 +30,34 @@ def files(tmp_path_factory):
     return {"fp32": fp32, "int8": int8}
 
 
+class _Records(logging.Handler):
+    """The log records of the server's start (the "model ready" lines)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.records: list = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+READY_LOG = _Records()
+
+
 @pytest.fixture(scope="module")
 def client(files):
     models = [{"name": "fp32", "path": str(files["fp32"]), "backend": "onnxruntime"},
               {"name": "int8", "path": str(files["int8"]), "backend": "onnxruntime"}]
     settings = ServeSettings(threads=1, log_level="warning", models=models)
-    with running_server(settings) as base, httpx.Client(base_url=base, timeout=30) as c:
-        yield c
+    logger = logging.getLogger("irpe.serve")
+    level, logger.level = logger.level, logging.INFO
+    logger.addHandler(READY_LOG)
+    try:
+        with running_server(settings) as base, httpx.Client(base_url=base, timeout=30) as c:
+            yield c
+    finally:
+        logger.removeHandler(READY_LOG)
+        logger.setLevel(level)
 
 
 def test_models_listing_shows_the_files_precision(client):
@@ -60,6 +82,13 @@ def test_file_precision_is_read_with_the_spec(files):
     assert create_backend(fp32).file_precision is None
     assert ServedModel(fp32.model_copy(update={"precision": "bf16"}),
                        Metrics()).describe()["precision"] == "bf16"
+
+
+def test_model_ready_log_says_the_listed_precision(client):
+    """One source (issue 42, defect 15): the "model ready" line said fp32 for the int8 file."""
+    listed = {m["name"]: m["precision"] for m in client.get("/v1/models").json()}
+    logged = {r.model: r.precision for r in READY_LOG.records if r.getMessage() == "model ready"}
+    assert logged == listed == {"fp32": "fp32", "int8": "int8"}
 
 
 def test_quantised_model_classifies_like_fp32(client):
