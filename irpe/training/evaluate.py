@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Union, overload
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -20,10 +21,10 @@ if TYPE_CHECKING:  # the data sets are imported where they are read
     from ..data.datasets import CocoDetection, ShapesDetection
 
 __all__ = ["topk_accuracy", "evaluate_classification", "coco_map", "detections_to_coco",
-           "evaluate_detection", "OnnxModel", "OpenVINOModel"]
+           "evaluate_detection", "RuntimeModel", "OnnxModel", "OpenVINOModel"]
 
 # what the loops evaluate: a torch model, or an exported file run by ONNX Runtime or OpenVINO
-Evaluated = Union[nn.Module, "OnnxModel", "OpenVINOModel"]
+Evaluated = Union[nn.Module, "RuntimeModel"]
 
 COCO_STATS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm",
               "ARl")
@@ -127,25 +128,21 @@ def evaluate_detection(model: Evaluated, dataset: Union[ShapesDetection, CocoDet
     return dist.broadcast(metrics)
 
 
-class OnnxModel:
-    """An exported (or quantised) ONNX file run by ONNX Runtime where the evaluation loops call
-    a PyTorch model: ``model(images)`` -> logits, ``model(images, sizes)`` -> DETR outputs."""
+class RuntimeModel:
+    """A file run by an inference runtime, called where the evaluation loops call a PyTorch
+    model: ``model(images)`` -> logits, ``model(images, sizes)`` -> DETR outputs. Inputs are
+    read to the host whatever the device; subclasses run one batch of numpy feeds."""
 
-    def __init__(self, path: str, threads: Optional[int] = None,
-                 ort_options: Optional[OrtOptions] = None) -> None:
-        from ..artifact.contract import onnx_precision, read_onnx_props, read_onnx_spec
-        from ..runtime.onnxruntime.session import create_session
-        self.spec = read_onnx_spec(path)
-        self.precision = onnx_precision(read_onnx_props(path))
-        self.session, self.ops = create_session(path, threads=threads, options=ort_options)
-        self.outputs = [o.name for o in self.session.get_outputs()]
-
-    def eval(self) -> "OnnxModel":
+    def eval(self) -> "RuntimeModel":
         return self
 
-    def to(self, device: Union[str, torch.device]) -> "OnnxModel":
-        """Runs on ONNX Runtime's CPU provider whatever the device: inputs are read to host."""
+    def to(self, device: Union[str, torch.device]) -> "RuntimeModel":
+        """The runtime runs on the CPU whatever the device: inputs are read to host."""
         return self
+
+    def run(self, feeds: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        """The file's outputs by name for one batch of host inputs."""
+        raise NotImplementedError
 
     @overload
     def __call__(self, images: torch.Tensor, sizes: None = None) -> torch.Tensor: ...
@@ -158,15 +155,30 @@ class OnnxModel:
         feeds = {"images": images.float().cpu().numpy()}
         if sizes is not None:
             feeds["sizes"] = sizes.cpu().numpy().astype("int64")
-        out = {k: torch.from_numpy(v) for k, v in zip(self.outputs,
-                                                      self.session.run(None, feeds), strict=True)}
+        out = {k: torch.from_numpy(v) for k, v in self.run(feeds).items()}
         return out["logits"] if "logits" in out else out
 
 
-class OpenVINOModel:
+class OnnxModel(RuntimeModel):
+    """An exported (or quantised) ONNX file run by ONNX Runtime (:class:`RuntimeModel`)."""
+
+    def __init__(self, path: str, threads: Optional[int] = None,
+                 ort_options: Optional[OrtOptions] = None) -> None:
+        from ..artifact.contract import onnx_precision, read_onnx_props, read_onnx_spec
+        from ..runtime.onnxruntime.session import create_session
+        self.spec = read_onnx_spec(path)
+        self.precision = onnx_precision(read_onnx_props(path))
+        self.session, self.ops = create_session(path, threads=threads, options=ort_options)
+        self.outputs = [o.name for o in self.session.get_outputs()]
+
+    def run(self, feeds: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        return dict(zip(self.outputs, self.session.run(None, feeds), strict=True))
+
+
+class OpenVINOModel(RuntimeModel):
     """An exported .onnx or an OpenVINO IR (.xml) compiled by OpenVINO's CPU plugin
-    (irpe.runtime.openvino.session), called where the evaluation loops call a PyTorch model,
-    as :class:`OnnxModel`; ``options`` set the precision (fp32 / bf16) and threads."""
+    (irpe.runtime.openvino.session, :class:`RuntimeModel`); ``options`` set the precision
+    (fp32 / bf16) and threads."""
 
     def __init__(self, path: Union[str, "os.PathLike[str]"],
                  options: Optional[OvOptions] = None) -> None:
@@ -182,24 +194,6 @@ class OpenVINOModel:
                           else compiled_precision(self.compiled))
         self.request = self.compiled.create_infer_request()
 
-    def eval(self) -> "OpenVINOModel":
-        return self
-
-    def to(self, device: object) -> "OpenVINOModel":
-        """Runs on OpenVINO's CPU plugin whatever the device: inputs are read to host."""
-        return self
-
-    @overload
-    def __call__(self, images: torch.Tensor, sizes: None = None) -> torch.Tensor: ...
-
-    @overload
-    def __call__(self, images: torch.Tensor, sizes: torch.Tensor) -> Dict[str, torch.Tensor]: ...
-
-    def __call__(self, images: torch.Tensor, sizes: Optional[torch.Tensor] = None
-                 ) -> Union[torch.Tensor, Dict[str, torch.Tensor]]:
-        feeds = {"images": images.float().cpu().numpy()}
-        if sizes is not None:
-            feeds["sizes"] = sizes.cpu().numpy().astype("int64")
+    def run(self, feeds: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         got = self.request.infer(feeds, share_outputs=False)
-        out = {o.get_any_name(): torch.from_numpy(got[o]) for o in self.compiled.outputs}
-        return out["logits"] if "logits" in out else out
+        return {o.get_any_name(): got[o] for o in self.compiled.outputs}

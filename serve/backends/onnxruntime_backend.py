@@ -9,7 +9,7 @@ import numpy as np
 from irpe.artifact.contract import onnx_precision, onnx_spec, read_onnx_props
 from irpe.runtime.onnxruntime.session import GPU_PROVIDERS
 
-from . import Artifact, Backend, input_names, output_names
+from . import Artifact, Backend, output_names
 
 __all__ = ["OnnxRuntimeBackend", "providers_for"]
 
@@ -62,26 +62,16 @@ class OnnxRuntimeBackend(Backend):
             self.cfg.path, providers, threads=self.threads or None, quiet=True, options=options)
         log.info("onnxruntime session", extra={"model": self.cfg.name,
                                                "irpe_ops": self.ops_path.describe()})
-        self._check_names()
+        self.check_io([i.name for i in self.session.get_inputs()],
+                      [o.name for o in self.session.get_outputs()])
         wanted = providers[0] if isinstance(providers[0], str) else providers[0][0]
         if wanted not in self.session.get_providers():
             log.warning("onnxruntime fell back from the first provider",
                         extra={"model": self.cfg.name, "wanted": wanted,
                                "active": self.session.get_providers()})
 
-    def _check_names(self) -> None:
-        got_in = [i.name for i in self.session.get_inputs()]
-        got_out = [o.name for o in self.session.get_outputs()]
-        task = self.spec.task
-        if set(got_in) != set(input_names(task)) or not set(output_names(task)) <= set(got_out):
-            raise RuntimeError(f"{self.cfg.path}: inputs {got_in} / outputs {got_out} are not "
-                               f"the {task} export contract ({list(input_names(task))} -> "
-                               f"{list(output_names(task))})")
-
     def infer(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
-        feeds = {"images": np.ascontiguousarray(images, dtype=np.float32)}
-        if self.spec.task == "detection":
-            feeds["sizes"] = np.ascontiguousarray(sizes, dtype=np.int64)
+        feeds = self.host_feeds(images, sizes)
         names = list(output_names(self.spec.task))
         return dict(zip(names, self.session.run(names, feeds), strict=True))
 

@@ -17,7 +17,7 @@ from irpe.artifact.contract import onnx_precision, read_onnx_props, read_onnx_sp
 from irpe.artifact.openvino_ir import is_ir, read_ir_props, read_ir_spec
 from irpe.errors import InvalidInput
 
-from . import Artifact, Backend, input_names, output_names
+from . import Artifact, Backend, output_names
 
 __all__ = ["OpenVINOBackend"]
 
@@ -62,22 +62,12 @@ class OpenVINOBackend(Backend):
         from irpe.runtime.openvino.session import compile_model
         self.compiled, self.description = compile_model(self.cfg.path, self.options)
         log.info("openvino model", extra={"model": self.cfg.name, "openvino": self.description})
-        self._check_names()
+        self.check_io([i.get_any_name() for i in self.compiled.inputs],
+                      [o.get_any_name() for o in self.compiled.outputs])
         self.request = self.compiled.create_infer_request()
 
-    def _check_names(self) -> None:
-        got_in = [i.get_any_name() for i in self.compiled.inputs]
-        got_out = [o.get_any_name() for o in self.compiled.outputs]
-        task = self.spec.task
-        if set(got_in) != set(input_names(task)) or not set(output_names(task)) <= set(got_out):
-            raise RuntimeError(f"{self.cfg.path}: inputs {got_in} / outputs {got_out} are not "
-                               f"the {task} export contract ({list(input_names(task))} -> "
-                               f"{list(output_names(task))})")
-
     def infer(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
-        feeds = {"images": np.ascontiguousarray(images, dtype=np.float32)}
-        if self.spec.task == "detection":
-            feeds["sizes"] = np.ascontiguousarray(sizes, dtype=np.int64)
+        feeds = self.host_feeds(images, sizes)
         # inputs shared (infer is synchronous), outputs copied: the request reuses its buffers
         out = self.request.infer(feeds, share_inputs=True, share_outputs=False)
         return {name: out[name] for name in output_names(self.spec.task)}
