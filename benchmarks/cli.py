@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -15,7 +16,6 @@ __all__ = ["add_parser"]
 
 def _cache(what: str) -> Path:
     """Scratch folder for exported models (outside the results folder)."""
-    import tempfile
     return Path(tempfile.gettempdir()) / f"irpe-bench-{what}"
 
 

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -266,7 +268,6 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    import os
 
     from benchmarks.common import device_name
     from benchmarks.report import write_json_md
@@ -276,7 +277,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(json.dumps(worker(args.worker, files, args.batch, args.threads, args.rounds,
                                 args.warmup, args.detr, args.outputs)))
         return 0
-    import tempfile
 
     import onnxruntime
     import openvino

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import resource
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -177,7 +178,6 @@ def cuda_graph_runner(module: torch.nn.Module, inputs) -> Runner:
 
 def _export(value: Entry, path: Path) -> None:
     """export.onnx of a registry name, or of the module built with overrides."""
-    import warnings
 
     from export.onnx import export_onnx
     from irpe.artifact.trained import default_spec

@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -49,8 +51,6 @@ def quantize_models(paths: Dict[str, Path], mode: str, samples: int,
     """Each fp32 file quantised (key + INT8) beside it by ``irpe quantize`` in a child process
     (calibration makes sessions with pools of their own, which this process's shared pool
     forbids once made)."""
-    import subprocess
-    import sys
     out = {}
     for key, path in paths.items():
         start = time.perf_counter()
@@ -153,7 +153,6 @@ def _load() -> str:
 
 
 def _uptime() -> str:
-    import subprocess
     try:
         return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
     except (OSError, subprocess.SubprocessError):

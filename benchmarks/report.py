@@ -5,7 +5,9 @@ report` rebuilds ``bench_<kind>.md`` and ``bench_<kind>_*.png`` from those JSON 
 """
 from __future__ import annotations
 
+import importlib.metadata as md
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -44,7 +46,6 @@ def git_sha() -> str:
 
 def versions() -> Dict[str, str]:
     """Versions of Python and the libraries that set the numbers."""
-    import importlib.metadata as md
     out = {"python": platform.python_version()}
     for pkg in ("torch", "onnxruntime", "numpy", "fastapi", "uvicorn", "httpx"):
         try:
@@ -64,7 +65,6 @@ def envelope(kind: str, settings: Dict, results: List[Dict], notes: Sequence[str
 
 
 def _cpus() -> Optional[int]:
-    import os
     return os.cpu_count()
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import os
 import platform
@@ -106,7 +107,6 @@ def rss_mib(pid: int) -> float:
 
 def image() -> bytes:
     """One small PNG from the shapes data set."""
-    import io
 
     from irpe.data.shapes import render_classification
     buf = io.BytesIO()

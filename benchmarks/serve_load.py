@@ -22,6 +22,7 @@ import io
 import json
 import os
 import statistics
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -252,7 +253,6 @@ def _summary(rows: List[Dict], servers: Sequence[str]) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Closed-loop p50/p99 per concurrency of `irpe serve` (and of ``--baseline``), alternated."""
-    import tempfile
     args = _parser().parse_args(argv)
     levels = int_list(args.concurrency)
     servers = {"this checkout": (None, {}),

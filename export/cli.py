@@ -8,6 +8,8 @@ import argparse
 import json
 import os
 import sys
+import warnings
+from pathlib import Path
 from typing import List, Optional, TextIO, Tuple
 
 from irpe.artifact.contract import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET
@@ -19,7 +21,6 @@ __all__ = ["add_parser", "cmd_export", "cmd_validate", "cmd_build_engine"]
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Export a model to ONNX; prints the output path, size and RPE node counts."""
-    import warnings
 
     from .onnx import export_model
     with warnings.catch_warnings():
@@ -40,13 +41,11 @@ def _warn_line(message: Warning | str, category: type[Warning], filename: str, l
 
 
 def _default_output(source: str) -> str:
-    from pathlib import Path
     return Path(source).stem + ".onnx"
 
 
 def _output(source: str, output: Optional[str]) -> str:
     """``-o``: a file, or an existing folder to write ``<source>.onnx`` into (default: here)."""
-    import os
     if output and os.path.isdir(output):
         return os.path.join(output, _default_output(source))
     return output or _default_output(source)

@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import os
+import sys
 
 from irpe.argtypes import number
 from irpe.errors import CLIError
@@ -23,10 +27,6 @@ def _from_onnxruntime(exc: Exception) -> bool:
 def cmd_quantize(args: argparse.Namespace) -> int:
     """Quantise the file; prints one summary line on stdout (what was quantised and how), and
     nothing else there: ONNX Runtime's calibration chatter goes to stderr."""
-    import contextlib
-    import logging
-    import os
-    import sys
 
     from .quantize import Activations as Acts
     from .quantize import CalibrationMethod, QuantizeSettings, QuantMode, Target, quantize

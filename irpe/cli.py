@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
 import torch
@@ -150,7 +153,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_extension(sub: argparse._SubParsersAction, module: str) -> None:
     """Register the subcommands of ``module`` if that module exists in this checkout."""
-    import importlib
     top = module.partition(".")[0]
     if top in CHECKOUT_ONLY and not _checkout_on_path(top):
         _needs_checkout(sub, top)  # an install without the checkout (a wheel)
@@ -190,8 +192,6 @@ def _checkout_on_path(top: str) -> bool:
     to sys.path if nothing finds ``top`` yet: `make install` maps only the shipped packages, so
     `.venv/bin/irpe` would not see benchmarks/ (`python -m irpe` does, from the cwd). Appended,
     it hides nothing installed."""
-    import importlib.util
-    from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     if not ((root / top / "__init__.py").is_file() and (root / "pyproject.toml").is_file()):
         return False
@@ -203,8 +203,6 @@ def _checkout_on_path(top: str) -> bool:
 def _foreign_package(top: str) -> Optional[str]:
     """Where another distribution's top-level ``export``/``serve`` package was found first on
     sys.path (ours sit beside irpe/), or None; nothing is imported."""
-    import importlib.util
-    from pathlib import Path
     if top not in SHIPPED_BESIDE + CHECKOUT_ONLY:
         return None
     spec = importlib.util.find_spec(top)

@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
+import os
+import signal
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, TypeVar
 
 if TYPE_CHECKING:
@@ -66,7 +70,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _share_ort_pool(settings: ServeSettings) -> None:
     """`irpe serve` owns its process: its onnxruntime models share one intra-op pool
     (``ort_thread_pool: shared``), made before the server loads them (docs/serve.md)."""
-    import logging
     names = [m.name for m in settings.models if m.backend == "onnxruntime"]
     if settings.ort_thread_pool != "shared" or not names:
         return
@@ -116,8 +119,6 @@ def _with_precision(settings: ServeSettings, precision: str) -> ServeSettings:
 
 
 def _prepare(app: FastAPI) -> int:
-    import asyncio
-
     from .state import AppState
     state: AppState = app.state.irpe
 
@@ -146,8 +147,7 @@ def _run(app: FastAPI, settings: ServeSettings) -> int:
     try:
         DrainingServer.for_app(app, settings).run(sockets=[sock])
     except KeyboardInterrupt:  # Ctrl-C: uvicorn re-raises it after its graceful shutdown
-        import os  # drained and stopped (logged): die by SIGINT as Python would, no traceback
-        import signal
+        # drained and stopped (logged): die by SIGINT as Python would, no traceback
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     return 0

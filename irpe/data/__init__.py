@@ -2,6 +2,8 @@
 
 The shapes and dataset names are imported on first use, so ``import irpe.data`` stays light.
 """
+import importlib
+
 from .transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -26,7 +28,6 @@ def __getattr__(name: str):
     """Import the module defining ``name`` on first access (PEP 562)."""
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
     value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     globals()[name] = value
     return value

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from pathlib import Path
 from typing import Dict
@@ -27,7 +28,6 @@ def _prepare(out: str, force: bool) -> Path:
 def _drop_stale(root: Path, summary: Dict) -> None:
     """After a forced write: remove the layout entries the new set did not write (a detection
     set's annotations/ under a classification set); other files in ``root`` stay."""
-    import shutil
 
     from ..atomic import held_interrupts
     written = {"train", "val", "shapes.json"} | ({"annotations"} if "max_objects" in summary

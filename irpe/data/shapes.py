@@ -7,8 +7,10 @@ so boxes are exact (the tight box of the painted pixels) and tests can check the
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, NoReturn, Optional, Tuple
 
 import numpy as np
@@ -280,7 +282,6 @@ def _progress(total: int, enabled: bool, desc: str) -> tqdm[NoReturn]:
 
 
 def _write_json(path: StrPath, data: Dict) -> None:
-    import json
     with open(path, "w", encoding="utf-8") as f:  # inside a staging folder (atomic_dir)
         json.dump(data, f)
 
@@ -292,7 +293,6 @@ def write_classification(out_dir: StrPath, num_train: int = 4000,
 
     The set is written into a staging folder beside ``out_dir`` and moved in when complete
     (irpe.atomic.atomic_dir: its train/, val/ and shapes.json replace those of ``out_dir``)."""
-    from pathlib import Path
     check_counts(num_train=num_train, num_val=num_val)
     check_size(size, "classification")
     make_rng(seed, 0, "train")
@@ -321,7 +321,6 @@ def write_detection(out_dir: StrPath, num_train: int = 4000, num_val: int = 500,
     """Write ``out_dir/{train,val}/<index:06d>.png`` and COCO json under annotations/; summary.
 
     Staged beside ``out_dir`` and moved in when complete, as :func:`write_classification`."""
-    from pathlib import Path
     check_counts(num_train=num_train, num_val=num_val)
     detection_scene(seed, 0, size, max_objects)  # validates every argument before writing
     root = Path(out_dir)

@@ -1,6 +1,9 @@
 """Model registry (timm-like): names -> builders, ``create_model`` with optional checkpoint."""
 from __future__ import annotations
 
+import difflib
+import fnmatch
+import os
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Union
 
@@ -49,14 +52,12 @@ def register_model(name: str, family: str, config: Optional[Dict] = None,
 
 def list_models(pattern: str = "*") -> List[str]:
     """Registered names matching a shell-style pattern, sorted."""
-    import fnmatch
     return sorted(n for n in _REGISTRY if fnmatch.fnmatch(n, pattern))
 
 
 def suggest(name: str, names: List[str], count: int = 3) -> List[str]:
     """Up to ``count`` names close to ``name`` (difflib ratio), those of the same family (the
     part before the first ``_``, e.g. ``deit``) first, so a typo stays within its family."""
-    import difflib
     query, family = name.lower(), name.lower().split("_")[0]
     scored = []
     for candidate in names:
@@ -103,7 +104,6 @@ def create_model(name: Union[str, ModelInfo], checkpoint: Optional[str] = None,
 
 def bundled_weights(info: ModelInfo) -> str:
     """Absolute path of a model's bundled weights (shipped under irpe/demo/)."""
-    import os
     path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "demo", info.weights or "")
     if info.weights is None or not os.path.isfile(path):
         raise MissingFile(f"bundled weights of {info.name} missing: {path} (rebuild them "

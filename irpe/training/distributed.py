@@ -7,6 +7,7 @@ single-process code paths never touch torch.distributed.
 from __future__ import annotations
 
 import datetime
+import itertools
 import os
 from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
@@ -180,7 +181,6 @@ class ResumableSampler(Sampler):
                 yield from slot[step * b:(step + 1) * b]
 
     def __iter__(self) -> Iterator[int]:
-        import itertools
         return itertools.islice(self._order(), self.start, None)
 
     def __len__(self) -> int:
