@@ -4,7 +4,7 @@
 :func:`irpe.runtime.openvino.session.read_model` with the iRPE ops converted by
 :mod:`irpe.runtime.openvino.frontend` (so the gathers and bucket sums stay OpenVINO's own float
 ops), calibrated by ``nncf.quantize`` with ``ModelType.TRANSFORMER`` on images read through the
-model's own preprocessing (:func:`export.quantize.calibration_feeds`), and written as an IR
+model's own preprocessing (:func:`export.calibration.calibration_feeds`), and written as an IR
 (``.xml`` + ``.bin``) carrying the export contract's metadata in its ``rt_info``
 (:mod:`irpe.artifact.openvino_ir`). OpenVINO's CPU plugin runs the FakeQuantize layers NNCF
 inserts with its int8 kernels (VNNI where the CPU has it).
@@ -21,7 +21,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List
+from typing import TYPE_CHECKING, Dict, List, Optional, Protocol, Sequence
 
 from irpe.artifact.contract import quantization_metadata
 from irpe.errors import InvalidInput
@@ -31,11 +31,32 @@ if TYPE_CHECKING:
 
     from irpe.artifact.trained import ModelSpec
 
-    from .quantize import QuantizeSettings
 
 __all__ = ["IR_FORMAT", "quantize_openvino", "input_layer_names"]
 
 IR_FORMAT = "OpenVINO IR"
+
+
+class Settings(Protocol):
+    """What this quantiser reads of ``export.quantize.QuantizeSettings`` (structural, so this
+    module does not import the one that dispatches to it)."""
+
+    @property
+    def calibration(self) -> Optional[str]: ...
+
+    @property
+    def samples(self) -> int: ...
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def input_layers(self) -> bool: ...
+
+    @property
+    def excluded(self) -> Sequence[str]: ...
+
+    def record(self, quantized: int, kept: int, weights: str) -> Dict: ...
 
 
 def input_layer_names(model: "openvino.Model") -> List[str]:
@@ -58,7 +79,7 @@ def _check_excluded(model: "openvino.Model", excluded: List[str]) -> None:
         raise InvalidInput(f"--exclude {', '.join(unknown)}: no such layer in the model")
 
 
-def quantize_openvino(source: Path, output: Path, settings: "QuantizeSettings",
+def quantize_openvino(source: Path, output: Path, settings: "Settings",
                       props: Dict[str, str], spec: "ModelSpec") -> Dict:
     """Calibrate and quantise ``source`` for OpenVINO; write the IR to ``output`` (``.xml``,
     weights beside it) atomically; returns the metadata record."""
@@ -69,7 +90,7 @@ def quantize_openvino(source: Path, output: Path, settings: "QuantizeSettings",
     from irpe.atomic import atomic_path
     from irpe.runtime.openvino.session import read_model
 
-    from .quantize import SHAPES, calibration_feeds
+    from .calibration import SHAPES, calibration_feeds
 
     model = read_model(source)
     _check_excluded(model, list(settings.excluded))

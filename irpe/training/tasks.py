@@ -11,15 +11,15 @@ from torch.utils.data import DataLoader
 from ..artifact.trained import default_spec
 from ..errors import InvalidInput
 from ..models import create_model, model_info
+from .config import TASK_NAMES, TrainConfig
 from .criterion import SetCriterion, StepTotals
 from .distributed import SINGLE, Dist, ResumableSampler, ShardSampler
 from .evaluate import evaluate_classification, evaluate_detection
 from .matcher import HungarianMatcher
 from .optim import mixup_cutmix, soft_cross_entropy
 
-if TYPE_CHECKING:  # the data sets are imported by the tasks; train.py imports this module
+if TYPE_CHECKING:  # the data sets are imported inside the tasks (heavy)
     from ..data.datasets import CocoDetection, ImageFolder, ShapesClassification, ShapesDetection
-    from .train import TrainConfig
 
 SHAPES = "shapes"  # --data shapes: the synthetic set generated in memory
 Batch = Tuple[Any, ...]  # a loader batch: (images, labels) or (images, sizes, targets)
@@ -208,5 +208,5 @@ def _flip_target(target: Dict, flip: bool, device: str) -> Dict:
 
 
 Task = Union[ClassificationTask, DetectionTask]
-TASKS: Dict[str, Union[Type[ClassificationTask], Type[DetectionTask]]] = {
-    "classification": ClassificationTask, "detection": DetectionTask}
+TASKS: Dict[str, Union[Type[ClassificationTask], Type[DetectionTask]]] = dict(
+    zip(TASK_NAMES, (ClassificationTask, DetectionTask), strict=True))
