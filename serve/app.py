@@ -85,8 +85,11 @@ def _check_defaults(settings: ServeSettings, models: Dict[str, ServedModel]) -> 
             raise InvalidInput(f"{key} {name!r} is a {models[name].task} model, not {task}")
 
 
-def create_app(settings: ServeSettings) -> FastAPI:
-    """An app serving ``settings.models``; models load in the background after startup."""
+def create_app(settings: ServeSettings, load_before_serving: bool = False) -> FastAPI:
+    """An app serving ``settings.models``. Models load in the background after startup (the
+    server answers health checks, 503 until ready), or, with ``load_before_serving``, before
+    the lifespan's startup completes: a Ray Serve replica (serve.ray) counts as started, and
+    gets traffic, only once its models are loaded and warmed up."""
     metrics = Metrics()
     state = AppState(settings, build_models(settings, metrics), metrics)
     if settings.bucket_cache_mib is not None:  # one cache per process (irpe.idcache)
@@ -98,6 +101,8 @@ def create_app(settings: ServeSettings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         loading = [asyncio.create_task(m.start()) for m in state.models.values()]
+        if load_before_serving:
+            await asyncio.gather(*loading)
         yield
         state.stopping = True
         await asyncio.gather(*loading)

@@ -6,14 +6,14 @@ import asyncio
 import logging
 import os
 import signal
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Dict, List
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from .config import ServeSettings
-
-T = TypeVar("T")
+    from .launch import Launch
 
 __all__ = ["add_parser", "cmd_serve"]
 
@@ -44,27 +44,67 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     p.add_argument("--prepare", action="store_true", help="load and warm up every model, "
                    "print a summary and exit (checks a repository; bakes demo ONNX files)")
+    ray = p.add_argument_group("Ray Serve", "the same server as replicas of a Ray Serve "
+                               "application (the repository's ray: section; needs pip install "
+                               "'irpe-deploy[ray]'; docs/deploy.md)")
+    ray.add_argument("--ray", action="store_true", help="deploy to Ray Serve and stay in the "
+                     "foreground (Ray's HTTP proxy on --host/--port; Ctrl-C or SIGTERM drains "
+                     "the replicas and removes the application)")
+    ray.add_argument("--ray-address", metavar="ADDR", help="the cluster: 'auto' (the one this "
+                     "machine is part of), ray://HOST:10001; default: ray.address, else a "
+                     "local Ray started for the command")
+    ray.add_argument("--ray-config", metavar="FILE", help="write a Ray Serve config file of "
+                     "this server (for serve run / serve deploy, or a KubeRay RayService's "
+                     "serveConfigV2) and exit; '-' prints it")
     p.set_defaults(func=cmd_serve)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Build settings and models, then serve until SIGINT/SIGTERM (in-flight work drains)."""
+    """Build settings and models, then serve until SIGINT/SIGTERM (in-flight work drains);
+    with --ray, on Ray Serve instead (serve.ray_app); with --ray-config, write its config."""
     from .logs import setup_logging
-    settings = _user_errors(_settings, args)
+    if args.ray and args.prepare:
+        from irpe.errors import CLIError
+        raise CLIError("--prepare checks the models in this process; it does not go with --ray")
+    launch = _launch(args)
+    settings = launch.base_settings()
     setup_logging(settings.log_level, settings.log_format)
-    if settings.repository and not settings.models and not args.demo:
-        from irpe.errors import CLIError  # the demo is only for "nothing configured"
-        raise CLIError(f"no models in {settings.repository} (add models: [...], or pass --demo "
-                       "to serve the demo models)")
-    if args.demo or not settings.models:  # after logging: a first start logs the ONNX export
-        settings = _user_errors(_with_demo, settings, args)
-    if args.precision:
-        settings = _user_errors(_with_precision, settings, args.precision)
+    if args.ray_address is not None:
+        settings = settings.model_copy(update={"ray": settings.ray.model_copy(
+            update={"address": args.ray_address})})
+    if args.ray_config:
+        from .ray_config import write_serve_config
+        return write_serve_config(args.ray_config, launch, settings)
+    settings = launch.complete(settings)  # after logging: a first start logs the ONNX export
+    if args.ray:
+        return _ray_runner()(launch, settings)
     from .app import create_app
     app = create_app(settings)
     if args.prepare:
         return _prepare(app)
     return _run(app, settings)
+
+
+def _ray_runner() -> Callable[[Launch, ServeSettings], int]:
+    """serve.ray_app.run_on_ray, or one line saying how to install Ray Serve."""
+    try:
+        from .ray_app import run_on_ray
+    except ImportError as exc:
+        from irpe.errors import CLIError
+        raise CLIError(f"irpe serve --ray needs Ray Serve ({exc}): pip install "
+                       "'irpe-deploy[ray]'") from None
+    return run_on_ray
+
+
+def _launch(args: argparse.Namespace) -> Launch:
+    """The Launch of these arguments: the repository as an absolute path, so that a Ray
+    replica, started in another folder, reads the same file."""
+    from .launch import Launch
+    overrides = {"host": args.host, "port": args.port, "threads": args.threads,
+                 "log_format": args.log_format, "log_level": args.log_level}
+    repository = str(Path(args.repository).absolute()) if args.repository else None
+    return Launch(repository=repository, overrides=overrides, demo=args.demo,
+                  backend=args.backend, device=args.device, precision=args.precision)
 
 
 def _share_ort_pool(settings: ServeSettings) -> None:
@@ -78,44 +118,6 @@ def _share_ort_pool(settings: ServeSettings) -> None:
     logging.getLogger("irpe.serve").info("onnxruntime thread pool", extra={
         "pool": "shared" if shared else "per_model", "threads": settings.threads,  # 0: default
         "models": names})
-
-
-def _user_errors(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` with settings and exporter problems turned into one-line CLI errors."""
-    from pydantic import ValidationError
-
-    from irpe.errors import CLIError
-
-    from .errors import validation_message
-    try:
-        return fn(*args)
-    except ValidationError as exc:
-        raise CLIError(f"invalid settings: {validation_message(exc.errors())}") from None
-    except RuntimeError as exc:  # demo: no ONNX exporter in this build
-        raise CLIError(str(exc)) from None
-
-
-def _settings(args: argparse.Namespace) -> ServeSettings:
-    from .config import ServeSettings
-    given = {"repository": args.repository, "host": args.host, "port": args.port,
-             "threads": args.threads, "log_format": args.log_format,
-             "log_level": args.log_level}
-    return ServeSettings(**{k: v for k, v in given.items() if v is not None})
-
-
-def _with_demo(settings: ServeSettings, args: argparse.Namespace) -> ServeSettings:
-    from .demo import demo_models
-    demo = demo_models(args.backend, settings.cache_dir, args.device)
-    return settings.with_models(settings.models + demo)
-
-
-def _with_precision(settings: ServeSettings, precision: str) -> ServeSettings:
-    """Every torch- and openvino-backend model at ``precision`` (re-validated: fp16 on cpu, or
-    on openvino, is refused)."""
-    from .config import ModelConfig
-    models = [ModelConfig.model_validate({**m.model_dump(), "precision": precision})
-              if m.backend in ("torch", "openvino") else m for m in settings.models]
-    return settings.model_copy(update={"models": models})
 
 
 def _prepare(app: FastAPI) -> int:

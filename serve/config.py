@@ -35,6 +35,7 @@ from irpe.errors import InvalidInput, MissingFile
 from irpe.runtime.onnxruntime.rewrites import STAGES, parse_stages
 from irpe.switch import Switch, normalize_switch
 
+from .ray_settings import RaySettings
 from .registry import backend_names
 
 __all__ = ["ModelConfig", "ServeSettings", "read_repository"]
@@ -238,6 +239,8 @@ class ServeSettings(BaseSettings):
     shutdown_timeout_s: float = Field(30.0, gt=0, description="after the grace: the most "
                                       "seconds in-flight requests get to finish")
     cache_dir: Optional[Path] = Field(None, description="demo ONNX files (default irpe cache)")
+    ray: RaySettings = Field(default_factory=RaySettings, description="irpe serve --ray / "
+                             "--ray-config: replicas, resources, autoscaling on Ray Serve")
     bucket_cache_mib: Optional[float] = Field(
         None, ge=0, description="torch backend: bucket-id cache limit in MiB, process-wide LRU "
         "(default: $IRPE_BUCKET_CACHE_MIB or 64)")

@@ -37,3 +37,18 @@ def test_serving_line_means_accepting_connections(tmp_path, cls_file):
     with ThreadPoolExecutor(2) as pool:  # two starts at a time: one per core
         outcomes = list(pool.map(_start_and_probe, [repo] * STARTS))
     assert outcomes == ["HTTP/1.1 200 OK"] * STARTS, sorted(set(outcomes))
+
+
+def test_load_before_serving_completes_startup_only_with_models_ready(cls_file):
+    """create_app(load_before_serving=True), a Ray replica's app: when the lifespan's startup
+    returns, every model is loaded and warmed up (Ray counts the replica started then and
+    routes to it)."""
+    from fastapi.testclient import TestClient
+
+    from serve.app import create_app
+    from serve.config import ModelConfig, ServeSettings
+    settings = ServeSettings(models=[ModelConfig(name="m", path=cls_file)])
+    app = create_app(settings, load_before_serving=True)
+    with TestClient(app) as client:
+        assert app.state.irpe.not_ready() is None
+        assert client.get("/v2/health/ready").status_code == 200

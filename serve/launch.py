@@ -1,0 +1,76 @@
+"""What ``irpe serve`` was asked to serve, as data: the one place its settings are resolved.
+
+``irpe serve`` resolves a :class:`Launch` in its own process; a Ray Serve replica
+(:mod:`serve.ray_app`) receives the same Launch and resolves it on its node, so a replica
+serves exactly what ``irpe serve`` would have (the repository file, ``IRPE_SERVE_*``, the demo
+models exported into that node's cache when missing).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from irpe.errors import CLIError
+
+from .config import ModelConfig, ServeSettings
+from .errors import validation_message
+
+__all__ = ["Launch"]
+
+
+class Launch(BaseModel):
+    """The arguments of one ``irpe serve``: repository, setting overrides, demo models."""
+
+    model_config = ConfigDict(extra="forbid")
+    repository: Optional[str] = Field(None, description="model repository file (.yaml/.toml)")
+    overrides: Dict[str, Any] = Field(default_factory=dict, description="ServeSettings "
+                                      "fields given on the command line (highest priority)")
+    demo: bool = Field(False, description="also serve the demo models (they are served "
+                       "anyway when nothing else is configured)")
+    backend: Literal["onnxruntime", "torch", "openvino"] = "onnxruntime"
+    device: str = "cpu"
+    precision: Optional[Literal["fp32", "fp16", "bf16"]] = Field(
+        None, description="every torch- and openvino-backend model at this precision")
+
+    def base_settings(self, default_threads: int = 0) -> ServeSettings:
+        """The settings from the overrides, IRPE_SERVE_* and the repository file; ``threads``
+        is ``default_threads`` where none of them sets it (a Ray replica: its CPUs)."""
+        given = {k: v for k, v in self.overrides.items() if v is not None}
+        if self.repository is not None:
+            given["repository"] = self.repository
+        settings = _validated(ServeSettings, **given)
+        if settings.threads == 0 and default_threads > 0:
+            settings = _validated(ServeSettings, **given, threads=default_threads)
+        return settings
+
+    def complete(self, settings: ServeSettings) -> ServeSettings:
+        """``settings`` with the demo models added where asked for (or where nothing is
+        configured, exporting them to ONNX on first use) and the precision applied."""
+        if settings.repository and not settings.models and not self.demo:
+            raise CLIError(f"no models in {settings.repository} (add models: [...], or pass "
+                           "--demo to serve the demo models)")
+        if self.demo or not settings.models:
+            from .demo import demo_models
+            try:
+                demo = demo_models(self.backend, settings.cache_dir, self.device)
+            except RuntimeError as exc:  # no ONNX exporter in this build
+                raise CLIError(str(exc)) from None
+            settings = settings.with_models(settings.models + demo)
+        if self.precision:
+            models = [_validated(ModelConfig, **{**m.model_dump(), "precision": self.precision})
+                      if m.backend in ("torch", "openvino") else m for m in settings.models]
+            settings = settings.model_copy(update={"models": models})
+        return settings
+
+    def settings(self, default_threads: int = 0) -> ServeSettings:
+        """:meth:`base_settings`, then :meth:`complete`."""
+        return self.complete(self.base_settings(default_threads))
+
+
+def _validated(cls: Any, **values: Any) -> Any:
+    """``cls(**values)`` with a validation error as one line (CLIError: exit 2)."""
+    try:
+        return cls(**values)
+    except ValidationError as exc:
+        raise CLIError(f"invalid settings: {validation_message(exc.errors())}") from None

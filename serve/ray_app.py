@@ -1,0 +1,193 @@
+"""The server as a Ray Serve application: every replica runs the app of ``irpe serve``.
+
+One deployment, :class:`IrpeReplica`, whose ingress is :func:`serve.app.create_app` of the
+replica's :class:`serve.launch.Launch` (the same routes, batching, errors and metrics; REST and
+the Open Inference Protocol through Ray's HTTP proxy). In Ray's terms:
+
+- **Started** once its models are loaded and warmed up (the app's lifespan waits for them), so
+  Ray routes nothing to a replica before it can answer; its health check fails while any model
+  is not ready, and Ray replaces it.
+- **Drained** by Ray when it stops (scale-down, redeploy, ``serve delete``): routed nothing
+  more, requests in flight get ``shutdown_timeout_s``, then the app's lifespan stops the models
+  (queued batches first), as ``irpe serve`` does after SIGTERM.
+- Every response names its replica (``X-Irpe-Replica: NODE/REPLICA``): which node answered.
+
+Entry points: :func:`build` (the ``import_path`` of ``irpe serve --ray-config``'s file, for
+``serve run`` / ``serve deploy`` / KubeRay) and :func:`run_on_ray` (``irpe serve --ray``).
+Needs ``pip install 'irpe-deploy[ray]'``; docs/deploy.md ("Ray Serve").
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from typing import Any, Dict, cast
+
+import ray
+from ray import serve
+from ray.serve.deployment import Application, Deployment
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from irpe.errors import CLIError, ResourceError
+
+from .app import build_models, create_app
+from .config import ServeSettings
+from .launch import Launch
+from .logs import setup_logging
+from .metrics import Metrics
+
+__all__ = ["IrpeReplica", "REPLICA", "REPLICA_HEADER", "application", "build", "deploy",
+           "run_on_ray"]
+
+log = logging.getLogger("irpe.serve")
+
+REPLICA_HEADER = "x-irpe-replica"
+
+
+class ReplicaHeader:
+    """ASGI middleware: every HTTP response carries ``X-Irpe-Replica: value``, and not the
+    app's ``X-Request-Id``: Ray's proxy passes its request id in and writes it out itself."""
+
+    def __init__(self, app: ASGIApp, value: str) -> None:
+        self.app, self.header = app, (REPLICA_HEADER.encode(), value.encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def named_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                kept = [(k, v) for k, v in message.get("headers", [])
+                        if k.lower() != b"x-request-id"]
+                message = {**message, "headers": [*kept, self.header]}
+            await send(message)
+
+        await self.app(scope, receive, named_send)
+
+
+@serve.ingress()
+class IrpeReplica:
+    """One replica: the app of ``irpe serve`` for the models of ``launch`` (its models load in
+    the app's lifespan, which Ray runs after this constructor)."""
+
+    def __init__(self, launch: Dict[str, Any], default_threads: int) -> None:
+        resolved = Launch.model_validate(launch)
+        settings = resolved.settings(default_threads)
+        setup_logging(settings.log_level, settings.log_format)
+        self._app = create_app(settings, load_before_serving=True)
+        context = serve.get_replica_context()
+        node = ray.get_runtime_context().get_node_id()[:12]
+        self._app.add_middleware(ReplicaHeader, value=f"{node}/{context.replica_id.unique_id}")
+
+    def __serve_build_asgi_app__(self) -> ASGIApp:
+        return self._app
+
+    async def check_health(self) -> None:
+        """Ray's health check: unhealthy while any model is not ready (or while stopping)."""
+        why = self._app.state.irpe.not_ready()
+        if why is not None:
+            raise RuntimeError(why)
+
+
+# the Serve deployment (options: application()); typed by hand, as serve.ingress returns an
+# untyped class
+REPLICA = cast(Deployment, serve.deployment(IrpeReplica))
+
+
+def application(launch: Launch, settings: ServeSettings) -> Application:
+    """The Serve application of ``launch``: one deployment with the ``ray:`` section's
+    replicas, resources, autoscaling and health checks."""
+    ray_settings = settings.ray
+    on_cuda = [m.name for m in settings.models if m.device.startswith("cuda")]
+    if on_cuda and ray_settings.num_gpus == 0:
+        raise CLIError(f"models on cuda ({', '.join(on_cuda)}) need ray.num_gpus > 0 (a "
+                       "fraction shares one GPU between replicas)")
+    options = ray_settings.deployment_options(settings.shutdown_timeout_s)
+    deployment = REPLICA.options(name=ray_settings.application, **options)
+    return deployment.bind(launch.model_dump(), ray_settings.replica_threads())
+
+
+def build(args: Dict[str, Any]) -> Application:
+    """Ray Serve application builder (``import_path: serve.ray_app:build``): ``args`` is a
+    :class:`Launch`, resolved here on the cluster (files and ``ray:`` section read there)."""
+    launch = Launch.model_validate(args)
+    return application(launch, launch.settings())
+
+
+def run_on_ray(launch: Launch, settings: ServeSettings) -> int:
+    """``irpe serve --ray``: deploy to Ray Serve (a local Ray when no address is set) and stay
+    until SIGINT / SIGTERM, then delete the application (its replicas drain) and stop the Ray
+    this command started."""
+    build_models(settings, Metrics())  # files, metadata, names: one line before Ray starts
+    address = os.environ.get("RAY_ADDRESS") or settings.ray.address
+    if address is None:
+        _check_port_free(settings.host, settings.port)
+    if address is None:  # the ingress of a Ray this command starts (inherited by its nodes)
+        os.environ.update(settings.ray.ingress_env())
+    stop = threading.Event()
+    # "local": a new Ray for this command, never one an earlier run left on record here
+    ray.init(address=address or "local", include_dashboard=False,
+             logging_level=logging.WARNING)
+    previous = _stop_on_signals(stop)  # after ray.init, which sets its own (exit at once)
+    name = settings.ray.application
+    try:
+        serve.start(proxy_location=settings.ray.proxy_location,
+                    http_options={"host": settings.host, "port": settings.port})
+        deploy(launch, settings)
+        while not stop.wait(0.5):
+            pass
+        log.info("draining", extra={"application": name})
+        serve.delete(name)
+    finally:
+        if address is None:
+            serve.shutdown()
+        ray.shutdown()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    log.info("stopped; replicas drained")
+    return 0
+
+
+def deploy(launch: Launch, settings: ServeSettings) -> None:
+    """Deploy the application to the Ray this process is connected to (Serve started there,
+    or started by this call with Ray's defaults); "serving" is logged once every replica
+    runs (models loaded). A replica that fails to start is a ResourceError (one line)."""
+    name = settings.ray.application
+    try:
+        serve.run(application(launch, settings), name=name,
+                  route_prefix=settings.ray.route_prefix)
+    except RuntimeError as exc:  # replicas failed to start: the last line of Ray's reason
+        raise ResourceError(f"Ray Serve could not start {name}: {_reason(name, exc)} (replica "
+                            "logs: /tmp/ray/session_latest/logs/serve/)") from None
+    log.info("serving", extra={
+        "url": f"http://{settings.host}:{settings.port}{settings.ray.route_prefix}",
+        "ray": ray.get_runtime_context().gcs_address, "models": settings.model_names()})
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Ray's proxy does not report a port in use; check before starting it."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise ResourceError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def _stop_on_signals(stop: threading.Event) -> Dict[int, Any]:
+    """SIGINT and SIGTERM set ``stop``; returns the handlers they had."""
+    return {sig: signal.signal(sig, lambda *_: stop.set())
+            for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _reason(name: str, exc: BaseException) -> str:
+    """Why the deployment failed: the last line of its status message (a replica's own
+    error, e.g. the health check's "models not ready: ..."), else the exception's first."""
+    try:
+        message = serve.status().applications[name].deployments[name].message
+    except (KeyError, RuntimeError):
+        message = ""
+    lines = [line.strip() for line in (message or str(exc)).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+

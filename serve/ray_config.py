@@ -1,0 +1,57 @@
+"""``irpe serve --ray-config FILE``: the server as a Ray Serve config file.
+
+The file is what Ray's own tools take (``serve run FILE``, ``serve deploy FILE``, a KubeRay
+RayService's ``serveConfigV2``): one application whose ``import_path`` is
+:func:`serve.ray_app.build` and whose ``args`` are the :class:`serve.launch.Launch` of this
+command. The replicas' options are not copied into it: the builder reads them from the
+repository's ``ray:`` section on the cluster, so the repository stays their one source (a
+``deployments:`` entry added by hand wins, as Ray documents).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Dict
+
+import yaml
+
+from irpe.atomic import refuse_same_file, write_text
+
+from .config import ServeSettings
+from .launch import Launch
+
+__all__ = ["BUILDER", "serve_config", "write_serve_config"]
+
+BUILDER = "serve.ray_app:build"  # the import path the cluster's Python resolves
+
+
+def serve_config(launch: Launch, settings: ServeSettings) -> Dict[str, Any]:
+    """Ray Serve's config (its ServeDeploySchema) for ``launch``: HTTP on the settings' host
+    and port, the proxy where ``ray.proxy_location`` says."""
+    ray = settings.ray
+    return {
+        "proxy_location": ray.proxy_location,
+        "http_options": {"host": settings.host, "port": settings.port},
+        "applications": [{
+            "name": ray.application,
+            "route_prefix": ray.route_prefix,
+            "import_path": BUILDER,
+            "args": launch.model_dump(exclude_defaults=True),
+        }],
+    }
+
+
+def write_serve_config(target: str, launch: Launch, settings: ServeSettings) -> int:
+    """Write :func:`serve_config` as YAML to ``target`` (atomically; ``-``: stdout)."""
+    text = ("# Ray Serve config of irpe serve (irpe serve --ray-config); run it with\n"
+            "#   serve run FILE   or   serve deploy FILE   (the cluster needs\n"
+            "#   pip install 'irpe-deploy[ray]' and the model files at these paths)\n"
+            + yaml.safe_dump(serve_config(launch, settings), sort_keys=False))
+    if target == "-":
+        sys.stdout.write(text)
+        return 0
+    path = Path(target)
+    refuse_same_file(path, launch.repository)
+    write_text(path, text)
+    print(f"wrote {path} (serve run {path})")
+    return 0

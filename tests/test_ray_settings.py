@@ -1,0 +1,142 @@
+"""The ray: section and `irpe serve --ray-config`, without a Ray cluster: settings checked,
+Ray Serve's options and config file made from them (the file validated with Ray's own
+ServeDeploySchema, its builder importable), bad input refused in one line with nothing
+written; `--ray` without Ray installed says how to install it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from serve.config import ServeSettings
+from serve.launch import Launch
+from serve.ray_config import serve_config
+from serve.ray_settings import RayAutoscaling, RaySettings
+from tests.helpers import ROOT
+
+BLOCKER = str(ROOT / "tests" / "blocked_imports")  # its sitecustomize blocks $IRPE_TEST_BLOCKED
+DEMO = ROOT / "irpe" / "demo" / "deit_shapes_irpe.safetensors"
+
+
+def irpe(*args: str, env: dict | None = None, cwd=ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "irpe", *args], capture_output=True,
+                          text=True, timeout=300, cwd=cwd, env=env)
+
+
+def repository(tmp_path, ray: dict) -> str:
+    path = tmp_path / "repo.yaml"
+    path.write_text(yaml.safe_dump({"models": [{"name": "cls", "path": str(DEMO)}],
+                                    "ray": ray}))
+    return str(path)
+
+
+def test_deployment_options_follow_the_ray_section():
+    fixed = RaySettings(num_replicas=3, num_cpus=2, num_gpus=0.5, max_ongoing_requests=16)
+    options = fixed.deployment_options(shutdown_timeout_s=12.0)
+    assert options["num_replicas"] == 3 and "autoscaling_config" not in options
+    assert options["ray_actor_options"] == {"num_cpus": 2.0, "num_gpus": 0.5}
+    assert options["max_ongoing_requests"] == 16
+    assert options["graceful_shutdown_timeout_s"] == 12.0  # the server's in-flight budget
+    scaled = RaySettings(autoscaling=RayAutoscaling(min_replicas=1, max_replicas=4,
+                                                    target_ongoing_requests=2))
+    options = scaled.deployment_options(30.0)
+    assert "num_replicas" not in options
+    assert options["autoscaling_config"]["max_replicas"] == 4
+    assert options["autoscaling_config"]["target_ongoing_requests"] == 2
+    assert fixed.replica_threads() == 2 and RaySettings(num_cpus=0.5).replica_threads() == 1
+
+
+def test_options_are_ray_serves_own():
+    """Every option name and value is accepted by Ray Serve's DeploymentConfig schema."""
+    pytest.importorskip("ray.serve")
+    from ray.serve.config import AutoscalingConfig
+    from ray.serve.schema import DeploymentSchema
+    scaled = RaySettings(autoscaling=RayAutoscaling(max_replicas=3))
+    options = scaled.deployment_options(30.0)
+    DeploymentSchema(name="irpe", **options)
+    AutoscalingConfig(**options["autoscaling_config"])
+    DeploymentSchema(name="irpe", **RaySettings(num_replicas=2).deployment_options(5.0))
+
+
+@pytest.mark.parametrize("ray, message", [
+    ({"autoscaling": {"min_replicas": 3, "max_replicas": 2}}, "min_replicas 3 is above"),
+    ({"num_replicas": 2, "autoscaling": {"max_replicas": 2}}, "exclude each other"),
+    ({"num_cpus": 0}, "ray.num_cpus"),
+    ({"replicas": 2}, "ray.replicas"),
+    ({"proxy_location": "Everywhere"}, "ray.proxy_location"),
+])
+def test_bad_ray_sections_are_refused(tmp_path, ray, message):
+    with pytest.raises(ValidationError, match=message.split(".")[-1]):
+        ServeSettings(repository=repository(tmp_path, ray))
+    repo = repository(tmp_path, ray)
+    before = open(repo).read()
+    for flag in (["--ray"], ["--ray-config", str(tmp_path / "serve.yaml")]):
+        done = irpe("serve", repo, *flag)
+        assert done.returncode == 2, done.stderr
+        (line,) = done.stderr.strip().splitlines()
+        assert line.startswith("irpe serve: error: invalid settings:") and message in line
+    assert not (tmp_path / "serve.yaml").exists() and open(repo).read() == before
+
+
+def test_serve_config_is_a_ray_serve_config(tmp_path):
+    """--ray-config writes Ray's config schema; its args are this command's Launch."""
+    schema = pytest.importorskip("ray.serve.schema")
+    repo = repository(tmp_path, {"application": "shapes", "route_prefix": "/irpe",
+                                 "proxy_location": "HeadOnly"})
+    out = tmp_path / "serve.yaml"
+    done = irpe("serve", repo, "--ray-config", str(out), "--port", "8100", "--host", "0.0.0.0")
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {out}" in done.stdout
+    config = yaml.safe_load(out.read_text())
+    deploy = schema.ServeDeploySchema.model_validate(config)
+    (app,) = deploy.applications
+    assert (app.name, app.route_prefix, app.import_path) == ("shapes", "/irpe",
+                                                             "serve.ray_app:build")
+    assert deploy.http_options.port == 8100 and deploy.http_options.host == "0.0.0.0"
+    assert deploy.proxy_location == "HeadOnly"
+    launch = Launch.model_validate(app.args)
+    assert launch.repository == repo and launch.overrides["port"] == 8100
+    settings = launch.settings()
+    assert settings.model_names() == ["cls"] and settings.ray.application == "shapes"
+
+
+def test_serve_config_to_stdout_and_never_over_the_repository(tmp_path):
+    repo = repository(tmp_path, {})
+    printed = irpe("serve", repo, "--ray-config", "-")
+    assert printed.returncode == 0, printed.stderr
+    assert yaml.safe_load(printed.stdout)["applications"][0]["args"]["repository"] == repo
+    before = open(repo).read()
+    done = irpe("serve", repo, "--ray-config", repo)
+    assert done.returncode == 2 and "never overwritten" in done.stderr
+    assert open(repo).read() == before
+
+
+def test_the_builder_resolves_the_same_settings_as_irpe_serve(tmp_path):
+    """serve.ray_app.build's Launch, resolved on the cluster, serves what the command would."""
+    repo = repository(tmp_path, {"num_replicas": 2})
+    launch = Launch(repository=repo, overrides={"threads": None, "log_format": "text"})
+    assert serve_config(launch, launch.settings())["applications"][0]["args"] == {
+        "repository": repo, "overrides": {"threads": None, "log_format": "text"}}
+    settings = launch.settings(default_threads=3)
+    assert settings.threads == 3 and settings.log_format == "text"
+    assert settings.ray.num_replicas == 2
+    pinned = Launch(repository=repo, overrides={"threads": 1}).settings(default_threads=3)
+    assert pinned.threads == 1  # given threads win over the replica's CPUs
+
+
+def test_ray_flag_without_ray_installed_says_how_to_install(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([BLOCKER, str(ROOT)]),
+               IRPE_TEST_BLOCKED="ray")
+    done = irpe("serve", repository(tmp_path, {}), "--ray", env=env)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "pip install 'irpe-deploy[ray]'" in line
+
+
+def test_prepare_does_not_go_with_ray(tmp_path):
+    done = irpe("serve", repository(tmp_path, {}), "--ray", "--prepare")
+    assert done.returncode == 2 and "--prepare" in done.stderr
