@@ -8,11 +8,11 @@ PIP    := $(PY) -m pip
 # (a spec with < or > needs inner quotes: TORCH="'torch>=2.4'")
 TORCH  ?= torch==2.13.0
 EXTRAS ?= dev
-RUN_EXTRAS ?= serve,export
+RUN_EXTRAS ?= serve,export,openvino
 
 .PHONY: install test run check bench clean demo-models ort-ops gpu-check gpu-carry docker-test
 
-# one marker per extras set: `make run` installs serve,export; `make test` later adds dev
+# one marker per extras set: `make run` installs serve,export,openvino; `make test` later adds dev
 $(VENV)/.installed-%: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q $(TORCH)

@@ -178,7 +178,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _common(o, threads=1)
     o.set_defaults(func=cmd_ops)
     s = bench.add_parser("serve", help="HTTP load generator against an `irpe serve` process")
-    s.add_argument("--backend", choices=("torch", "onnxruntime"), default="onnxruntime")
+    s.add_argument("--backend", choices=("torch", "onnxruntime", "openvino"),
+                   default="onnxruntime", help="openvino: the ONNX export on OpenVINO's CPU "
+                   "plugin (--precision bf16 on a CPU with BF16)")
     s.add_argument("--models", default="tiny,deit_s", help="tiny (shapes 64x64), deit_s "
                    "(DeiT-S iRPE-K 224x224); --quick: tiny")
     s.add_argument("--concurrency", default="1,4,16", help="closed-loop client counts")
@@ -187,7 +189,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--duration", type=float, default=5.0, help="seconds per load level")
     s.add_argument("--max-batch", type=int, default=8, help="server max_batch_size")
     s.add_argument("--device", default="cpu", help="model device: cpu, cuda, cuda:N")
-    s.add_argument("--precision", choices=("fp32", "fp16", "bf16"), help="torch backend "
+    s.add_argument("--precision", choices=("fp32", "fp16", "bf16"), help="torch / openvino "
                    "precision (default: fp16 on cuda, fp32 on cpu)")
     s.add_argument("--instances", type=int, help="model instances in the server")
     s.add_argument("--cuda-graphs", action="store_true", help="torch on cuda: CUDA graphs")

@@ -107,9 +107,11 @@ def local_cluster(nodes: int = 2, cpus_per_node: int = 1, port: Optional[int] = 
 
 
 def launch_demo(ray: Dict[str, Any], **overrides: Any) -> Tuple[Any, Any]:
-    """(Launch, settings) of the demo classifier and detector with this ``ray:`` section."""
+    """(Launch, settings) of the demo classifier and detector on ONNX Runtime (as the
+    irpe serve side of the benchmark) with this ``ray:`` section."""
     from serve.launch import Launch
-    launch = Launch(overrides={"ray": ray, "log_level": "warning", **overrides})
+    launch = Launch(backend="onnxruntime",
+                    overrides={"ray": ray, "log_level": "warning", **overrides})
     return launch, launch.settings(default_threads=1)
 
 

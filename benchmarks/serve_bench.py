@@ -53,11 +53,11 @@ def _untrained(name: str, path: Path) -> Path:
 
 
 def model_config(name: str, backend: str, cache: Path, max_batch: int, **runtime):
-    """ModelConfig of a benchmarked model (onnxruntime: the cached export of onnx_file);
-    ``runtime``: device, precision, instances, cuda_graphs."""
+    """ModelConfig of a benchmarked model (onnxruntime, openvino: the cached export of
+    onnx_file); ``runtime``: device, precision, instances, cuda_graphs."""
     from serve.config import ModelConfig
     path = weights(name, cache)
-    if backend == "onnxruntime":
+    if backend in ("onnxruntime", "openvino"):
         path = onnx_file(path, cache)
     return ModelConfig(name=name, path=path, backend=backend, max_batch_size=max_batch,
                        max_queue_size=1024, **{k: v for k, v in runtime.items() if v is not None})

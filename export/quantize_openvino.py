@@ -83,8 +83,14 @@ def quantize_openvino(source: Path, output: Path, settings: "Settings",
                       props: Dict[str, str], spec: "ModelSpec") -> Dict:
     """Calibrate and quantise ``source`` for OpenVINO; write the IR to ``output`` (``.xml``,
     weights beside it) atomically; returns the metadata record."""
-    import nncf
     import openvino as ov
+
+    from irpe.runtime.openvino.session import OpenVINOUnavailable
+    try:
+        import nncf
+    except ImportError as exc:  # the runtime extra without the quantiser
+        raise OpenVINOUnavailable(f"irpe quantize --target openvino needs NNCF ({exc}): pip "
+                                  "install 'irpe-deploy[nncf]'") from None
 
     from irpe.artifact.openvino_ir import set_ir_props, weights_path
     from irpe.atomic import atomic_path

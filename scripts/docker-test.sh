@@ -58,7 +58,7 @@ base_size="$("$DOCKER" image inspect --format '{{.Size}}' "$base")"
 say "built $IMAGE in $build_s s: $((size / 1000000)) MB ($((base_size / 1000000)) MB of it the base $base)"
 echo "largest parts of the image (MB):"
 "$DOCKER" run --rm --entrypoint sh "$IMAGE" -c \
-  'cd /opt/venv/lib/python3*/site-packages && du -sm torch onnxruntime numpy* sympy* onnx pillow* PIL 2>/dev/null | sort -rn | head -n 6;
+  'cd /opt/venv/lib/python3*/site-packages && du -sm torch openvino onnxruntime numpy* sympy* onnx pillow* PIL 2>/dev/null | sort -rn | head -n 6;
    du -sm torch/lib/libtorch_cpu.so; find . -name __pycache__ -prune -exec du -sk {} + | awk "{ s += \$1 } END { printf \"%d\t.pyc files\n\", s / 1024 }";
    du -sm /opt/venv /var/cache/irpe /usr 2>/dev/null' |
   sed 's/^/  /'

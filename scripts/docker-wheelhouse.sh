@@ -44,7 +44,7 @@ say "$TORCH${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL} (Python $PYTHON_VERSION, $
 "$PYTHON" -m pip download -q --no-deps -d "$WHEELHOUSE" "${target[@]}" $TORCH \
   ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} 2> >(quiet >&2)
 reqs="$("$PYTHON" scripts/requirements.py "$VARIANT" --build)"
-say "$(echo "$reqs" | wc -l) requirements of the project's [$([ "$VARIANT" = gpu ] && echo serve,gpu || echo serve,export)] extras, with their dependencies"
+say "$(echo "$reqs" | wc -l) requirements of the project's [$([ "$VARIANT" = gpu ] && echo serve,gpu || echo serve,export,openvino)] extras, with their dependencies"
 # torch's own dependencies resolve with the project's (torch itself is already here)
 torch_file="$(ls "$WHEELHOUSE"/torch-*.whl)"
 [ "$VARIANT" = gpu ] || [[ "$torch_file" == *+cpu* ]] ||

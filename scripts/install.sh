@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install irpe-deploy for serving. The Docker image runs exactly this; CI runs it as well.
 #
-#   scripts/install.sh                       # CPU: torch, the project with serve + export extras
+#   scripts/install.sh                       # CPU: torch, the project with serve + export + openvino
 #   VARIANT=gpu scripts/install.sh           # NGC TensorRT image: + onnxruntime-gpu, plugin library
 #   VENV=.venv-serve EDITABLE=1 scripts/install.sh   # into a fresh virtual env, editable
 #   VENV=/opt/venv WHEELHOUSE=wheelhouse scripts/install.sh   # offline (scripts/docker-wheelhouse.sh)
@@ -84,7 +84,7 @@ step "torch ($TORCH${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL})"
 # gpu extra (onnxruntime-gpu, tensorrt, cuda-python) plus onnx instead of the export extra
 # (scripts/requirements.py lists the same per variant for DEPS_ONLY and the wheelhouse).
 if [ "$VARIANT" = gpu ]; then extras="serve,gpu"; extra_reqs=("onnx>=1.16"); else
-  extras="serve,export"; extra_reqs=(); fi
+  extras="serve,export,openvino"; extra_reqs=(); fi
 if [ "${DEPS_ONLY:-0}" = 1 ]; then
   step "dependencies of [$extras] ${extra_reqs[*]:-}, not the project"
   mapfile -t deps < <("$PYTHON" scripts/requirements.py "$VARIANT")

@@ -11,7 +11,8 @@ import tomllib
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 # install.sh's extras per variant; gpu adds onnx (the export extra would bring CPU onnxruntime)
-EXTRAS = {"cpu": (["serve", "export"], []), "gpu": (["serve", "gpu"], ["onnx>=1.16"])}
+EXTRAS = {"cpu": (["serve", "export", "openvino"], []),
+          "gpu": (["serve", "gpu"], ["onnx>=1.16"])}
 
 
 def requirements(variant: str, build: bool = False) -> list:

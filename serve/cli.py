@@ -23,13 +23,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve models over HTTP (REST + Open Inference Protocol v2)",
                        description="Serve the models of a repository file (YAML/TOML) or of "
                        "IRPE_SERVE_* variables; with neither (or --demo), the bundled demo "
-                       "classifier and detector on ONNX Runtime (or --backend), on "
-                       "127.0.0.1:8000.")
+                       "classifier and detector on OpenVINO where installed, else ONNX Runtime "
+                       "(or --backend), on 127.0.0.1:8000.")
     p.add_argument("repository", nargs="?", help="model repository file (.yaml/.yml/.toml)")
     p.add_argument("--demo", action="store_true", help="also serve the demo models")
-    p.add_argument("--backend", choices=("onnxruntime", "torch", "openvino"),
-                   default="onnxruntime", help="backend of the demo models (default: "
-                   "onnxruntime; openvino needs pip install 'irpe-deploy[openvino]')")
+    p.add_argument("--backend", choices=("auto", "onnxruntime", "torch", "openvino"),
+                   default="auto", help="backend of the demo models (default auto: openvino "
+                   "on cpu where installed, as make run and the image have it, else "
+                   "onnxruntime)")
     p.add_argument("--device", default="cpu", help="device of the demo models: cpu, cuda, "
                    "cuda:N (onnxruntime-gpu / CUDA torch)")
     p.add_argument("--precision", choices=("fp32", "fp16", "bf16"), help="precision of every "

@@ -36,7 +36,7 @@ from irpe.runtime.onnxruntime.rewrites import STAGES, parse_stages
 from irpe.switch import Switch, normalize_switch
 
 from .ray_settings import RaySettings
-from .registry import backend_names
+from .registry import AUTO, auto_backend, backend_names
 
 __all__ = ["ModelConfig", "ServeSettings", "read_repository"]
 
@@ -77,8 +77,10 @@ class ModelConfig(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     path: Path = Field(description="trained-model .safetensors (torch), .onnx (onnxruntime, "
                        "openvino), OpenVINO IR .xml (openvino) or engine file (tensorrt)")
-    backend: str = Field("torch", description="torch, onnxruntime, tensorrt, openvino or a "
-                         "name given to serve.backends.register_backend")
+    backend: str = Field(AUTO, description="torch, onnxruntime, tensorrt, openvino, a name "
+                         "given to serve.backends.register_backend, or auto (the default): by "
+                         "the file: .onnx -> openvino on cpu where installed, else "
+                         "onnxruntime; .xml -> openvino; .engine/.plan -> tensorrt; else torch")
     task: Optional[Literal["classification", "detection"]] = Field(
         None, description="checked against the artifact's task when given")
     labels: Optional[Union[List[str], Path]] = Field(
@@ -124,9 +126,10 @@ class ModelConfig(BaseModel):
     @field_validator("backend")
     @classmethod
     def _check_backend(cls, value: str) -> str:
-        if value not in backend_names():
+        if value != AUTO and value not in backend_names():
+            names = ", ".join((*backend_names(), AUTO))
             raise PydanticCustomError("backend", "should be one of {names}, got '{value}'",
-                                      {"names": ", ".join(backend_names()), "value": value})
+                                      {"names": names, "value": value})
         return value
 
     @field_validator("device")
@@ -135,6 +138,14 @@ class ModelConfig(BaseModel):
         if not _DEVICE.match(value):
             raise ValueError(f"device must be cpu, cuda or cuda:N, got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _resolve_backend(self) -> "ModelConfig":
+        """``backend: auto`` becomes the backend its file and device call for, so /v1/models,
+        the logs and every check below see a real one."""
+        if self.backend == AUTO:
+            self.backend = auto_backend(self.path, self.device)
+        return self
 
     @model_validator(mode="after")
     def _check_runtime_options(self) -> "ModelConfig":

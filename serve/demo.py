@@ -17,6 +17,7 @@ from irpe.atomic import atomic_path
 from irpe.models.registry import bundled_weights, model_info
 
 from .config import ModelConfig
+from .registry import AUTO, onnx_backend
 
 __all__ = ["DEMO_MODELS", "demo_models", "onnx_cache_path"]
 
@@ -24,10 +25,13 @@ DEMO_MODELS = ("deit_shapes_irpe", "detr_shapes_irpe")
 log = logging.getLogger("irpe.serve")
 
 
-def demo_models(backend: str = "onnxruntime", cache_dir: Optional[Path] = None,
+def demo_models(backend: str = AUTO, cache_dir: Optional[Path] = None,
                 device: str = "cpu") -> List[ModelConfig]:
     """Configs of the demo models; exports ONNX files first when missing (every backend but
-    torch reads the ONNX file: onnxruntime, openvino)."""
+    torch reads the ONNX file: onnxruntime, openvino). ``auto``: the ONNX files on the
+    runtime serve.registry.onnx_backend picks (OpenVINO on the CPU where installed)."""
+    if backend == AUTO:
+        backend = onnx_backend(device)
     configs = []
     for name in DEMO_MODELS:
         weights = Path(bundled_weights(model_info(name)))  # clear FileNotFoundError if absent

@@ -28,7 +28,8 @@ class Launch(BaseModel):
                                       "fields given on the command line (highest priority)")
     demo: bool = Field(False, description="also serve the demo models (they are served "
                        "anyway when nothing else is configured)")
-    backend: Literal["onnxruntime", "torch", "openvino"] = "onnxruntime"
+    backend: Literal["auto", "onnxruntime", "torch", "openvino"] = Field(
+        "auto", description="backend of the demo models (auto: serve.registry.onnx_backend)")
     device: str = "cpu"
     precision: Optional[Literal["fp32", "fp16", "bf16"]] = Field(
         None, description="every torch- and openvino-backend model at this precision")

@@ -255,9 +255,10 @@ def demo_prepare(docker: Docker, image: str, work: Path) -> None:
         out = docker("run", "--rm", "--read-only", "--tmpfs", "/tmp", *extra, image,
                      "irpe", "serve", "--prepare", "--log-level", "warning")
         rows = [line.split() for line in out.splitlines()[1:]]
-        check(len(rows) == 2 and all(r[3] == "ready" and r[4].startswith("/var/cache/irpe/onnx/")
-                                     for r in rows),
-              f"demo models (the image's CMD), read-only, {what} in {time.monotonic() - t:.0f} s: "
+        check(len(rows) == 2 and all(r[2] == "openvino" and r[3] == "ready" and
+                                     r[4].startswith("/var/cache/irpe/onnx/") for r in rows),
+              f"demo models (the image's CMD) on OpenVINO, the CPU default, read-only, {what} in "
+              f"{time.monotonic() - t:.0f} s: "
               + "; ".join(f"{r[0]} {r[3]} {r[4].rsplit('/', 1)[1]}" for r in rows))
     check(len(list((empty / "onnx").glob("*.onnx"))) == 2, "  ... the two exported files are there")
 

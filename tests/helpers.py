@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from serve.model import ServedModel
 
 ROOT = Path(__file__).resolve().parents[1]
+# on PYTHONPATH, its sitecustomize makes the packages named in $IRPE_TEST_BLOCKED unimportable
+BLOCKER = str(ROOT / "tests" / "blocked_imports")
 TINY = dict(img_size=40, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10)
 _FAULT_NAMES = ("FaultBackend", "InjectedFault", "fault_backend")
 

@@ -12,9 +12,7 @@ import sys
 import sysconfig
 import venv
 
-from tests.helpers import ROOT
-
-BLOCKER = str(ROOT / "tests" / "blocked_imports")  # its sitecustomize blocks $IRPE_TEST_BLOCKED
+from tests.helpers import BLOCKER, ROOT
 
 
 def test_console_script_of_an_editable_install_runs_bench(tmp_path):

@@ -58,7 +58,9 @@ def test_requirements_per_variant_are_pyprojects_without_torch():
     listed = {v: _run(["python3", "scripts/requirements.py", v]).stdout.split()
               for v in ("cpu", "gpu")}
     deps = [r for r in project["dependencies"] if not r.startswith("torch")]
-    assert listed["cpu"] == list(dict.fromkeys(deps + extras["serve"] + extras["export"]))
+    assert listed["cpu"] == list(dict.fromkeys(deps + extras["serve"] + extras["export"]
+                                               + extras["openvino"]))  # the CPU default
+    assert not any(r.startswith("nncf") for r in listed["cpu"])  # the quantiser stays out
     assert listed["gpu"] == list(dict.fromkeys(deps + extras["serve"] + extras["gpu"]
                                                + ["onnx>=1.16"]))
     assert not any(r.startswith("onnxruntime>") for r in listed["gpu"])   # never beside -gpu

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import BLOCKER, ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_check  # noqa: E402
@@ -39,7 +39,6 @@ from gpu_check_steps import (  # noqa: E402
     window_seconds,
 )
 
-BLOCKER = str(ROOT / "tests" / "blocked_imports")  # its sitecustomize blocks $IRPE_TEST_BLOCKED
 SERVING_STACK = "fastapi,pydantic,pydantic_core,pydantic_settings,starlette,uvicorn"
 
 

@@ -12,10 +12,8 @@ import pytest
 from irpe.artifact.contract import read_onnx_props
 from irpe.artifact.openvino_ir import set_ir_props
 from irpe.cli import main
-from tests.helpers import ROOT, export_tiny_qkv, run_python, save_untrained
+from tests.helpers import BLOCKER, ROOT, export_tiny_qkv, run_python, save_untrained
 from tests.openvino_common import cpu_has_bf16, needs_openvino
-
-BLOCKER = str(ROOT / "tests" / "blocked_imports")  # its sitecustomize blocks $IRPE_TEST_BLOCKED
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +115,16 @@ def test_without_openvino_one_line_names_the_extra(qkv):
     assert done.returncode == 2 and "\n" not in err, done.stdout + done.stderr
     assert err.startswith("irpe validate: error: OpenVINO is not installed (") and \
         err.endswith("install it with pip install 'irpe-deploy[openvino]'")
+
+
+def test_quantize_without_nncf_names_its_extra(qkv, tmp_path):
+    """The runtime extra (the CPU image's) has no NNCF: --target openvino says which extra
+    has it, in one line, and writes nothing."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([BLOCKER, str(ROOT)]),
+               IRPE_TEST_BLOCKED="nncf")
+    out = tmp_path / "q.xml"
+    done = run_python(["-m", "irpe", "quantize", str(qkv), "-o", str(out), "--target",
+                       "openvino", "--calibration", "shapes"], env=env, timeout=300)
+    err = done.stderr.strip()
+    assert done.returncode == 2 and "\n" not in err, done.stdout + done.stderr
+    assert err.endswith("pip install 'irpe-deploy[nncf]'") and not list(tmp_path.iterdir())

@@ -16,9 +16,8 @@ from serve.config import ServeSettings
 from serve.launch import Launch
 from serve.ray_config import serve_config
 from serve.ray_settings import RayAutoscaling, RaySettings
-from tests.helpers import ROOT
+from tests.helpers import BLOCKER, ROOT
 
-BLOCKER = str(ROOT / "tests" / "blocked_imports")  # its sitecustomize blocks $IRPE_TEST_BLOCKED
 DEMO = ROOT / "irpe" / "demo" / "deit_shapes_irpe.safetensors"
 
 

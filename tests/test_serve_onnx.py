@@ -118,7 +118,9 @@ def test_demo_exports_onnx_once_into_the_cache(tmp_path, capsys, monkeypatch):
         assert main(["serve", "--prepare"]) == 2
         assert "bundled weights of deit_shapes_irpe missing" in capsys.readouterr().err
         return
-    assert main(["serve", "--prepare", "--threads", "1", "--log-level", "error"]) == 0
+    args = ["serve", "--prepare", "--backend", "onnxruntime", "--threads", "1", "--log-level",
+            "error"]
+    assert main(args) == 0
     rows = capsys.readouterr().out.splitlines()[1:]
     assert [r.split()[:4] for r in rows] == [
         ["deit_shapes_irpe", "classification", "onnxruntime", "ready"],
@@ -126,5 +128,5 @@ def test_demo_exports_onnx_once_into_the_cache(tmp_path, capsys, monkeypatch):
     exported = sorted((tmp_path / "onnx").glob("*.onnx"))
     assert len(exported) == 2
     stamps = [os.stat(p).st_mtime_ns for p in exported]
-    assert main(["serve", "--prepare", "--threads", "1", "--log-level", "error"]) == 0
+    assert main(args) == 0
     assert [os.stat(p).st_mtime_ns for p in exported] == stamps  # reused, not re-exported

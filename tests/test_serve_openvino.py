@@ -16,6 +16,7 @@ from irpe.cli import main
 from irpe.data.shapes import render_detection
 from serve.config import ModelConfig, ServeSettings
 from tests.helpers import (
+    BLOCKER,
     ROOT,
     encode,
     metric,
@@ -27,7 +28,6 @@ from tests.helpers import (
 from tests.openvino_common import cpu_has_bf16, needs_openvino
 
 export_onnx = pytest.importorskip("export.onnx").export_onnx
-BLOCKER = str(ROOT / "tests" / "blocked_imports")  # its sitecustomize blocks $IRPE_TEST_BLOCKED
 
 
 # ------------------------------------------------------------------ settings (no model loaded)
