@@ -14,7 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from irpe.errors import MissingFile
 
-__all__ = ["RayAutoscaling", "RaySettings"]
+__all__ = ["RETRY_ON", "RayAutoscaling", "RaySettings"]
+
+# HAProxy's retry-on for the HAProxy ingress: nothing sent, or the replica closed (or garbled)
+# the connection without an answer; never a 5xx the server chose to send (its backpressure)
+RETRY_ON = "conn-failure empty-response junk-response"
 
 
 class RayAutoscaling(BaseModel):
@@ -73,10 +77,10 @@ class RaySettings(BaseModel):
         "proxy", description="HTTP into the replicas, on a Ray this command starts: Ray's "
         "proxy (a Python process that forwards each request to a replica), or Ray Serve's "
         "HAProxy ingress (HAProxy, the Debian binary on PATH, balancing over the replicas' own "
-        "HTTP servers: ~4x the proxy's requests per second here, but Ray's HAProxy also "
-        "listens on all interfaces for its stats and metrics, :8404 and :9101, and a node "
-        "lost mid-request can close connections without an answer; docs/deploy.md). An "
-        "existing cluster's ingress is set where it starts (ingress_env)")
+        "HTTP servers: ~4x the proxy's requests per second here, and a request on a replica "
+        "lost mid-way is replayed on another, since every route is idempotent; but Ray's "
+        "HAProxy also listens on all interfaces for its stats and metrics, :8404 and :9101; "
+        "docs/deploy.md). An existing cluster's ingress is set where it starts (ingress_env)")
     health_check_period_s: float = Field(2.0, gt=0, description="how often Ray asks a replica "
                                          "whether every model is ready")
     health_check_timeout_s: float = Field(10.0, gt=0)
@@ -117,9 +121,12 @@ class RaySettings(BaseModel):
         if binary is None:
             raise MissingFile("ray.ingress haproxy needs the haproxy binary (apt-get install "
                               "haproxy), found on neither PATH nor /usr/sbin")
+        # every route of the server is idempotent (inference is a function of its input), so
+        # HAProxy may replay a request whose replica closed without an answer (a lost node)
         return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1",
                 "RAY_SERVE_HAPROXY_BINARY_PATH": binary,
-                "RAY_SERVE_HAPROXY_NBTHREAD": str(min(4, os.cpu_count() or 1))}
+                "RAY_SERVE_HAPROXY_NBTHREAD": str(min(4, os.cpu_count() or 1)),
+                "RAY_SERVE_HAPROXY_RETRY_ON": RETRY_ON}
 
     def replica_threads(self) -> int:
         """Inference threads of a replica when the server's ``threads`` is 0 (its CPUs)."""

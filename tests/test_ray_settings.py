@@ -139,3 +139,20 @@ def test_ray_flag_without_ray_installed_says_how_to_install(tmp_path):
 def test_prepare_does_not_go_with_ray(tmp_path):
     done = irpe("serve", repository(tmp_path, {}), "--ray", "--prepare")
     assert done.returncode == 2 and "--prepare" in done.stderr
+
+
+def test_ingress_env_sets_rays_flags_and_needs_haproxy(monkeypatch):
+    """`ingress` becomes Ray's environment flags for the Ray irpe serve --ray starts: the
+    proxy turns HAProxy off; haproxy turns it on with the binary found and the replay policy
+    for a replica that closed without an answer; no binary -> one line naming the package."""
+    import serve.ray_settings as rs
+    assert RaySettings().ingress_env()["RAY_SERVE_ENABLE_HA_PROXY"] == "0"
+    monkeypatch.setattr(rs.shutil, "which", lambda name, path=None: f"/opt/bin/{name}")
+    env = RaySettings(ingress="haproxy").ingress_env()
+    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
+    assert env["RAY_SERVE_HAPROXY_BINARY_PATH"] == "/opt/bin/haproxy"
+    assert "empty-response" in env["RAY_SERVE_HAPROXY_RETRY_ON"].split()
+    monkeypatch.setattr(rs.shutil, "which", lambda name, path=None: None)
+    from irpe.errors import MissingFile
+    with pytest.raises(MissingFile, match="apt-get install haproxy"):
+        RaySettings(ingress="haproxy").ingress_env()
