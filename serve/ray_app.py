@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import threading
 from typing import Any, Dict, cast
 
@@ -37,6 +36,7 @@ from .config import ServeSettings
 from .launch import Launch
 from .logs import setup_logging
 from .metrics import Metrics
+from .net import listen_socket
 
 __all__ = ["IrpeReplica", "REPLICA", "REPLICA_HEADER", "application", "build", "deploy",
            "run_on_ray"]
@@ -122,8 +122,8 @@ def run_on_ray(launch: Launch, settings: ServeSettings) -> int:
     this command started."""
     build_models(settings, Metrics())  # files, metadata, names: one line before Ray starts
     address = os.environ.get("RAY_ADDRESS") or settings.ray.address
-    if address is None:
-        _check_port_free(settings.host, settings.port)
+    if address is None:  # Ray's proxy does not report a port in use: one line here instead
+        listen_socket(settings.host, settings.port).close()
     if address is None:  # the ingress of a Ray this command starts (inherited by its nodes)
         os.environ.update(settings.ray.ingress_env())
     stop = threading.Event()
@@ -164,15 +164,6 @@ def deploy(launch: Launch, settings: ServeSettings) -> None:
     log.info("serving", extra={
         "url": f"http://{settings.host}:{settings.port}{settings.ray.route_prefix}",
         "ray": ray.get_runtime_context().gcs_address, "models": settings.model_names()})
-
-
-def _check_port_free(host: str, port: int) -> None:
-    """Ray's proxy does not report a port in use; check before starting it."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise ResourceError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
 def _stop_on_signals(stop: threading.Event) -> Dict[int, Any]:

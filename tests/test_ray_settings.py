@@ -156,3 +156,16 @@ def test_ingress_env_sets_rays_flags_and_needs_haproxy(monkeypatch):
     from irpe.errors import MissingFile
     with pytest.raises(MissingFile, match="apt-get install haproxy"):
         RaySettings(ingress="haproxy").ingress_env()
+
+
+def test_ray_on_a_port_in_use_is_one_line_before_ray_starts(tmp_path):
+    """Ray's proxy would not report it: irpe serve --ray checks the port first."""
+    import socket
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = irpe("serve", repository(tmp_path, {}), "--ray", "--port", str(port))
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.endswith(f"cannot listen on 127.0.0.1:{port}: Address already in use")
