@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 EXTRAS ?= dev
 RUN_EXTRAS ?= serve,export,openvino
 
-.PHONY: install test run check bench clean demo-models ort-ops gpu-check gpu-carry docker-test
+.PHONY: install test run check bench clean demo-models ort-ops ov-ops gpu-check gpu-carry docker-test
 
 # one marker per extras set: `make run` installs serve,export,openvino; `make test` later adds dev
 $(VENV)/.installed-%: pyproject.toml
@@ -33,12 +33,15 @@ lint: install
 
 ## make run: the main job: serve the bundled demo classifier + detector on 127.0.0.1:8000
 ## (ONNX Runtime, offline; Ctrl-C drains and stops). HOST/PORT override the address.
-## Builds the iRPE ONNX Runtime ops first where it can (make ort-ops), never failing the run.
+## Builds the iRPE ONNX Runtime ops and the iRPE OpenVINO library first where it can (make
+## ort-ops, make ov-ops), never failing the run.
 HOST ?= 127.0.0.1
 PORT ?= 8000
 run: $(VENV)/.installed-$(RUN_EXTRAS)
 	@$(MAKE) -s --no-print-directory ort-ops || \
 	  echo "make run: the ORT custom-op library did not build (above); serving with the ONNX functions"
+	@$(MAKE) -s --no-print-directory ov-ops || \
+	  echo "make run: the OpenVINO library did not build (above); serving with the conversions"
 	$(VENV)/bin/irpe serve --host $(HOST) --port $(PORT)
 
 ## make ort-ops: the ONNX Runtime custom-op library $(ORT_OPS_DIR)/libirpe_ort_ops.so, which the
@@ -54,6 +57,20 @@ ort-ops: $(ORT_OPS_DIR)/libirpe_ort_ops.so
 $(ORT_OPS_DIR)/libirpe_ort_ops.so: $(ORT_OPS_SOURCES)
 	@IRPE_SHARED="$(SHARED_DIR)" IRPE_ORT_OUTPUT_DIR="$(abspath $(ORT_OPS_DIR))" \
 	  plugins/onnxruntime/build.sh --optional "$(ORT_OPS_CMAKE)"
+
+## make ov-ops: the iRPE OpenVINO extension library $(ORT_OPS_DIR)/libirpe_openvino.so (the
+## iRPE ops and a whole iRPE attention block for OpenVINO; irpe/runtime/openvino/library.py),
+## from the installed openvino wheel's headers, where cmake and a C++ compiler are found; else
+## one line says why (exit 0). Rebuilt only when its sources change.
+OV_OPS_SOURCES := $(wildcard plugins/openvino/*.cpp plugins/openvino/*.hpp) \
+  plugins/openvino/CMakeLists.txt plugins/onnxruntime/rpe_attention.h \
+  plugins/onnxruntime/rpe_attention_run.cpp plugins/onnxruntime/rpe_cpu.h \
+  plugins/onnxruntime/rpe_simd.h plugins/onnxruntime/rpe_simd_avx2.cpp \
+  plugins/onnxruntime/rpe_simd_avx512.cpp plugins/onnxruntime/rpe_simd_level.cpp
+ov-ops: $(ORT_OPS_DIR)/libirpe_openvino.so
+$(ORT_OPS_DIR)/libirpe_openvino.so: $(OV_OPS_SOURCES)
+	@PYTHON="$(PY)" IRPE_OV_OUTPUT_DIR="$(abspath $(ORT_OPS_DIR))" \
+	  plugins/openvino/build.sh --optional "$(ORT_OPS_DIR)/ov"
 
 ## make docker-test: build the CPU serving image offline and probe it like a user (starts a
 ## Docker engine with its data-root in build/docker when none answers, and stops it after;

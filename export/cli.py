@@ -54,9 +54,11 @@ def _output(source: str, output: Optional[str]) -> str:
 def cmd_validate(args: argparse.Namespace) -> int:
     """Compare the file with PyTorch; exit status 1 when any output is out of tolerance."""
     from irpe.runtime.onnxruntime.session import CustomOpsError, OrtOptions
+    from irpe.runtime.openvino.session import OvOptions
 
     from .validate import validate, write_report
     ort_options = OrtOptions.from_env().with_(args.custom_ops, args.ops_library, args.rewrites)
+    ov_options = OvOptions.from_env()
     if args.json:
         from irpe.atomic import refuse_same_file
         refuse_same_file(args.json, args.file, args.checkpoint,
@@ -65,7 +67,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         report = validate(args.file, args.source, args.checkpoint, num_inputs=args.num_inputs,
                           image_dir=args.images, atol=args.atol, rtol=args.rtol,
                           precision=args.precision, sizes=args.sizes, ort_options=ort_options,
-                          runtime=args.runtime)
+                          runtime=args.runtime, ov_options=ov_options)
     except CustomOpsError as exc:
         raise CLIError(str(exc)) from None
     if args.json:

@@ -1,10 +1,13 @@
 """INT8 post-training quantisation for OpenVINO with NNCF: an exported file -> an OpenVINO IR.
 
 ``irpe quantize --target openvino``. The exported file is read by
-:func:`irpe.runtime.openvino.session.read_model` with the iRPE ops converted by
-:mod:`irpe.runtime.openvino.frontend` (so the gathers and bucket sums stay OpenVINO's own float
-ops), calibrated by ``nncf.quantize`` with ``ModelType.TRANSFORMER`` on images read through the
-model's own preprocessing (:func:`export.calibration.calibration_feeds`), and written as an IR
+:func:`irpe.runtime.openvino.session.open_model` as the runtime reads it: with the iRPE OpenVINO
+library where it is built (``$IRPE_OV_OPS`` / ``$IRPE_OV_OPS_LIBRARY``; its RPEAttention
+blocks then stay float32 ops of the IR, which reads back only with that library: the record's
+``irpe_ops`` says which), else with the iRPE ops converted by
+:mod:`irpe.runtime.openvino.frontend` (OpenVINO's own float ops), calibrated by
+``nncf.quantize`` with ``ModelType.TRANSFORMER`` on images read through the model's own
+preprocessing (:func:`export.calibration.calibration_feeds`), and written as an IR
 (``.xml`` + ``.bin``) carrying the export contract's metadata in its ``rt_info``
 (:mod:`irpe.artifact.openvino_ir`). OpenVINO's CPU plugin runs the FakeQuantize layers NNCF
 inserts with its int8 kernels (VNNI where the CPU has it).
@@ -94,11 +97,11 @@ def quantize_openvino(source: Path, output: Path, settings: "Settings",
 
     from irpe.artifact.openvino_ir import set_ir_props, weights_path
     from irpe.atomic import atomic_path
-    from irpe.runtime.openvino.session import read_model
+    from irpe.runtime.openvino.session import OvOptions, open_model
 
     from .calibration import SHAPES, calibration_feeds
 
-    model = read_model(source)
+    model, _, irpe_ops = open_model(source, OvOptions.from_env())
     _check_excluded(model, list(settings.excluded))
     ignored = list(settings.excluded)
     if not settings.input_layers:
@@ -117,7 +120,7 @@ def quantize_openvino(source: Path, output: Path, settings: "Settings",
                          "correction)",
                   weights="int8 per-channel (NNCF)",
                   activations="calibrated by NNCF (mixed preset)",
-                  engine=f"nncf {nncf.__version__}")
+                  engine=f"nncf {nncf.__version__}", irpe_ops=irpe_ops)
     set_ir_props(quantized, dict(props, **quantization_metadata("int8", record)))
     # staged in a hidden folder beside the output (OpenVINO names its files by the .xml);
     # the weights move first, the .xml last (irpe.atomic): a reader finds its weights in place

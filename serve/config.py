@@ -40,7 +40,7 @@ from .registry import AUTO, auto_backend, backend_names
 
 __all__ = ["ModelConfig", "ServeSettings", "read_repository"]
 
-_PATH_KEYS = ("path", "metadata", "ort_ops_library")
+_PATH_KEYS = ("path", "metadata", "ort_ops_library", "ov_ops_library")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
@@ -116,6 +116,12 @@ class ModelConfig(BaseModel):
     ov_streams: Optional[int] = Field(
         None, ge=0, description="openvino: CPU streams (NUM_STREAMS), 0 = OpenVINO's choice; "
         "default: the server's ov_streams")
+    ov_ops: Optional[SwitchSetting] = Field(
+        None, description="openvino: the iRPE OpenVINO library (plugins/openvino) auto/on/off; "
+        "default: the server's ov_ops")
+    ov_ops_library: Optional[Path] = Field(
+        None, description="openvino: the iRPE OpenVINO library file; default: the server's "
+        "ov_ops_library")
     cuda_graphs: bool = Field(False, description="torch backend on cuda, classification: "
                               "capture CUDA graphs at batch sizes 1, 2, 4, ... max_batch_size")
     instances: int = Field(1, ge=1, le=64, description="model replicas (each with its own "
@@ -235,6 +241,13 @@ class ServeSettings(BaseSettings):
         1, ge=0, description="openvino models: CPU streams (NUM_STREAMS); 1 suits the server, "
         "whose inference thread runs one batch at a time per instance; 0 = OpenVINO's choice "
         "from the latency hint; a model's ov_streams wins")
+    ov_ops: SwitchSetting = Field(
+        "auto", validation_alias=_env("ov_ops", "IRPE_OV_OPS"),
+        description="openvino models: the iRPE OpenVINO library auto (when built), on "
+        "(required) or off (the frontend conversions); a model's ov_ops wins")
+    ov_ops_library: Optional[Path] = Field(
+        None, validation_alias=_env("ov_ops_library", "IRPE_OV_OPS_LIBRARY"),
+        description="the iRPE OpenVINO library file (default: build/plugins/libirpe_openvino.so)")
     decode_threads: int = Field(0, ge=0, description="image decode threads, process-wide; "
                                 "0 = the CPUs this process may run on")
     gc_freeze: bool = Field(True, description="once a model has loaded, freeze the process's "
@@ -278,6 +291,8 @@ class ServeSettings(BaseSettings):
             "ort_custom_ops": model.ort_custom_ops or self.ort_custom_ops,
             "ort_rewrites": model.ort_rewrites or self.ort_rewrites,
             "ort_ops_library": model.ort_ops_library or self.ort_ops_library,
+            "ov_ops": model.ov_ops or self.ov_ops,
+            "ov_ops_library": model.ov_ops_library or self.ov_ops_library,
             "ov_threads": self.threads if model.ov_threads is None else model.ov_threads,
             "ov_streams": self.ov_streams if model.ov_streams is None else model.ov_streams})
 
@@ -333,9 +348,10 @@ def read_repository(path: Path) -> Dict[str, Any]:
         raise InvalidInput(f"{path}: 'models' must be a list")
     base = path.resolve().parent
     data["models"] = [_relative_to(m, base) if isinstance(m, dict) else m for m in models]
-    library = data.get("ort_ops_library")
-    if isinstance(library, str) and not Path(library).is_absolute():
-        data["ort_ops_library"] = str(base / library)
+    for key in ("ort_ops_library", "ov_ops_library"):
+        library = data.get(key)
+        if isinstance(library, str) and not Path(library).is_absolute():
+            data[key] = str(base / library)
     return data
 
 

@@ -107,6 +107,13 @@ def ort_library(tmp_path_factory):
     return build_ort_library(tmp_path_factory.mktemp("ort_ops"))
 
 
+@pytest.fixture(scope="session")
+def ov_library(tmp_path_factory):
+    """The iRPE OpenVINO library (plugins/openvino), built once per test session."""
+    from tests.helpers import build_ov_library
+    return build_ov_library(tmp_path_factory.mktemp("ov_ops"))
+
+
 @pytest.fixture
 def ort_library_env(request, monkeypatch):
     """Point ``$IRPE_ORT_OPS_LIBRARY`` (read by ``OrtOptions.from_env``, as in

@@ -323,6 +323,25 @@ def build_ort_library(out: Path, *extra: str) -> Path:
     return out / "libirpe_ort_ops.so"
 
 
+def build_ov_library(out: Path) -> Path:
+    """Build plugins/openvino (the iRPE OpenVINO library) with its build.sh into ``out``;
+    skips without openvino, cmake or a compiler, except under CI=true, where it fails."""
+    import os
+
+    import pytest
+    env = dict(os.environ, PYTHON=sys.executable, IRPE_OV_OUTPUT_DIR=str(out))
+    script = Path(__file__).resolve().parents[1] / "plugins" / "openvino" / "build.sh"
+    done = subprocess.run(["bash", str(script), "--optional", str(out / "cmake")], env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    if "skipped" in done.stdout:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must build the iRPE OpenVINO library: {done.stdout.strip()}")
+        pytest.skip(done.stdout.strip())
+    assert "warning" not in (done.stdout + done.stderr).lower(), done.stdout + done.stderr
+    return out / "libirpe_openvino.so"
+
+
 def env_session(model, providers=None, **kw):
     """``create_session`` as an entry point runs it: with ``OrtOptions.from_env()`` read at the
     call (the ``ort_library_env`` fixture points ``$IRPE_ORT_OPS_LIBRARY`` at the freshly built

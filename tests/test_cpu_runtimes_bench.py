@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -33,6 +34,18 @@ def test_ratios_are_to_ort_plain_fp32_and_to_the_same_runtimes_plain():
     assert "| m | 1e-06 |" in lines
 
 
+def test_library_rows_judge_the_goals_and_compare_to_openvinos_own_plain():
+    times = {"ov_plain_int8": [0.05], "ov_irpe_k_int8": [0.0625], "ov_irpe_k_int8_lib": [0.052],
+             "ort_plain_fp32": [0.2], "ort_plain_fp32_lib": [0.1], "ort_irpe_k_fp32_lib": [0.2]}
+    rows = cr.summarize(times, batch=8)
+    assert rows["ov_irpe_k_int8_lib"]["x_same_plain"] == pytest.approx(0.05 / 0.052)
+    assert rows["ort_irpe_k_fp32_lib"]["x_same_plain"] == pytest.approx(0.5)  # ORT's own lib
+    judged = {(g["row"], g["reference"]): g for g in cr.goals(rows)}
+    k = judged[("ov_irpe_k_int8_lib", "ov_plain_int8")]
+    assert k["ratio"] == pytest.approx(0.05 / 0.052) and k["met"] is True
+    assert ("ov_irpe_k_int8", "ov_plain_int8") not in judged
+
+
 def test_output_gap_compares_the_same_model_on_both_runtimes(tmp_path):
     np.save(tmp_path / "ov_plain_fp32.npy", np.array([1.0, 2.0]))
     np.save(tmp_path / "ort_plain_fp32.npy", np.array([1.0, 2.5]))
@@ -47,16 +60,19 @@ def test_bad_arguments_are_one_line(capsys):
 
 
 @needs_openvino
-def test_quick_run_times_both_runtimes_in_their_own_processes(tmp_path):
+def test_quick_run_times_both_runtimes_in_their_own_processes(tmp_path, ov_library):
+    env = dict(os.environ, IRPE_OV_OPS_LIBRARY=str(ov_library))
     out = subprocess.run([sys.executable, "-m", "benchmarks.cpu_runtimes", "--quick",
                           "--cache", str(tmp_path / "cache"), "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads((tmp_path / "cpu_runtimes_quick.json").read_text())
     rows = result["results"]
     for row in ("ort_plain_fp32", "ort_irpe_k_int8", "ov_plain_fp32", "ov_irpe_k_int8",
-                "ov_irpe_qkv_fp32"):
+                "ov_irpe_qkv_fp32", "ov_irpe_k_fp32_lib", "ov_irpe_qkv_int8_lib"):
         assert rows[row]["images_per_s"] > 0, row
-    assert set(result["output_gap"]) == {"plain_fp32", "irpe_k_fp32", "irpe_qkv_fp32"}
+    assert "ov_plain_fp32_lib" not in rows  # no iRPE terms: OpenVINO's own attention
+    assert set(result["output_gap"]) == {"plain_fp32", "irpe_k_fp32", "irpe_qkv_fp32",
+                                         "irpe_k_fp32_lib", "irpe_qkv_fp32_lib"}
     assert max(result["output_gap"].values()) < 1e-4  # OpenVINO = ONNX Runtime in fp32
     assert "process 1/1 onnxruntime: done" in out.stdout

@@ -31,6 +31,17 @@ from tests.openvino_common import cpu_has_bf16, needs_openvino, run_compiled
 
 FP32 = TOLERANCES["fp32"]  # against PyTorch, as irpe validate judges
 SAME = 1e-5  # against ONNX Runtime running the same functions
+# the frontend conversions, whether or not the iRPE OpenVINO library is built in this checkout
+# (its own path: tests/test_openvino_library.py and the parametrised numerics below)
+OFF = OvOptions(threads=1, ops="off")
+
+
+@pytest.fixture(params=["off", "on"])
+def ops(request):
+    """OvOptions (1 thread) of each way the iRPE nodes run: the conversions, the library."""
+    if request.param == "off":
+        return OFF
+    return OvOptions(threads=1, ops="on", library=str(request.getfixturevalue("ov_library")))
 
 
 def _ort(path, **feeds):
@@ -86,13 +97,13 @@ def qkv(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def qkv_compiled(qkv):
-    return compile_model(qkv[2], OvOptions(threads=1))
+    return compile_model(qkv[2], OFF)
 
 
 def test_irpe_nodes_become_one_gather_or_scatter_each_not_the_inlined_functions(qkv):
     proto = onnx.load(qkv[2])
     assert len([n for n in proto.graph.node if n.domain == "irpe"]) == 6  # 4 gathers, 2 sums
-    ops = [op for op in read_model(qkv[2]).get_ops()]
+    ops = [op for op in read_model(qkv[2], OFF).get_ops()]
     gathers = [op.get_attributes()["batch_dims"] for op in ops
                if op.get_type_name() == "Gather" and op.get_friendly_name().endswith("RPEGather")]
     sums = [op for op in ops if op.get_type_name() == "ScatterElementsUpdate"]
@@ -109,8 +120,8 @@ def test_irpe_nodes_without_their_functions_still_read(qkv, tmp_path):
     bare = tmp_path / "bare.onnx"
     onnx.save(proto, bare)
     x = np.random.default_rng(0).standard_normal((2, 3, 40, 40)).astype(np.float32)
-    got = compile_model(bare, OvOptions(threads=1))[0]({"images": x})
-    want = compile_model(qkv[2], OvOptions(threads=1))[0]({"images": x})
+    got = compile_model(bare, OFF)[0]({"images": x})
+    want = compile_model(qkv[2], OFF)[0]({"images": x})
     assert np.array_equal(list(got.values())[0], list(want.values())[0])
 
 
@@ -136,7 +147,7 @@ CASES = [(method, on) for method in ("euc", "quant", "cross", "product") for on 
 
 @needs_openvino
 @pytest.mark.parametrize("method,on", CASES)
-def test_every_method_and_term_equals_onnxruntime_and_pytorch(tmp_path, method, on):
+def test_every_method_and_term_equals_onnxruntime_and_pytorch(tmp_path, method, on, ops):
     cfg = RPEConfig(ratio=1.9, method=method, mode="ctx", shared_head=on != "q", skip=1, on=on)
     model, spec = tiny_deit(cfg)
     path = export_onnx(model, tmp_path / "m.onnx", spec=spec)
@@ -146,7 +157,8 @@ def test_every_method_and_term_equals_onnxruntime_and_pytorch(tmp_path, method, 
         ref = model(x).numpy()
     (expected,) = _ort(path, images=x.numpy())
     before = sorted(os.listdir(tmp_path))
-    compiled, _ = compile_model(path, OvOptions(threads=1))
+    compiled, line = compile_model(path, ops)
+    assert ("iRPE ops: library" in line) == (ops.ops == "on"), line
     assert sorted(os.listdir(tmp_path)) == before  # reading wrote nothing beside the file
     got = run_compiled(compiled, images=x.numpy())["logits"]
     np.testing.assert_allclose(got, expected, atol=SAME, rtol=SAME)
@@ -159,7 +171,8 @@ def test_compiled_model_says_how_it_runs_and_takes_any_batch(qkv, qkv_compiled):
     compiled, line = qkv_compiled
     assert compiled_precision(compiled) == "fp32"
     assert re.fullmatch(r"openvino \S+ CPU: fp32, threads 1, streams 1, hint latency; "
-                        r"iRPE ops: converted at load \(Gather, ScatterElementsUpdate\)",
+                        r"iRPE ops: converted at load \(Gather, ScatterElementsUpdate\) "
+                        r"\(library off\)",
                         line), line
     for batch in (1, 5):
         x = torch.randn(batch, 3, 40, 40)
@@ -178,7 +191,7 @@ def test_bf16_is_asked_for_explicitly_and_read_back(qkv):
         with pytest.raises(ValueError, match="needs a CPU with BF16"):
             compile_model(path, OvOptions("bf16"))
         return
-    default = core().compile_model(read_model(path), "CPU")
+    default = core().compile_model(read_model(path, OFF), "CPU")
     assert compiled_precision(default) == "bf16"
     compiled, line = compile_model(path, OvOptions("bf16", threads=1))
     assert compiled_precision(compiled) == "bf16" and ": bf16, " in line
@@ -196,8 +209,8 @@ def test_an_ir_file_runs_as_the_onnx_file(qkv, qkv_compiled, tmp_path):
     from irpe.runtime.openvino.session import import_openvino
     ov = import_openvino()
     xml = tmp_path / "m.xml"
-    ov.save_model(read_model(qkv[2]), str(xml), compress_to_fp16=False)
-    compiled, line = compile_model(xml, OvOptions(threads=1))
+    ov.save_model(read_model(qkv[2], OFF), str(xml), compress_to_fp16=False)
+    compiled, line = compile_model(xml, OFF)
     assert line.endswith("iRPE ops: as stored in the IR")
     x = np.random.default_rng(0).standard_normal((2, 3, 40, 40), dtype=np.float32)
     np.testing.assert_allclose(run_compiled(compiled, images=x)["logits"],
@@ -209,19 +222,20 @@ def test_an_ir_file_runs_as_the_onnx_file(qkv, qkv_compiled, tmp_path):
 
 @pytest.fixture(scope="module")
 def detr(tmp_path_factory):
-    """detr_tiny_irpe with random weights, exported and compiled once (dynamic B, H, W)."""
+    """detr_tiny_irpe with random weights, exported once (dynamic B, H, W)."""
     torch.manual_seed(3)
     model = create_model("detr_tiny_irpe").eval()
     path = export_onnx(model, tmp_path_factory.mktemp("ov_detr") / "d.onnx",
                        spec=default_spec("detr_tiny_irpe"))
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return model, session, compile_model(path, OvOptions(threads=1))[0]
+    return model, session, path
 
 
 @needs_openvino
 @pytest.mark.parametrize("height,width", [(96, 160), (160, 96), (75, 201)])
-def test_detr_one_compiled_model_every_size_with_padding(detr, height, width):
-    model, session, compiled = detr
+def test_detr_one_compiled_model_every_size_with_padding(detr, ops, height, width):
+    model, session, path = detr
+    compiled = _compiled_detr(path, ops)
     images, sizes = pad_images([torch.randn(3, height, width),
                                 torch.randn(3, height // 2, 40)])
     with torch.no_grad():
@@ -232,3 +246,14 @@ def test_detr_one_compiled_model_every_size_with_padding(detr, height, width):
     for name, expected in zip(("pred_logits", "pred_boxes"), expected_all, strict=True):
         np.testing.assert_allclose(got[name], expected, atol=SAME, rtol=SAME)
         np.testing.assert_allclose(got[name], ref[name].numpy(), atol=FP32[0], rtol=FP32[1])
+
+
+_DETR_COMPILED: dict = {}
+
+
+def _compiled_detr(path, options):
+    """One compiled DETR per way of running the iRPE nodes, shared by the sizes."""
+    key = (str(path), options)
+    if key not in _DETR_COMPILED:
+        _DETR_COMPILED[key] = compile_model(path, options)[0]
+    return _DETR_COMPILED[key]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import xml.etree.ElementTree as ET
-from typing import TYPE_CHECKING, Dict, Union
+from typing import TYPE_CHECKING, Dict, List, Union
 
 from irpe.artifact.filecheck import check_file
 from irpe.errors import InvalidInput
@@ -21,11 +21,15 @@ if TYPE_CHECKING:
 
     from irpe.artifact.trained import ModelSpec
 
-__all__ = ["IR_SUFFIX", "RT_INFO_NODE", "is_ir", "weights_path", "read_ir_props",
-           "read_ir_spec", "set_ir_props"]
+__all__ = ["IR_SUFFIX", "RT_INFO_NODE", "LIBRARY_OPSET", "is_ir", "weights_path",
+           "read_ir_props", "read_ir_spec", "set_ir_props", "library_ops"]
 
 IR_SUFFIX = ".xml"
 RT_INFO_NODE = "irpe"  # rt_info child that holds the metadata entries
+# the opset of the iRPE OpenVINO library's operations (plugins/openvino): an IR quantised where
+# the library was loaded stores its RPEAttention / RPEGather / RPEScatter layers under it, and
+# reads back only with that library
+LIBRARY_OPSET = "irpe"
 FileName = Union[str, "os.PathLike[str]"]  # a file name as callers hold it
 
 
@@ -71,3 +75,16 @@ def set_ir_props(model: "openvino.Model", props: Dict[str, str]) -> None:
     """Store ``props`` as the ``irpe`` rt_info of an OpenVINO model (saved with it)."""
     for key, value in props.items():
         model.set_rt_info(value, [RT_INFO_NODE, key])
+
+
+def library_ops(path: FileName) -> List[str]:
+    """The layer types of the iRPE OpenVINO library (opset :data:`LIBRARY_OPSET`) in an IR,
+    sorted, once each: empty when the IR reads with OpenVINO alone."""
+    path = os.fspath(path)
+    check_file(path, "ir")
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as exc:
+        raise InvalidInput(f"{path} is not a readable OpenVINO IR file: {exc}") from None
+    return sorted({layer.get("type", "") for layer in root.iter("layer")
+                   if layer.get("version") == LIBRARY_OPSET})

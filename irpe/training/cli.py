@@ -79,7 +79,8 @@ def load_for_eval(model: str, checkpoint: Optional[str] = None, runtime: Optiona
 
         from ..runtime.openvino.session import OvOptions
         from .evaluate import OpenVINOModel
-        ov_net = OpenVINOModel(model, OvOptions(precision or "fp32", torch.get_num_threads()))
+        ov_net = OpenVINOModel(model, OvOptions.from_env().with_(precision or "fp32",
+                                                                 torch.get_num_threads()))
         return cast("nn.Module", ov_net), ov_net.spec  # called as a module by the eval loops
     if chosen == "onnxruntime":  # exported or quantised file
         import torch

@@ -56,7 +56,9 @@ class OpenVINOBackend(Backend):
         threads = self.threads if self.cfg.ov_threads is None else self.cfg.ov_threads
         streams = (ServeSettings.model_fields["ov_streams"].default
                    if self.cfg.ov_streams is None else self.cfg.ov_streams)
-        return OvOptions(self.cfg.run_precision(), threads, streams, "latency")
+        return OvOptions(self.cfg.run_precision(), threads, streams, "latency",
+                         ops=self.cfg.ov_ops or "auto",
+                         library=str(self.cfg.ov_ops_library or ""))
 
     def load(self) -> None:
         from irpe.runtime.openvino.session import compile_model

@@ -10,9 +10,11 @@ compiled without a hint gives other numbers on other machines. :func:`compile_mo
 sets ``f32`` or ``bf16`` explicitly, refuses bf16 where the CPU lacks it (OpenVINO would fall
 back to f32 without a word) and reads the precision back from the compiled model.
 
-An exported ``.onnx`` is read with its iRPE nodes lowered in memory by
-:mod:`irpe.runtime.openvino.frontend`'s conversions: nothing is written next to the file. An
-OpenVINO IR (``.xml`` + ``.bin``, ``irpe quantize --target openvino``) is read as it is.
+An exported ``.onnx`` is read with its iRPE nodes run by the iRPE OpenVINO library where it
+is built (:mod:`irpe.runtime.openvino.library`: its attention blocks rewritten in memory to the
+library's RPEAttention), else lowered by :mod:`irpe.runtime.openvino.frontend`'s conversions;
+nothing is written next to the file. An OpenVINO IR (``.xml`` + ``.bin``, ``irpe quantize
+--target openvino``) is read as it is; one that holds the library's ops needs the library.
 """
 from __future__ import annotations
 
@@ -21,20 +23,23 @@ import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
 
-from irpe.artifact.openvino_ir import is_ir, weights_path
+from irpe.artifact.openvino_ir import is_ir, library_ops, weights_path
 from irpe.errors import CLIError, InvalidInput
+from irpe.switch import parse_switch
 
 if TYPE_CHECKING:
     import openvino
 
-__all__ = ["DEVICE", "PRECISIONS", "HINTS", "INSTALL", "OpenVINOUnavailable", "OvOptions",
-           "import_openvino", "core", "cpu_capabilities", "check_precision", "read_model",
-           "compile_model", "compiled_precision"]
+__all__ = ["DEVICE", "PRECISIONS", "HINTS", "INSTALL", "OPS_ENV", "LIBRARY_ENV",
+           "OpenVINOUnavailable", "OvOptions", "import_openvino", "core", "cpu_capabilities",
+           "check_precision", "open_model", "read_model", "compile_model", "compiled_precision"]
 
 DEVICE = "CPU"  # the plugin every function here uses
 PRECISIONS = {"fp32": "f32", "bf16": "bf16"}  # our names -> INFERENCE_PRECISION_HINT values
 HINTS = ("latency", "throughput")  # PERFORMANCE_HINT, lower case
 INSTALL = "pip install 'irpe-deploy[openvino]'"
+OPS_ENV = "IRPE_OV_OPS"  # the library mode of the entry points (OvOptions.from_env)
+LIBRARY_ENV = "IRPE_OV_OPS_LIBRARY"
 _NAMES = {value: key for key, value in PRECISIONS.items()}
 
 
@@ -57,13 +62,17 @@ def import_openvino() -> Any:
 class OvOptions:
     """How :func:`compile_model` compiles: ``precision`` fp32 | bf16 (always set explicitly),
     ``threads`` (INFERENCE_NUM_THREADS; 0: OpenVINO's default, the process's cores),
-    ``streams`` (NUM_STREAMS; 0: what the hint picks) and ``performance_hint`` latency |
-    throughput. Checked when made: a bad value is a ValueError of one line."""
+    ``streams`` (NUM_STREAMS; 0: what the hint picks), ``performance_hint`` latency |
+    throughput, ``ops`` the iRPE OpenVINO library's mode auto | on | off and ``library`` its
+    file ("": build/plugins/; irpe.runtime.openvino.library). Checked when made: a bad value is
+    a ValueError of one line."""
 
     precision: str = "fp32"
     threads: int = 0
     streams: int = 0
     performance_hint: str = "latency"
+    ops: str = "auto"
+    library: str = ""
 
     def __post_init__(self) -> None:
         precision = str(self.precision).strip().lower()
@@ -81,13 +90,34 @@ class OvOptions:
                                  f"choice), got {value!r}")
         object.__setattr__(self, "precision", precision)
         object.__setattr__(self, "performance_hint", hint)
+        object.__setattr__(self, "ops", parse_switch(str(self.ops), "openvino ops mode"))
+        object.__setattr__(self, "library", os.fspath(self.library).strip())
+
+    @classmethod
+    def from_env(cls) -> "OvOptions":
+        """The options of ``$IRPE_OV_OPS`` and ``$IRPE_OV_OPS_LIBRARY`` (unset: the defaults):
+        the one place they are read; a bad value is InvalidInput naming the variable. Entry
+        points (``irpe validate`` / ``eval``, the benchmarks) call it once."""
+        given = {"ops": (OPS_ENV, os.environ.get(OPS_ENV)),
+                 "library": (LIBRARY_ENV, os.environ.get(LIBRARY_ENV))}
+        options = cls()
+        for key, (name, value) in given.items():
+            if value is None or not value.strip():
+                continue
+            change: Dict[str, Any] = {key: value}  # text: __post_init__ checks it
+            try:
+                options = replace(options, **change)
+            except InvalidInput as exc:
+                raise InvalidInput(f"{name}={value!r}: {exc}") from None
+        return options
 
     def with_(self, precision: Optional[str] = None, threads: Optional[int] = None,
-              streams: Optional[int] = None, performance_hint: Optional[str] = None
-              ) -> "OvOptions":
+              streams: Optional[int] = None, performance_hint: Optional[str] = None,
+              ops: Optional[str] = None, library: Optional[str] = None) -> "OvOptions":
         """These options with the given (not None) ones replaced (flags over settings)."""
         given: Dict[str, Any] = {"precision": precision, "threads": threads,
-                                 "streams": streams, "performance_hint": performance_hint}
+                                 "streams": streams, "performance_hint": performance_hint,
+                                 "ops": ops, "library": library}
         return replace(self, **{k: v for k, v in given.items() if v is not None})
 
     def config(self) -> Dict[str, Any]:
@@ -101,12 +131,17 @@ class OvOptions:
         return out
 
 
-@functools.lru_cache(maxsize=1)
-def core() -> "openvino.Core":
-    """A new ``openvino.Core`` with the iRPE ops' frontend conversions registered
-    (:func:`irpe.runtime.openvino.frontend.add_irpe_ops`)."""
+@functools.lru_cache(maxsize=4)
+def core(library: Optional[str] = None) -> "openvino.Core":
+    """An ``openvino.Core`` for the iRPE files, one per ``library``: with that extension
+    library loaded (its ops and ONNX mappings; RuntimeError when OpenVINO cannot load it), or
+    with the frontend conversions (:func:`irpe.runtime.openvino.frontend.add_irpe_ops`)."""
     from irpe.runtime.openvino.frontend import add_irpe_ops
-    return add_irpe_ops(import_openvino().Core())
+    ov_core = import_openvino().Core()
+    if library is None:
+        return add_irpe_ops(ov_core)
+    ov_core.add_extension(library)
+    return ov_core
 
 
 def cpu_capabilities(ov_core: Optional["openvino.Core"] = None) -> Tuple[str, ...]:
@@ -132,27 +167,53 @@ def _ov_message(exc: BaseException) -> str:
     return " ".join(kept) or type(exc).__name__
 
 
-def read_model(path: Union[str, "os.PathLike[str]"], ov_core: Optional["openvino.Core"] = None
-               ) -> "openvino.Model":
-    """The model in ``path``: an exported ``.onnx`` (its iRPE nodes converted by the frontend
-    extensions of :func:`core`; ``ov_core`` must come from it) or an IR ``.xml`` with its
-    ``.bin``. A missing or unreadable file is one line (ValueError / FileNotFoundError)."""
+def open_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOptions] = None
+               ) -> Tuple["openvino.Model", "openvino.Core", str]:
+    """The model in ``path`` (an exported ``.onnx`` or an IR ``.xml`` with its ``.bin``), the
+    Core that read it (compile with that one) and how its iRPE nodes run, per ``options``'
+    library mode. A missing or unreadable file is one line (ValueError / FileNotFoundError);
+    an IR holding the library's ops without the library is an OvLibraryError."""
     from irpe.artifact.filecheck import check_file
+    from irpe.runtime.openvino.frontend import LOWERING
+    from irpe.runtime.openvino.library import (
+        BUILD_COMMAND,
+        OvLibraryError,
+        fused_source,
+        resolve_library,
+    )
+    options = options or OvOptions()
     path = os.fspath(path)
+    check_file(path, "ir" if is_ir(path) else "onnx")
+    library, why = resolve_library(options.ops, options.library)  # type: ignore[arg-type]
+    blocks = 0
     if is_ir(path):
-        check_file(path, "ir")
         if not os.path.isfile(weights_path(path)):
             raise FileNotFoundError(f"{path}: its weights file {weights_path(path)} is missing")
+        needs = library_ops(path)
+        if needs and library is None:
+            raise OvLibraryError(f"{path} holds the iRPE OpenVINO library's ops ({', '.join(needs)}"
+                                 f"), which cannot load here: {why}; {BUILD_COMMAND} builds it")
         source: Any = (path, weights_path(path))
+        how = f"library {os.path.basename(library or '')}" if needs else "as stored in the IR"
     else:
-        check_file(path, "onnx")
-        source = (path,)
+        fused, blocks = fused_source(path, options.precision) if library else (path, 0)
+        source = (fused, b"") if blocks else (path,)
+        how = (f"library {os.path.basename(library)} ({blocks} attention blocks fused)"
+               if library and blocks else f"library {os.path.basename(library)}" if library
+               else f"{LOWERING} ({why})")
+    ov_core = core(library)
     try:
-        return (ov_core or core()).read_model(*source)
+        return ov_core.read_model(*source), ov_core, how
     except RuntimeError as exc:
         if not is_ir(path):
             _check_onnx(path)  # a corrupt ONNX file: the parser's own reason
         raise InvalidInput(f"{path}: OpenVINO cannot read it: {_ov_message(exc)}") from None
+
+
+def read_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOptions] = None
+               ) -> "openvino.Model":
+    """The model in ``path`` as :func:`open_model` reads it."""
+    return open_model(path, options)[0]
 
 
 def _check_onnx(path: str) -> None:
@@ -172,20 +233,17 @@ def compiled_precision(compiled: "openvino.CompiledModel") -> str:
     return _NAMES.get(name, name)
 
 
-def compile_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOptions] = None, *,
-                  ov_core: Optional["openvino.Core"] = None
+def compile_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOptions] = None
                   ) -> Tuple["openvino.CompiledModel", str]:
     """``path`` (see :func:`read_model`) compiled for the CPU as ``options`` say (default
     ``OvOptions()``: fp32), and one line describing it: OpenVINO version, the precision,
     threads, streams and hint read back from the compiled model, and how the iRPE nodes run.
     bf16 on a CPU without BF16, or a compiled precision other than the one asked for, is a
     ValueError."""
-    from irpe.runtime.openvino.frontend import LOWERING
     ov = import_openvino()
     options = options or OvOptions()
-    ov_core = ov_core or core()
-    check_precision(options.precision, cpu_capabilities(ov_core))
-    model = read_model(path, ov_core)
+    check_precision(options.precision, cpu_capabilities())
+    model, ov_core, irpe_path = open_model(path, options)
     try:
         compiled = ov_core.compile_model(model, DEVICE, options.config())
     except RuntimeError as exc:
@@ -195,7 +253,6 @@ def compile_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOpti
     if precision != options.precision:
         raise InvalidInput(f"{os.fspath(path)}: OpenVINO compiled it in {precision}, not in "
                          f"{options.precision} as asked")
-    irpe_path = "as stored in the IR" if is_ir(path) else LOWERING
     line = (f"openvino {ov.__version__.split('-')[0]} {DEVICE}: {precision}, threads "
             f"{compiled.get_property('INFERENCE_NUM_THREADS')}, streams "
             f"{compiled.get_property('NUM_STREAMS')}, hint "

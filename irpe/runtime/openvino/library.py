@@ -1,0 +1,104 @@
+"""The iRPE OpenVINO extension library (plugins/openvino -> ``build/plugins/libirpe_openvino.so``,
+``make ov-ops``): finding and loading it, and the attention fusion it runs.
+
+The library registers three OpenVINO operations of opset ``irpe`` and their ONNX-frontend
+mappings: ``RPEGather`` and ``RPEScatter`` (the exported nodes, with the ONNX Runtime library's
+row kernels) and ``RPEAttention`` (a whole timm/DeiT attention block with its iRPE terms: the
+ONNX Runtime library's attention kernel). An exported file is read through the ONNX Runtime
+library's own graph rewrite (:func:`irpe.runtime.onnxruntime.rewrites.fuse_model`, in memory;
+the file is never changed) when every iRPE node then is one the library runs; else as it is,
+its RPEGather / RPEScatter nodes on the library's kernels. OpenVINO's fused attention cannot
+take the probabilities out for the V term, and the gathered bias costs a pass over memory per
+block; the library's attention keeps both in cache (docs/DECISIONS.md, "OpenVINO library").
+
+Mode (:class:`irpe.runtime.openvino.session.OvOptions`, the product's switch vocabulary):
+``auto`` loads the library where it is built and falls back to the frontend conversions
+(:mod:`irpe.runtime.openvino.frontend`) with a warning when it cannot be loaded; ``on`` makes
+either an error; ``off`` never loads it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Optional, Tuple, Union
+
+from irpe.errors import CLIError
+from irpe.plugin_files import BUILD_DIR
+from irpe.switch import Switch
+
+__all__ = ["LIBRARY", "LIBRARY_OPS", "BUILD_COMMAND", "OvLibraryError", "default_library",
+           "resolve_library", "fused_source"]
+
+log = logging.getLogger("irpe.runtime.openvino")
+
+LIBRARY = "libirpe_openvino.so"
+# the irpe-domain ops the library runs (plugins/openvino/rpe_ov_ops.hpp)
+LIBRARY_OPS = frozenset({"RPEGather", "RPEScatter", "RPEAttention"})
+BUILD_COMMAND = "make ov-ops"
+
+
+class OvLibraryError(CLIError, RuntimeError):
+    """The library was required (mode ``on``, or an IR that holds its ops) and cannot serve."""
+
+
+def default_library() -> Path:
+    """Where ``make ov-ops`` puts the library (used when the options name none)."""
+    return BUILD_DIR / LIBRARY
+
+
+def _loads(path: str) -> Optional[str]:
+    """None when OpenVINO loads the library at ``path``, else OpenVINO's reason in one line."""
+    from irpe.runtime.openvino.session import core
+    try:
+        core(path)
+    except RuntimeError as exc:
+        return " ".join(str(exc).split())[:300]
+    return None
+
+
+def resolve_library(mode: Switch, library: str = "") -> Tuple[Optional[str], str]:
+    """The library file to load for ``mode`` (None: the frontend conversions) and why. ``on``
+    with no loadable library raises :class:`OvLibraryError`; ``auto`` falls back, logging a
+    warning when a library is there but does not load."""
+    if mode == "off":
+        return None, "library off"
+    path = os.path.abspath(library) if library else str(default_library())
+    if not os.path.isfile(path):
+        why = f"{path} not built ({BUILD_COMMAND})"
+        if mode == "on":
+            raise OvLibraryError(f"the iRPE OpenVINO library is required but {why}")
+        return None, why
+    failed = _loads(path)
+    if failed is not None:
+        if mode == "on":
+            raise OvLibraryError(f"the iRPE OpenVINO library {path} does not load: {failed}")
+        log.warning("the iRPE OpenVINO library %s does not load (%s); converting the iRPE "
+                    "nodes instead", path, failed)
+        return None, f"{path} does not load"
+    return path, "library"
+
+
+def fused_source(path: str, precision: str = "fp32") -> Tuple[Union[str, bytes], int]:
+    """The exported file for the library at ``precision`` (fp32 | bf16: OpenVINO's inference
+    precision): its attention blocks rewritten to ``RPEAttention`` (bytes) and their count,
+    when every iRPE node left is one of :data:`LIBRARY_OPS`; else ``path`` itself and 0 (read
+    as it is: RPEGather / RPEScatter on the library's kernels). Kept as it is, from
+    measurement (docs/DECISIONS.md): a model without iRPE terms (OpenVINO's own fused
+    attention is as fast in fp32 and faster in int8, its attention products in int8), and in
+    bf16 one without the V term (the library's attention is float32; OpenVINO's fused bf16
+    attention with the gathered bias is faster there)."""
+    import onnx
+
+    from irpe.runtime.onnxruntime.op_names import DOMAIN
+    from irpe.runtime.onnxruntime.rewrites import fuse_model
+    fused, counts = fuse_model(path)
+    terms = counts.gather or counts.scatter or counts.qlayout
+    if precision == "bf16" and not counts.scatter:
+        terms = 0
+    if not counts.attention or not terms or not isinstance(fused, bytes):
+        return path, 0
+    graph = onnx.load_from_string(fused).graph
+    if any(n.domain == DOMAIN and n.op_type not in LIBRARY_OPS for n in graph.node):
+        return path, 0  # blocks the rewrite left half-fused (ONNX Runtime's own ops)
+    return fused, counts.attention

@@ -1,0 +1,78 @@
+// The iRPE ops as OpenVINO operations (opset "irpe"), run by the CPU plugin through evaluate():
+//   RPEGather(table[B,H,Lq|1,K], index[Lq,Lk]) -> out[b,h,i,j] = table[b,h,i|0,index[i,j]]
+//   RPEScatter(attn[B,H,Lq,Lk], index[Lq,Lk]; num_buckets=K)
+//                                     -> sums[b,h,i,k] = sum over j with index[i,j] == k of attn
+// The contract of export/functions.py and the CUDA kernels (irpe_kernels.h): ids outside
+// [0, K) gather 0 and are dropped from the sums. The rows are plugins/onnxruntime/rpe_cpu.h's,
+// the same code the ONNX Runtime library runs, spread over OpenVINO's own thread pool.
+#ifndef IRPE_OV_RPE_OV_OPS_HPP
+#define IRPE_OV_RPE_OV_OPS_HPP
+
+#include <cstdint>
+#include <memory>
+
+#include <openvino/op/op.hpp>
+
+namespace irpe_ov {
+
+class RPEGather : public ov::op::Op {
+ public:
+    OPENVINO_OP("RPEGather", "irpe");
+
+    RPEGather() = default;
+    explicit RPEGather(const ov::OutputVector& args);
+    void validate_and_infer_types() override;
+    std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override;
+    bool visit_attributes(ov::AttributeVisitor& visitor) override;
+    bool has_evaluate() const override;
+    bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override;
+};
+
+class RPEScatter : public ov::op::Op {
+ public:
+    OPENVINO_OP("RPEScatter", "irpe");
+
+    RPEScatter() = default;
+    RPEScatter(const ov::OutputVector& args, int64_t num_buckets);
+    void validate_and_infer_types() override;
+    std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override;
+    bool visit_attributes(ov::AttributeVisitor& visitor) override;
+    bool has_evaluate() const override;
+    bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override;
+
+ private:
+    int64_t num_buckets_ = 0;
+};
+
+// RPEAttention(q, k, v, wk, idk, wq, idq, idv, wv; scale, out_layout) -> out: a whole
+// self-attention block with its iRPE terms (plugins/onnxruntime/rpe_attention.h), as the ONNX
+// Runtime library's op of the same name made by irpe/runtime/onnxruntime/rewrite_attention.py:
+//   logits = scale * q k^T + (scale * q @ wk)[i, idk[i, j]] + (wq @ k^T)[idq[i, j]]
+//   out    = softmax(logits) @ v + (bucket sums of softmax by idv) @ wv
+// Input 0 the packed qkv [B, L, 3, H, d] (inputs 1, 2 empty) or q, k, v [B, H, L, d]; an absent
+// term's inputs are empty tensors (shape [0]); out [B, H, L, d], or [B, L, H, d] (out_layout 1).
+class RPEAttention : public ov::op::Op {
+ public:
+    OPENVINO_OP("RPEAttention", "irpe");
+
+    RPEAttention() = default;
+    RPEAttention(const ov::OutputVector& args, float scale, int64_t out_layout);
+    void validate_and_infer_types() override;
+    std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override;
+    bool visit_attributes(ov::AttributeVisitor& visitor) override;
+    bool has_evaluate() const override;
+    bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override;
+
+ private:
+    float scale_ = 1.0f;
+    int64_t out_layout_ = 0;
+    struct Ids;
+    std::shared_ptr<Ids> ids_;
+    // Term `which`'s (0 K, 1 Q, 2 V) padded ids from input `input` (cached when a Constant).
+    std::shared_ptr<const std::vector<int32_t>> ids(int which, size_t input, const ov::Tensor& t,
+                                                    int64_t l, int64_t k) const;  // the padded id tables of constant index inputs, made once
+};
+
+}  // namespace irpe_ov
+
+#endif  // IRPE_OV_RPE_OV_OPS_HPP

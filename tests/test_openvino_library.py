@@ -1,0 +1,189 @@
+"""The iRPE OpenVINO library (plugins/openvino, ``make ov-ops``) on the real CPU plugin: a
+DeiT's attention blocks run as one RPEAttention each and equal the frontend conversions and
+PyTorch, independent of the thread count; an int8 IR keeps the library's attention and reads
+back only with the library (one line otherwise); modes and library files checked in one line;
+the ops equal numpy and refuse shapes that cannot match in one line; a served model on the
+library answers as on the conversions. (Every method x term and DETR at several sizes on the
+library: tests/test_openvino_runtime.py, parametrised over both paths.)"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+import httpx
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+from export.validate import TOLERANCES
+from irpe.artifact.contract import QUANTIZATION_KEY
+from irpe.artifact.openvino_ir import library_ops, read_ir_props
+from irpe.cli import main
+from irpe.runtime.openvino.library import OvLibraryError
+from irpe.runtime.openvino.session import OvOptions, compile_model, read_model
+from serve.config import ServeSettings
+from tests.helpers import export_tiny_qkv, running_server, shape_png
+from tests.openvino_common import needs_openvino, run_compiled
+
+pytestmark = needs_openvino
+
+FP32 = TOLERANCES["fp32"]
+SAME = 1e-5  # the library's attention against the conversions: own GEMM order and exp
+OFF = OvOptions(threads=1, ops="off")
+
+
+def _on(library, threads: int = 1) -> OvOptions:
+    return OvOptions(threads=threads, ops="on", library=str(library))
+
+
+@pytest.fixture(scope="module")
+def qkv(tmp_path_factory):
+    """tiny_deit with iRPE on q, k and v: (model, spec, onnx path, weights path)."""
+    return export_tiny_qkv(tmp_path_factory.mktemp("ov_library"))
+
+
+def _images(batch: int = 3) -> np.ndarray:
+    return np.random.default_rng(1).standard_normal((batch, 3, 40, 40)).astype(np.float32)
+
+
+def test_attention_blocks_run_as_one_library_op_each(qkv, ov_library):
+    model, _, path, _ = qkv
+    blocks = sum(n.op_type == "Softmax" for n in onnx.load(path).graph.node)
+    compiled, line = compile_model(path, _on(ov_library))
+    assert f"iRPE ops: library libirpe_openvino.so ({blocks} attention blocks fused)" in line
+    types = [op.get_type_name() for op in read_model(path, _on(ov_library)).get_ops()]
+    assert types.count("RPEAttention") == blocks and "Softmax" not in types
+    assert "ScatterElementsUpdate" not in types
+    x = _images()
+    got = run_compiled(compiled, images=x)["logits"]
+    want = run_compiled(compile_model(path, OFF)[0], images=x)["logits"]
+    np.testing.assert_allclose(got, want, atol=SAME, rtol=SAME)
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, ref, atol=FP32[0], rtol=FP32[1])
+
+
+def test_results_do_not_depend_on_the_thread_count(qkv, ov_library):
+    path, x = qkv[2], _images(5)
+    one = run_compiled(compile_model(path, _on(ov_library, 1))[0], images=x)["logits"]
+    two = run_compiled(compile_model(path, _on(ov_library, 2))[0], images=x)["logits"]
+    assert np.array_equal(one, two)
+
+
+def test_int8_ir_keeps_the_library_attention_and_needs_the_library(qkv, ov_library, tmp_path,
+                                                                   monkeypatch, capsys):
+    pytest.importorskip("nncf")
+    path = qkv[2]
+    monkeypatch.setenv("IRPE_OV_OPS", "on")
+    monkeypatch.setenv("IRPE_OV_OPS_LIBRARY", str(ov_library))
+    out = tmp_path / "q.int8.xml"
+    assert main(["quantize", str(path), "-o", str(out), "--target", "openvino",
+                 "--calibration", "shapes", "--samples", "8"]) == 0
+    capsys.readouterr()
+    assert library_ops(out) == ["RPEAttention"]
+    record = json.loads(read_ir_props(out)[QUANTIZATION_KEY])
+    assert record["irpe_ops"].startswith("library libirpe_openvino.so"), record
+    compiled, line = compile_model(out, _on(ov_library))
+    assert line.endswith("iRPE ops: library libirpe_openvino.so"), line
+    x = _images()
+    got = run_compiled(compiled, images=x)["logits"]
+    fp32 = run_compiled(compile_model(path, OFF)[0], images=x)["logits"]
+    assert got.shape == fp32.shape and np.isfinite(got).all()
+    assert np.abs(got - fp32).max() < 0.5 * np.abs(fp32).max()  # int8, near the fp32 answer
+    with pytest.raises(OvLibraryError) as err:
+        compile_model(out, OFF)
+    message = str(err.value)
+    assert "\n" not in message and "holds the iRPE OpenVINO library's ops (RPEAttention)" in \
+        message and "make ov-ops builds it" in message
+    monkeypatch.setenv("IRPE_OV_OPS", "off")  # irpe eval: one line, exit 2
+    assert main(["eval", str(out), "--data", "shapes", "--shapes-val", "4"]) == 2
+    err_line = capsys.readouterr().err.strip()
+    assert "\n" not in err_line and "make ov-ops builds it" in err_line, err_line
+
+
+def test_modes_and_library_files_are_checked_in_one_line(qkv, tmp_path, monkeypatch, caplog):
+    path = qkv[2]
+    with pytest.raises(ValueError, match="openvino ops mode must be auto, on or off, got 'maybe'"):
+        OvOptions(ops="maybe")
+    monkeypatch.setenv("IRPE_OV_OPS", "sometimes")
+    with pytest.raises(ValueError, match="IRPE_OV_OPS='sometimes': openvino ops mode"):
+        OvOptions.from_env()
+    missing = tmp_path / "none.so"
+    with pytest.raises(OvLibraryError, match=r"required but .*none\.so not built \(make ov-ops\)"):
+        compile_model(path, OvOptions(ops="on", library=str(missing)))
+    bogus = tmp_path / "bogus.so"
+    bogus.write_text("not a shared library")
+    with pytest.raises(OvLibraryError, match=r"bogus\.so does not load: ") as err:
+        compile_model(path, OvOptions(ops="on", library=str(bogus)))
+    assert "\n" not in str(err.value)
+    with caplog.at_level(logging.WARNING, logger="irpe.runtime.openvino"):
+        _, line = compile_model(path, OvOptions(threads=1, library=str(bogus)))  # auto
+    assert re.search(r"converted at load .*bogus\.so does not load\)$", line), line
+    assert any("does not load" in r.getMessage() for r in caplog.records)
+
+
+def _one_op_model(folder, op: str, data_shape, index_shape=("a", "b"), num_buckets: int = 0):
+    """A graph of one irpe op on inputs ``data`` (float) and ``index`` (int64)."""
+    attrs = {"num_buckets": num_buckets} if num_buckets else {}
+    node = helper.make_node(op, ["data", "index"], ["out"], domain="irpe", **attrs)
+    graph = helper.make_graph(
+        [node], "one", [helper.make_tensor_value_info("data", TensorProto.FLOAT, data_shape),
+                        helper.make_tensor_value_info("index", TensorProto.INT64,
+                                                      list(index_shape))],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                    helper.make_opsetid("irpe", 1)])
+    path = folder / f"{op}_{len(list(folder.iterdir()))}.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def test_the_ops_equal_numpy_and_refuse_mismatched_shapes_in_one_line(tmp_path, ov_library):
+    """Ids outside [0, K) gather 0 and are dropped from the sums (the export contract). Shapes
+    that cannot match are refused when the file is read; a mismatch only the run can see
+    (hand-made graphs with an index input) is not caught: exported files hold the index as a
+    constant of the attention's own size."""
+    rng = np.random.default_rng(2)
+    attn = rng.random((2, 2, 3, 4), dtype=np.float32)
+    index = rng.integers(-1, 6, (3, 4))  # -1 and 5 are outside the 5 buckets
+    inside = (index >= 0) & (index < 5)
+    scatter = compile_model(_one_op_model(tmp_path, "RPEScatter", ["B", "H", "Q", "L"],
+                                          num_buckets=5), _on(ov_library))[0]
+    want = np.zeros((2, 2, 3, 5), np.float32)
+    for i, j in zip(*np.nonzero(inside), strict=True):
+        want[:, :, i, index[i, j]] += attn[:, :, i, j]
+    got = run_compiled(scatter, data=attn, index=index)["out"]
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    gather = compile_model(_one_op_model(tmp_path, "RPEGather", ["B", "H", "R", "K"]),
+                           _on(ov_library))[0]
+    table = rng.random((2, 2, 3, 5), dtype=np.float32)
+    got = run_compiled(gather, data=table, index=index)["out"]
+    picked = np.take_along_axis(table, np.broadcast_to(np.where(inside, index, 0),
+                                                       (2, 2, 3, 4)), axis=3)
+    np.testing.assert_array_equal(got, np.where(inside, picked, 0))
+    for op, data, idx, message in [
+            ("RPEScatter", [1, 2, 3, 4], [3, 5], r"RPEScatter: attn must be \[B, H, Lq, Lk\]"),
+            ("RPEGather", [1, 1, 3, 5], [2, 4], r"RPEGather: table must be \[B, H, Lq or 1, K\]")]:
+        bad = _one_op_model(tmp_path, op, data, idx, num_buckets=5 if op == "RPEScatter" else 0)
+        with pytest.raises(ValueError, match=message) as err:
+            compile_model(bad, _on(ov_library))
+        assert "\n" not in str(err.value)
+
+
+def test_a_served_model_on_the_library_answers_as_on_the_conversions(qkv, ov_library):
+    path = str(qkv[2])
+    ov = {"backend": "openvino", "path": path}
+    models = [{"name": "lib", "ov_ops": "on", "ov_ops_library": str(ov_library), **ov},
+              {"name": "conv", "ov_ops": "off", **ov}]
+    settings = ServeSettings(threads=1, log_level="warning", models=models)
+    files = [("file", (f"{i}.png", shape_png(i, 40))) for i in range(3)]
+    with running_server(settings) as base, httpx.Client(base_url=base, timeout=30) as client:
+        lib = client.post("/v1/models/lib/classify?top_k=4", files=files)
+        conv = client.post("/v1/models/conv/classify?top_k=4", files=files)
+    assert lib.status_code == conv.status_code == 200, (lib.text, conv.text)
+    for x, y in zip(lib.json()["results"], conv.json()["results"], strict=True):
+        assert x["indices"] == y["indices"]
+        assert np.allclose(x["scores"], y["scores"], atol=1e-5)
