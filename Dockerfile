@@ -25,6 +25,8 @@
 # --build-context ort-headers=DIR), or a folder already in the base image with
 # --build-arg ORT_ROOT=/usr; cmake and g++ then come from apt in the build stage only. Without
 # them the build prints one "ort-ops: skipped" line and the server runs the ONNX functions.
+# The iRPE OpenVINO library (CPU; headers from the openvino wheel) is built with the same cmake
+# and g++: without them "ov-ops: skipped", and OpenVINO runs the frontend conversions.
 ARG VARIANT=gpu
 ARG GPU_BASE=nvcr.io/nvidia/tensorrt:25.10-py3
 ARG CPU_BASE=python:3.11-slim
@@ -38,7 +40,8 @@ COPY wheelhouse* /
 FROM ${GPU_BASE} AS base-gpu
 ENV IRPE_ORT_OPS_LIBRARY=/opt/irpe-deploy/plugins/libirpe_ort_ops_cuda.so
 FROM ${CPU_BASE} AS base-cpu
-ENV IRPE_ORT_OPS_LIBRARY=/opt/irpe-deploy/plugins/libirpe_ort_ops.so
+ENV IRPE_ORT_OPS_LIBRARY=/opt/irpe-deploy/plugins/libirpe_ort_ops.so \
+    IRPE_OV_OPS_LIBRARY=/opt/irpe-deploy/plugins/libirpe_openvino.so
 
 FROM base-${VARIANT} AS base
 ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH \

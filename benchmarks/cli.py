@@ -86,6 +86,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         conc, args.duration, args.rate, models = conc[:2], 1.0, min(args.rate, 10.0), ["tiny"]
     if min(args.rate, args.rate_deit_s, args.duration) <= 0:
         raise InvalidInput("--rate, --rate-deit-s and --duration must be positive")
+    if args.precision == "int8" and args.backend != "openvino":
+        raise InvalidInput("--precision int8 runs on --backend openvino (an NNCF-quantised IR)")
     cuda = args.device.startswith("cuda")
     per_request = int_list(args.images_per_request or ("1,8" if cuda else "1"))
     settings = {"backend": args.backend, "models": models, "concurrency": conc,
@@ -189,8 +191,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--duration", type=float, default=5.0, help="seconds per load level")
     s.add_argument("--max-batch", type=int, default=8, help="server max_batch_size")
     s.add_argument("--device", default="cpu", help="model device: cpu, cuda, cuda:N")
-    s.add_argument("--precision", choices=("fp32", "fp16", "bf16"), help="torch / openvino "
-                   "precision (default: fp16 on cuda, fp32 on cpu)")
+    s.add_argument("--precision", choices=("fp32", "fp16", "bf16", "int8"), help="torch / "
+                   "openvino precision (default: fp16 on cuda, fp32 on cpu); int8: openvino "
+                   "serves the export quantised by irpe quantize --target openvino (NNCF)")
     s.add_argument("--instances", type=int, help="model instances in the server")
     s.add_argument("--cuda-graphs", action="store_true", help="torch on cuda: CUDA graphs")
     s.add_argument("--image", choices=("png", "jpeg"), help="request image: the shapes PNG "

@@ -9,9 +9,10 @@ benchmarks.export_ort); ONNX Runtime int8 by ``irpe quantize --activations uint8
 x86 kernels), OpenVINO int8 by ``irpe quantize --target openvino`` (NNCF), both calibrated on
 the shapes set. Rows: ORT fp32 stock, ORT fp32 and int8 with the iRPE custom-op library where it
 is built (``make ort-ops``), OpenVINO fp32 / bf16 (where the CPU has BF16) / int8 with the
-iRPE nodes converted to OpenVINO's ops, and the iRPE models again on the iRPE OpenVINO library
-(``_lib`` rows, where ``make ov-ops`` built it or ``$IRPE_OV_OPS_LIBRARY`` names it; int8
-from an IR quantised with it); goals are judged on the ``_lib`` rows where there are. Two
+iRPE nodes converted to OpenVINO's ops, and the iRPE models again with the iRPE OpenVINO
+library built (``_lib`` rows, where ``make ov-ops`` built it or ``$IRPE_OV_OPS_LIBRARY`` names
+it: the default mode auto, the library where it wins; int8 from an IR quantised that way);
+goals are judged on the ``_lib`` rows where there are. Two
 runtimes in one process compete for the cores, so each worker process holds one runtime's
 sessions and times them round-robin; the parent runs ORT, OpenVINO, ORT, ... ``--processes``
 times each and takes the median of every row over all rounds. Ratios: to ORT plain fp32 stock,
@@ -140,8 +141,10 @@ def _ov_runs(files: Dict[str, str], threads: int, x: Dict[str, np.ndarray]
             continue
         hint = "bf16" if "_bf16" in row else "f32"
         lib = row.endswith("_lib")
-        model, core, _ = open_model(path, OvOptions(ops="on" if lib else "off",
-                                                    library=(library or "") if lib else ""))
+        # _lib: the default path with the library built (auto: the library where it wins)
+        model, core, _ = open_model(path, OvOptions(
+            "bf16" if "_bf16" in row else "fp32", ops="auto" if lib else "off",
+            library=(library or "") if lib else ""))
         model.reshape({name: list(value.shape) for name, value in x.items()})
         request = core.compile_model(model, "CPU", {
             "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": threads,

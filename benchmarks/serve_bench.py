@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -54,11 +56,14 @@ def _untrained(name: str, path: Path) -> Path:
 
 def model_config(name: str, backend: str, cache: Path, max_batch: int, **runtime):
     """ModelConfig of a benchmarked model (onnxruntime, openvino: the cached export of
-    onnx_file); ``runtime``: device, precision, instances, cuda_graphs."""
+    onnx_file; precision int8: that export quantised for OpenVINO, int8_ir); ``runtime``:
+    device, precision, instances, cuda_graphs."""
     from serve.config import ModelConfig
     path = weights(name, cache)
     if backend in ("onnxruntime", "openvino"):
         path = onnx_file(path, cache)
+    if runtime.get("precision") == "int8":
+        path, runtime = int8_ir(path), dict(runtime, precision=None)
     return ModelConfig(name=name, path=path, backend=backend, max_batch_size=max_batch,
                        max_queue_size=1024, **{k: v for k, v in runtime.items() if v is not None})
 
@@ -75,6 +80,18 @@ def onnx_file(weights: Path, cache: Path) -> Path:
         onnx.parent.mkdir(parents=True, exist_ok=True)
         exporter.write(str(weights), onnx)
     return onnx
+
+
+def int8_ir(onnx: Path) -> Path:
+    """``onnx`` quantised by ``irpe quantize --target openvino`` (NNCF, 64 shapes images) beside
+    it, made when missing or older (with the iRPE OpenVINO library where it is built, as the
+    server then reads it)."""
+    ir = onnx.with_suffix(".int8.xml")
+    if not ir.is_file() or ir.stat().st_mtime < onnx.stat().st_mtime:
+        subprocess.run([sys.executable, "-m", "irpe", "quantize", str(onnx), "-o", str(ir),
+                        "--target", "openvino", "--calibration", "shapes", "--samples", "64"],
+                       check=True, stdout=subprocess.DEVNULL)
+    return ir
 
 
 def jpeg(width: int = 451, height: int = 300) -> bytes:

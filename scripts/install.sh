@@ -22,6 +22,8 @@
 #                    builds the iRPE ORT custom-op library into build/plugins (cpu; gpu: in
 #                    PLUGIN_BUILD with the CUDA EP); without headers, cmake or a C++ compiler
 #                    one "ort-ops: skipped" line and the server runs the files' ONNX functions
+#                    (cpu: the iRPE OpenVINO library is built too, from the openvino wheel's
+#                    headers, where cmake and a C++ compiler are found; else "ov-ops: skipped")
 #   BAKE_DEMO        1: export + warm up the demo models now, into $IRPE_CACHE (default 1)
 #   DEPS_ONLY        1: torch and the project's dependencies only (scripts/requirements.py,
 #                    Python >= 3.11), not the project: the image's layer that survives source edits
@@ -115,6 +117,18 @@ if [ -f "$ort_ops" ] && [ -z "${IRPE_ORT_OPS_LIBRARY:-}" ]; then
   IRPE_ORT_OPS_LIBRARY="$(cd "$(dirname "$ort_ops")" && pwd)/${ort_ops##*/}"
   export IRPE_ORT_OPS_LIBRARY
   [ "${EDITABLE:-0}" = 1 ] || step "serve it with IRPE_ORT_OPS_LIBRARY=$IRPE_ORT_OPS_LIBRARY"
+fi
+if [ "$VARIANT" = cpu ]; then
+  step "iRPE OpenVINO library -> build/plugins"
+  PYTHON="$PYTHON" plugins/openvino/build.sh --optional
+  ov_ops=build/plugins/libirpe_openvino.so
+  if [ -f "$ov_ops" ]; then
+    "$PYTHON" -c 'import sys, openvino as ov; ov.Core().add_extension(sys.argv[1])' "$ov_ops" ||
+      fail "$ov_ops does not load into openvino"
+    if [ -z "${IRPE_OV_OPS_LIBRARY:-}" ] && [ "${EDITABLE:-0}" != 1 ]; then
+      step "serve it with IRPE_OV_OPS_LIBRARY=$(cd "$(dirname "$ov_ops")" && pwd)/${ov_ops##*/}"
+    fi
+  fi
 fi
 
 step "check"

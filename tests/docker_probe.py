@@ -167,6 +167,15 @@ def check_cpu_kernel(docker: Docker, cid: str) -> None:
           f"torch iRPE attention vs unfused max diff {err}")
 
 
+def image_has_ov_library(docker: Docker, cid: str) -> bool:
+    """Whether the image holds the iRPE OpenVINO library where its IRPE_OV_OPS_LIBRARY says
+    (built where the build stage had cmake and g++; else OpenVINO runs the conversions)."""
+    found = docker("exec", cid, "python", "-c", "import os; print(os.path.isfile("
+                   "os.environ['IRPE_OV_OPS_LIBRARY']))").strip() == "True"
+    check(True, f"iRPE OpenVINO library in the image: {'yes' if found else 'no (conversions)'}")
+    return found
+
+
 def compare(host: str, box: str) -> None:
     """Every request of tests/docker_requests.CHECKS answered equally by both servers."""
     with httpx.Client(timeout=60) as client:
@@ -275,9 +284,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     host_proc = None
     try:
         repo = model_repository(docker, args.image, work)
-        env = dict(os.environ, IRPE_ORT_CUSTOM_OPS="off", IRPE_SERVE_THREADS=THREADS,
-                   IRPE_CACHE=str(work / "cache"))
         cid, url, started = run_container(docker, args.image, repo, name)
+        ov_lib = image_has_ov_library(docker, cid)
+        # the reference server runs the iRPE nodes as the image does: answers compare exactly
+        env = dict(os.environ, IRPE_ORT_CUSTOM_OPS="off", IRPE_OV_OPS="on" if ov_lib else "off",
+                   IRPE_SERVE_THREADS=THREADS, IRPE_CACHE=str(work / "cache"))
         host_proc, host, _ = start_cli(repo, env)
         # keep reading its log, so a full pipe never blocks the reference server
         threading.Thread(target=host_proc.stderr.read, daemon=True).start()

@@ -66,6 +66,31 @@ def test_attention_blocks_run_as_one_library_op_each(qkv, ov_library):
     np.testing.assert_allclose(got, ref, atol=FP32[0], rtol=FP32[1])
 
 
+def test_auto_takes_the_library_where_it_wins(qkv, ov_library, tmp_path):
+    """auto: fused blocks where there are iRPE terms (bf16: only with the V term); OpenVINO's
+    own attention for a plain file; on: the library whatever the file."""
+    from export.onnx import export_onnx
+    from irpe import RPEConfig
+    from tests.helpers import tiny_deit
+    from tests.openvino_common import cpu_has_bf16
+    auto = OvOptions(threads=1, library=str(ov_library))
+    assert "attention blocks fused)" in compile_model(qkv[2], auto)[1]
+    plain, spec = tiny_deit(None)
+    plain_path = export_onnx(plain, tmp_path / "plain.onnx", spec=spec)
+    line = compile_model(plain_path, auto)[1]
+    assert line.endswith("converted at load (Gather, ScatterElementsUpdate) (OpenVINO's own "
+                         "kernels win for this file)"), line
+    assert compile_model(plain_path, _on(ov_library))[1].endswith("library libirpe_openvino.so")
+    if cpu_has_bf16():
+        k_only, spec = tiny_deit(RPEConfig(ratio=1.9, method="product", mode="ctx", skip=1,
+                                           on="k"))
+        k_path = export_onnx(k_only, tmp_path / "k.onnx", spec=spec)
+        assert "own kernels win" in compile_model(k_path, auto.with_(precision="bf16"))[1]
+        assert "attention blocks fused)" in compile_model(k_path, auto)[1]
+        assert "attention blocks fused)" in compile_model(qkv[2],
+                                                          auto.with_(precision="bf16"))[1]
+
+
 def test_results_do_not_depend_on_the_thread_count(qkv, ov_library):
     path, x = qkv[2], _images(5)
     one = run_compiled(compile_model(path, _on(ov_library, 1))[0], images=x)["logits"]

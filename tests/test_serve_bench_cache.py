@@ -50,3 +50,21 @@ def test_missing_weights_file_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="nothing.safetensors"):
         onnx_file(tmp_path / "nothing.safetensors", tmp_path)
     assert not (tmp_path / "onnx").exists()
+
+
+def test_int8_serves_the_export_quantised_for_openvino_once(tmp_path):
+    """--precision int8: the keyed export quantised by NNCF into an IR beside it, made once and
+    served as it is (precision left to the file)."""
+    pytest.importorskip("nncf")
+    cfg = model_config(NAME, "openvino", tmp_path, 4, precision="int8")
+    assert cfg.path.name.endswith(".int8.xml") and cfg.path.is_file() and cfg.precision is None
+    stamp = cfg.path.stat().st_mtime_ns
+    assert model_config(NAME, "openvino", tmp_path, 4, precision="int8").path.stat() \
+        .st_mtime_ns == stamp  # reused
+
+
+def test_int8_on_another_backend_is_one_line(capsys):
+    from irpe.cli import main
+    assert main(["bench", "serve", "--backend", "onnxruntime", "--precision", "int8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--precision int8 runs on --backend openvino" in err, err

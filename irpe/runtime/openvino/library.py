@@ -6,8 +6,10 @@ mappings: ``RPEGather`` and ``RPEScatter`` (the exported nodes, with the ONNX Ru
 row kernels) and ``RPEAttention`` (a whole timm/DeiT attention block with its iRPE terms: the
 ONNX Runtime library's attention kernel). An exported file is read through the ONNX Runtime
 library's own graph rewrite (:func:`irpe.runtime.onnxruntime.rewrites.fuse_model`, in memory;
-the file is never changed) when every iRPE node then is one the library runs; else as it is,
-its RPEGather / RPEScatter nodes on the library's kernels. OpenVINO's fused attention cannot
+the file is never changed) when every iRPE node then is one the library runs; else, with the V
+term, as it is (its RPEGather / RPEScatter nodes on the library's kernels); else through the
+frontend conversions, where OpenVINO's own kernels are as fast (:func:`library_source`).
+OpenVINO's fused attention cannot
 take the probabilities out for the V term, and the gathered bias costs a pass over memory per
 block; the library's attention keeps both in cache (docs/DECISIONS.md, "OpenVINO library").
 
@@ -28,7 +30,7 @@ from irpe.plugin_files import BUILD_DIR
 from irpe.switch import Switch
 
 __all__ = ["LIBRARY", "LIBRARY_OPS", "BUILD_COMMAND", "OvLibraryError", "default_library",
-           "resolve_library", "fused_source"]
+           "resolve_library", "library_source"]
 
 log = logging.getLogger("irpe.runtime.openvino")
 
@@ -79,26 +81,33 @@ def resolve_library(mode: Switch, library: str = "") -> Tuple[Optional[str], str
     return path, "library"
 
 
-def fused_source(path: str, precision: str = "fp32") -> Tuple[Union[str, bytes], int]:
-    """The exported file for the library at ``precision`` (fp32 | bf16: OpenVINO's inference
-    precision): its attention blocks rewritten to ``RPEAttention`` (bytes) and their count,
-    when every iRPE node left is one of :data:`LIBRARY_OPS`; else ``path`` itself and 0 (read
-    as it is: RPEGather / RPEScatter on the library's kernels). Kept as it is, from
-    measurement (docs/DECISIONS.md): a model without iRPE terms (OpenVINO's own fused
-    attention is as fast in fp32 and faster in int8, its attention products in int8), and in
-    bf16 one without the V term (the library's attention is float32; OpenVINO's fused bf16
-    attention with the gathered bias is faster there)."""
+def library_source(path: str, precision: str = "fp32", force: bool = False
+                   ) -> Tuple[Optional[Union[str, bytes]], int]:
+    """What the library reads of the exported file at ``precision`` (fp32 | bf16: OpenVINO's
+    inference precision), where it wins, and how many attention blocks it fuses: the file's
+    attention blocks rewritten to ``RPEAttention`` (bytes) when every iRPE node left is one of
+    :data:`LIBRARY_OPS`; else ``path`` itself when the file has the V term (RPEScatter: the
+    library's bucket sums against a reference ScatterElementsUpdate); else None: the frontend
+    conversions. From measurement (docs/DECISIONS.md): without iRPE terms OpenVINO's own fused
+    attention is as fast in fp32 and faster in int8; a K/Q-only file that does not fuse runs
+    OpenVINO's JIT Gather as fast as the library's; in bf16 a file without the V term is
+    faster on OpenVINO's bf16 attention with the gathered bias (the library's is float32).
+    ``force`` (mode ``on``): the library whether or not it wins, never None."""
     import onnx
 
-    from irpe.runtime.onnxruntime.op_names import DOMAIN
+    from irpe.runtime.onnxruntime.op_names import DOMAIN, SCATTER
     from irpe.runtime.onnxruntime.rewrites import fuse_model
-    fused, counts = fuse_model(path)
-    terms = counts.gather or counts.scatter or counts.qlayout
-    if precision == "bf16" and not counts.scatter:
-        terms = 0
-    if not counts.attention or not terms or not isinstance(fused, bytes):
+    try:
+        nodes = onnx.load(path, load_external_data=False).graph.node
+    except Exception:  # noqa: BLE001 - OpenVINO reads it next and names the problem
         return path, 0
-    graph = onnx.load_from_string(fused).graph
-    if any(n.domain == DOMAIN and n.op_type not in LIBRARY_OPS for n in graph.node):
-        return path, 0  # blocks the rewrite left half-fused (ONNX Runtime's own ops)
-    return fused, counts.attention
+    ops = [n.op_type for n in nodes if n.domain == DOMAIN]
+    v_term = SCATTER in ops or force
+    if not ops or (precision == "bf16" and not v_term):
+        return (path, 0) if force else (None, 0)
+    fused, counts = fuse_model(path)
+    if counts.attention and isinstance(fused, bytes) and not any(
+            n.domain == DOMAIN and n.op_type not in LIBRARY_OPS
+            for n in onnx.load_from_string(fused).graph.node):
+        return fused, counts.attention
+    return (path, 0) if v_term else (None, 0)

@@ -178,7 +178,7 @@ def open_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOptions
     from irpe.runtime.openvino.library import (
         BUILD_COMMAND,
         OvLibraryError,
-        fused_source,
+        library_source,
         resolve_library,
     )
     options = options or OvOptions()
@@ -196,8 +196,11 @@ def open_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOptions
         source: Any = (path, weights_path(path))
         how = f"library {os.path.basename(library or '')}" if needs else "as stored in the IR"
     else:
-        fused, blocks = fused_source(path, options.precision) if library else (path, 0)
-        source = (fused, b"") if blocks else (path,)
+        read, blocks = (library_source(path, options.precision, force=options.ops == "on")
+                        if library else (None, 0))
+        if library and read is None:
+            library, why = None, "OpenVINO's own kernels win for this file"
+        source = (read, b"") if blocks else (path,)
         how = (f"library {os.path.basename(library)} ({blocks} attention blocks fused)"
                if library and blocks else f"library {os.path.basename(library)}" if library
                else f"{LOWERING} ({why})")
