@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -212,3 +217,33 @@ def test_a_served_model_on_the_library_answers_as_on_the_conversions(qkv, ov_lib
     for x, y in zip(lib.json()["results"], conv.json()["results"], strict=True):
         assert x["indices"] == y["indices"]
         assert np.allclose(x["scores"], y["scores"], atol=1e-5)
+
+
+BUILD = Path(__file__).resolve().parents[1] / "plugins" / "openvino" / "build.sh"
+SKIP_TAIL = "; OpenVINO runs the iRPE nodes through the frontend conversions"
+
+
+def _build(tmp_path, optional: bool, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in ("CXX", "MAKEFLAGS")}
+    args = ["bash", str(BUILD), *(["--optional"] if optional else []), str(tmp_path / "cmake")]
+    return subprocess.run(args, env={**base, "IRPE_OV_OUTPUT_DIR": str(tmp_path / "out"), **env},
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("case", ["no openvino", "no compiler"])
+def test_the_build_says_why_it_cannot_run_in_one_line(tmp_path, case):
+    """--optional (make ov-ops, make run): one skip line, exit 0; else one line, exit 2."""
+    env = ({"PYTHON": str(tmp_path / "no-python")} if case == "no openvino" else
+           {"PYTHON": sys.executable, "CXX": str(tmp_path / "no-such-c++")})
+    done = _build(tmp_path, optional=True, **env)
+    assert (done.returncode, done.stderr) == (0, ""), done.stdout + done.stderr
+    (line,) = done.stdout.splitlines()
+    assert line.startswith("ov-ops: skipped, ") and line.endswith(SKIP_TAIL), line
+    if case == "no openvino":
+        assert "the openvino package (with its CMake config) is not installed for" in line
+    elif shutil.which("cmake"):
+        assert f"C++ compiler CXX={tmp_path / 'no-such-c++'} not found" in line
+    failed = _build(tmp_path, optional=False, **env)
+    assert failed.returncode == 2 and failed.stdout == "" and \
+        len(failed.stderr.strip().splitlines()) == 1, failed.stderr
+    assert not (tmp_path / "out").exists()

@@ -13,6 +13,8 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
+# shellcheck source=../toolchain.sh
+. "$here/../toolchain.sh"
 optional=0
 if [ "${1:-}" = --optional ]; then optional=1; shift; fi
 build="${1:-$repo/build/plugins/ort}"
@@ -37,13 +39,7 @@ why_not() {
   ort_headers >/dev/null || {
     echo "ONNX Runtime C/C++ headers not found (set ORT_ROOT to an ONNX Runtime release or to /usr with libonnxruntime-dev)"
     return; }
-  command -v cmake >/dev/null || { echo "cmake not found"; return; }
-  if [ -n "${CXX:-}" ]; then
-    command -v "${CXX%% *}" >/dev/null || echo "C++ compiler CXX=$CXX not found"
-  elif ! command -v c++ >/dev/null && ! command -v g++ >/dev/null &&
-      ! command -v clang++ >/dev/null; then
-    echo "no C++ compiler (c++, g++ or clang++; or set CXX)"
-  fi
+  toolchain_missing
 }
 
 why="$(why_not)"

@@ -141,43 +141,6 @@ std::shared_ptr<const std::vector<int32_t>> AttentionKernel::ids(int which, cons
     return made;
 }
 
-namespace {
-
-// q, k, v of inputs 0-2 (three [B, H, L, d], or input 0 [B, L, 3, H, d] alone) into p; returns B.
-int64_t read_qkv(const Input* in, AttnProblem& p)
-{
-    const auto& dims = in[0].dims;
-    if (dims.size() == 5 && dims[2] == 3 && in[1].data == nullptr && in[2].data == nullptr) {
-        const int64_t h = dims[3], d = dims[4], row = 3 * h * d;
-        p.heads = h;
-        p.l = dims[1];
-        p.d = d;
-        p.bh = dims[0] * h;
-        p.in = AttnLayout{dims[1] * row, d, row};
-        p.q = static_cast<const float*>(in[0].data);
-        p.k = p.q + h * d;
-        p.v = p.q + 2 * h * d;
-        return dims[0];
-    }
-    for (int i = 0; i < 3; ++i) {
-        if (in[i].data == nullptr || in[i].dims.size() != 4 || in[i].dims != dims) {
-            throw std::invalid_argument("q, k and v must be [B, H, L, d] of one shape (or input 0 "
-                                        "the qkv [B, L, 3, H, d] alone)");
-        }
-    }
-    p.heads = dims[1];
-    p.l = dims[2];
-    p.d = dims[3];
-    p.bh = dims[0] * dims[1];
-    p.in = AttnLayout{dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3]};
-    p.q = static_cast<const float*>(in[0].data);
-    p.k = static_cast<const float*>(in[1].data);
-    p.v = static_cast<const float*>(in[2].data);
-    return dims[0];
-}
-
-}  // namespace
-
 OrtStatusPtr AttentionKernel::compute(OrtKernelContext* context)
 {
     Ort::KernelContext ctx(context);
@@ -186,7 +149,9 @@ OrtStatusPtr AttentionKernel::compute(OrtKernelContext* context)
         in[i] = read_input(ctx, i);
     }
     AttnProblem p;
-    const int64_t batch = read_qkv(in, p);
+    const int64_t batch = read_qkv(p, in[0].dims, static_cast<const float*>(in[0].data),
+                                   in[1].dims, static_cast<const float*>(in[1].data),
+                                   in[2].dims, static_cast<const float*>(in[2].data));
     if (p.l > 46340 || p.d > (1 << 20)) {
         throw std::invalid_argument("L must be <= 46340 and d <= 2^20");
     }

@@ -319,6 +319,14 @@ std::vector<int32_t> pad_ids(const void* ids, bool wide, int64_t l, int64_t k, A
 // A weight [rows, cols] times `factor`, padded with zero columns to attn_pad(cols).
 std::vector<float> pad_columns(const float* w, int64_t rows, int64_t cols, float factor);
 
+// The op's q, k, v inputs (dims and data; k, v nullptr when absent) into p: three [B, H, L, d]
+// of one shape, or q the packed qkv [B, L, 3, H, d] (timm's reshape of the projection) with k
+// and v absent. Returns B; std::invalid_argument for any other layout. Shared by the ONNX
+// Runtime and OpenVINO ops, so both read the same layouts.
+int64_t read_qkv(AttnProblem& p, const std::vector<int64_t>& q_dims, const float* q,
+                 const std::vector<int64_t>& k_dims, const float* k,
+                 const std::vector<int64_t>& v_dims, const float* v);
+
 }  // namespace irpe_ort
 
 #endif  // IRPE_ORT_RPE_ATTENTION_H

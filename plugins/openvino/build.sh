@@ -12,6 +12,8 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
+# shellcheck source=../toolchain.sh
+. "$here/../toolchain.sh"
 optional=0
 if [ "${1:-}" = --optional ]; then optional=1; shift; fi
 build="${1:-$repo/build/plugins/ov}"
@@ -33,13 +35,7 @@ why_not() {
   dir="$(ov_cmake)"
   [ -n "$dir" ] && [ -f "$dir/OpenVINOConfig.cmake" ] ||
     { echo "the openvino package (with its CMake config) is not installed for $python"; return; }
-  command -v cmake >/dev/null || { echo "cmake not found"; return; }
-  if [ -n "${CXX:-}" ]; then
-    command -v "${CXX%% *}" >/dev/null || echo "C++ compiler CXX=$CXX not found"
-  elif ! command -v c++ >/dev/null && ! command -v g++ >/dev/null &&
-      ! command -v clang++ >/dev/null; then
-    echo "no C++ compiler (c++, g++ or clang++; or set CXX)"
-  fi
+  toolchain_missing
 }
 
 why="$(why_not)"

@@ -54,37 +54,13 @@ std::vector<int32_t> padded(const ov::Tensor& ids, int64_t l, int64_t k, AttnIds
     return irpe_ort::pad_ids(ids.data(), wide, l, k, kind);
 }
 
-// q, k, v of inputs 0-2 into p; returns B (as rpe_attention.cpp's read_qkv).
-int64_t read_qkv(const ov::TensorVector& in, AttnProblem& p)
+std::vector<int64_t> dims_of(const ov::Tensor& t)
 {
-    const ov::Shape s = in[0].get_shape();
-    const auto* q = in[0].data<const float>();
-    if (s.size() == 5 && s[2] == 3 && !present(in[1]) && !present(in[2])) {
-        const int64_t h = s[3], d = s[4], row = 3 * h * d;
-        p.heads = h;
-        p.l = s[1];
-        p.d = d;
-        p.bh = s[0] * h;
-        p.in = AttnLayout{p.l * row, d, row};
-        p.q = q;
-        p.k = q + h * d;
-        p.v = q + 2 * h * d;
-        return s[0];
-    }
-    if (s.size() != 4 || in[1].get_shape() != s || in[2].get_shape() != s) {
-        throw std::invalid_argument("q, k and v must be [B, H, L, d] of one shape (or input 0 "
-                                    "the qkv [B, L, 3, H, d] alone)");
-    }
-    p.heads = s[1];
-    p.l = s[2];
-    p.d = s[3];
-    p.bh = s[0] * s[1];
-    p.in = AttnLayout{p.heads * p.l * p.d, p.l * p.d, p.d};
-    p.q = q;
-    p.k = in[1].data<const float>();
-    p.v = in[2].data<const float>();
-    return s[0];
+    const ov::Shape s = t.get_shape();
+    return std::vector<int64_t>(s.begin(), s.end());
 }
+
+const float* data_of(const ov::Tensor& t) { return present(t) ? t.data<const float>() : nullptr; }
 
 }  // namespace
 
@@ -150,7 +126,9 @@ bool RPEAttention::has_evaluate() const { return get_input_element_type(0) == ov
 bool RPEAttention::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const
 {
     AttnProblem p;
-    const int64_t batch = read_qkv(inputs, p);
+    const int64_t batch = irpe_ort::read_qkv(p, dims_of(inputs[0]), data_of(inputs[0]),
+                                             dims_of(inputs[1]), data_of(inputs[1]),
+                                             dims_of(inputs[2]), data_of(inputs[2]));
     const int64_t h = p.heads, l = p.l, d = p.d;
     if (l > 46340 || d > (1 << 20)) {
         throw std::invalid_argument("L must be <= 46340 and d <= 2^20");
