@@ -96,6 +96,18 @@ def test_auto_takes_the_library_where_it_wins(qkv, ov_library, tmp_path):
                                                           auto.with_(precision="bf16"))[1]
 
 
+@pytest.mark.parametrize("simd", ["avx2", "portable"])
+def test_the_narrower_vector_paths_agree(qkv, ov_library, monkeypatch, simd):
+    """The kernel's AVX2 and portable rows (an AVX2-only CPU, or none), capped by
+    $IRPE_ORT_SIMD, which the ops read on every run: equal to the conversions."""
+    path, x = qkv[2], _images()
+    compiled = compile_model(path, _on(ov_library))[0]
+    monkeypatch.setenv("IRPE_ORT_SIMD", simd)
+    got = run_compiled(compiled, images=x)["logits"]
+    want = run_compiled(compile_model(path, OFF)[0], images=x)["logits"]
+    np.testing.assert_allclose(got, want, atol=SAME, rtol=SAME)
+
+
 def test_results_do_not_depend_on_the_thread_count(qkv, ov_library):
     path, x = qkv[2], _images(5)
     one = run_compiled(compile_model(path, _on(ov_library, 1))[0], images=x)["logits"]
