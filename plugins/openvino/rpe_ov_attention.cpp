@@ -4,7 +4,6 @@
 // INFERENCE_NUM_THREADS holds). Each (b, h) pair's part is one task: deterministic for any
 // thread count. The padded id tables of constant index inputs are made once per node.
 #include <cmath>
-#include <mutex>
 #include <stdexcept>
 
 #include <openvino/core/parallel.hpp>
@@ -18,12 +17,6 @@ namespace irpe_ov {
 using irpe_ort::AttnIds;
 using irpe_ort::AttnLayout;
 using irpe_ort::AttnProblem;
-
-struct RPEAttention::Ids {
-    std::mutex mutex;
-    std::shared_ptr<const std::vector<int32_t>> table[3];  // K, Q, V
-    int64_t l[3] = {0, 0, 0}, k[3] = {0, 0, 0};
-};
 
 namespace {
 
@@ -65,7 +58,7 @@ const float* data_of(const ov::Tensor& t) { return present(t) ? t.data<const flo
 }  // namespace
 
 RPEAttention::RPEAttention(const ov::OutputVector& args, float scale, int64_t out_layout)
-    : Op(args), scale_(scale), out_layout_(out_layout), ids_(std::make_shared<Ids>())
+    : Op(args), scale_(scale), out_layout_(out_layout)
 {
     constructor_validate_and_infer_types();
 }
@@ -97,9 +90,6 @@ bool RPEAttention::visit_attributes(ov::AttributeVisitor& visitor)
 {
     visitor.on_attribute("scale", scale_);
     visitor.on_attribute("out_layout", out_layout_);
-    if (!ids_) {
-        ids_ = std::make_shared<Ids>();
-    }
     return true;
 }
 
@@ -108,17 +98,9 @@ std::shared_ptr<const std::vector<int32_t>> RPEAttention::ids(int which, size_t 
                                                               int64_t k) const
 {
     const AttnIds kinds[3] = {AttnIds::kK, AttnIds::kQ, AttnIds::kV};
-    if (!ids_ || !ov::as_type<ov::op::v0::Constant>(get_input_node_ptr(input))) {
-        return std::make_shared<const std::vector<int32_t>>(padded(t, l, k, kinds[which]));
-    }
-    std::lock_guard<std::mutex> lock(ids_->mutex);
-    if (!ids_->table[which] || ids_->l[which] != l || ids_->k[which] != k) {
-        ids_->table[which] = std::make_shared<const std::vector<int32_t>>(
-            padded(t, l, k, kinds[which]));
-        ids_->l[which] = l;
-        ids_->k[which] = k;
-    }
-    return ids_->table[which];
+    const bool constant = ov::as_type<ov::op::v0::Constant>(get_input_node_ptr(input)) != nullptr;
+    return tables_->get<std::vector<int32_t>>(constant, which, l, k,
+                                              [&] { return padded(t, l, k, kinds[which]); });
 }
 
 bool RPEAttention::has_evaluate() const { return get_input_element_type(0) == ov::element::f32; }

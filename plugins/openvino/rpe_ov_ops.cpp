@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <openvino/core/parallel.hpp>
+#include <openvino/op/constant.hpp>
 
 #include "rpe_cpu.h"
 
@@ -47,6 +48,28 @@ void gather_ids(const float* __restrict row, const int32_t* __restrict ids, int6
         const int32_t t = ids[j];
         out[j] = t >= 0 ? row[t] : 0.0f;
     }
+}
+
+bool constant_input(const ov::Node& node, size_t input)
+{
+    return ov::as_type<ov::op::v0::Constant>(node.get_input_node_ptr(input)) != nullptr;
+}
+
+// Bucket lists of every query row (CSR: keys j of bucket t in ascending j), shared by all
+// (b, h): off [Lq, K + 1], pos [Lq, Lk].
+struct BucketLists {
+    std::vector<int32_t> off, pos;
+};
+
+BucketLists bucket_lists(const std::vector<int32_t>& ids, int64_t lq, int64_t lk, int64_t k)
+{
+    BucketLists b{std::vector<int32_t>(static_cast<size_t>(lq * (k + 1))),
+                  std::vector<int32_t>(static_cast<size_t>(lq * lk))};
+    for (int64_t i = 0; i < lq; ++i) {
+        irpe_ort::bucket_lists(ids.data() + i * lk, lk, k, b.off.data() + i * (k + 1),
+                               b.pos.data() + i * lk);
+    }
+    return b;
 }
 
 void check_index(const ov::Node& node, const ov::PartialShape& index)
@@ -109,7 +132,8 @@ bool RPEGather::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inpu
                                     "[Lq, Lk]");
     }
     outputs[0].set_shape({ts[0], ts[1], is[0], is[1]});
-    const std::vector<int32_t> ids = narrow(inputs[1], k);
+    const auto ids = tables_->get<std::vector<int32_t>>(constant_input(*this, 1), 0, lq * lk, k,
+                                                        [&] { return narrow(inputs[1], k); });
     const float* t = table.data<const float>();
     float* out = outputs[0].data<float>();
     const int64_t total = b * h * lq, tasks = (total + kRowsPerTask - 1) / kRowsPerTask;
@@ -117,7 +141,7 @@ bool RPEGather::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inpu
         const int64_t end = std::min<int64_t>(total, (task + 1) * kRowsPerTask);
         for (int64_t r = task * kRowsPerTask; r < end; ++r) {
             const int64_t i = r % lq, bh = r / lq;
-            gather_ids(t + (bh * rows + (rows == 1 ? 0 : i)) * k, ids.data() + i * lk, lk,
+            gather_ids(t + (bh * rows + (rows == 1 ? 0 : i)) * k, ids->data() + i * lk, lk,
                        out + r * lk);
         }
     });
@@ -174,22 +198,17 @@ bool RPEScatter::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inp
     }
     const int64_t bh = as[0] * as[1], lq = as[2], lk = as[3], k = num_buckets_;
     outputs[0].set_shape({as[0], as[1], as[2], static_cast<size_t>(k)});
-    const std::vector<int32_t> ids = narrow(inputs[1], k);
-    // Bucket lists of every query row (CSR: keys j of bucket t in ascending j), shared by all
-    // (b, h), built once per call (the ids are small: Lq x Lk).
-    std::vector<int32_t> off(static_cast<size_t>(lq * (k + 1))), pos(static_cast<size_t>(lq * lk));
-    for (int64_t i = 0; i < lq; ++i) {
-        irpe_ort::bucket_lists(ids.data() + i * lk, lk, k, off.data() + i * (k + 1),
-                               pos.data() + i * lk);
-    }
+    const auto lists = tables_->get<BucketLists>(constant_input(*this, 1), 0, lq * lk, k, [&] {
+        return bucket_lists(narrow(inputs[1], k), lq, lk, k);
+    });
     const float* a = inputs[0].data<const float>();
     float* out = outputs[0].data<float>();
     // A task: four (b, h) rows of one query (their bucket lists walked once), or the rest.
     const int64_t groups = (bh + 3) / 4;
     ov::parallel_for(static_cast<size_t>(groups * lq), [&](size_t task) {
         const int64_t g = static_cast<int64_t>(task) / lq, i = static_cast<int64_t>(task) % lq;
-        const int32_t* o = off.data() + i * (k + 1);
-        const int32_t* p = pos.data() + i * lk;
+        const int32_t* o = lists->off.data() + i * (k + 1);
+        const int32_t* p = lists->pos.data() + i * lk;
         const int64_t first = 4 * g, in_stride = lq * lk, out_stride = lq * k;
         const float* src = a + first * in_stride + i * lk;
         float* dst = out + first * out_stride + i * k;

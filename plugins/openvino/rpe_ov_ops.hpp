@@ -10,10 +10,42 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <utility>
 
 #include <openvino/op/op.hpp>
 
 namespace irpe_ov {
+
+// Tables an op derives from its index inputs (narrowed ids, bucket lists, padded id tables):
+// made once per slot and sizes when the input is a Constant (as in every exported file) and
+// shared by all calls and threads; made on each call otherwise.
+class ConstTables {
+ public:
+    template <typename T, typename Make>
+    std::shared_ptr<const T> get(bool constant, int slot, int64_t a, int64_t b, Make&& make)
+    {
+        if (!constant) {
+            return std::make_shared<const T>(make());
+        }
+        std::lock_guard<std::mutex> lock(mutex_);
+        Entry& e = entries_[slot];
+        if (!e.table || e.a != a || e.b != b) {
+            e.table = std::make_shared<const T>(make());
+            e.a = a;
+            e.b = b;
+        }
+        return std::static_pointer_cast<const T>(e.table);
+    }
+
+ private:
+    struct Entry {
+        std::shared_ptr<const void> table;
+        int64_t a = 0, b = 0;
+    };
+    std::mutex mutex_;
+    Entry entries_[3];
+};
 
 class RPEGather : public ov::op::Op {
  public:
@@ -26,6 +58,9 @@ class RPEGather : public ov::op::Op {
     bool visit_attributes(ov::AttributeVisitor& visitor) override;
     bool has_evaluate() const override;
     bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override;
+
+ private:
+    std::shared_ptr<ConstTables> tables_ = std::make_shared<ConstTables>();
 };
 
 class RPEScatter : public ov::op::Op {
@@ -42,6 +77,7 @@ class RPEScatter : public ov::op::Op {
 
  private:
     int64_t num_buckets_ = 0;
+    std::shared_ptr<ConstTables> tables_ = std::make_shared<ConstTables>();
 };
 
 // RPEAttention(q, k, v, wk, idk, wq, idq, idv, wv; scale, out_layout) -> out: a whole
@@ -66,9 +102,8 @@ class RPEAttention : public ov::op::Op {
  private:
     float scale_ = 1.0f;
     int64_t out_layout_ = 0;
-    struct Ids;
-    std::shared_ptr<Ids> ids_;
-    // Term `which`'s (0 K, 1 Q, 2 V) padded ids from input `input` (cached when a Constant).
+    std::shared_ptr<ConstTables> tables_ = std::make_shared<ConstTables>();
+    // Term `which`'s (0 K, 1 Q, 2 V) padded ids from input `input` (made once when a Constant).
     std::shared_ptr<const std::vector<int32_t>> ids(int which, size_t input, const ov::Tensor& t,
                                                     int64_t l, int64_t k) const;  // the padded id tables of constant index inputs, made once
 };

@@ -48,7 +48,7 @@ from irpe.runtime.onnxruntime.rewrite_qlayout import relayout_q
 if TYPE_CHECKING:
     from onnx import GraphProto, ModelProto, NodeProto
 
-__all__ = ["STAGES", "FuseCounts", "fuse_gather_add", "fuse_model",
+__all__ = ["STAGES", "FuseCounts", "fuse_gather_add", "fuse_model", "fuse_proto",
            "fuse_graph", "fuse_chains", "fuse_scatter", "fuse_softmax", "parse_stages"]
 
 log = logging.getLogger("irpe.runtime.onnxruntime.session")
@@ -325,28 +325,35 @@ def _opset(model: ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
+def fuse_proto(model: ModelProto, stages: Collection[str] = STAGES) -> FuseCounts:
+    """The fusions in ``stages`` (:data:`STAGES`) applied to ``model`` in place; their counts
+    (zero, the model untouched, when it uses external data or no stage is asked for)."""
+    from onnx.external_data_helper import uses_external_data
+    if any(uses_external_data(t) for t in model.graph.initializer) or not stages:
+        return FuseCounts()
+    q = (relayout_q(model.graph, lambda name: _float_rank(model.graph, name),
+                    _consumers(model.graph)) if "qlayout" in stages else 0)
+    count = fuse_graph(model.graph) if "gather" in stages else 0
+    if count:
+        fuse_chains(model.graph)
+    v = fuse_scatter(model.graph) if "scatter" in stages else 0
+    soft, sums = (fuse_softmax(model.graph, _opset(model), scatter="scatter" in stages)
+                  if "softmax" in stages else (0, 0))
+    att = (fuse_attention(model.graph, _opset(model)) if "attention" in stages else 0)
+    return FuseCounts(count, v, soft, sums, q, att)
+
+
 def fuse_model(source: Union[str, bytes], stages: Collection[str] = STAGES
                ) -> Tuple[Union[str, bytes], FuseCounts]:
     """The model with the fusions in ``stages`` (:data:`STAGES`) applied, and their counts; the
     source itself and zero counts when nothing is fused or the model cannot be handled."""
     try:
         import onnx
-        from onnx.external_data_helper import uses_external_data
         model = (onnx.load_from_string(source) if isinstance(source, bytes)
                  else onnx.load(source, load_external_data=False))
-        if any(uses_external_data(t) for t in model.graph.initializer) or not stages:
-            return source, FuseCounts()
-        q = (relayout_q(model.graph, lambda name: _float_rank(model.graph, name),
-                        _consumers(model.graph)) if "qlayout" in stages else 0)
-        count = fuse_graph(model.graph) if "gather" in stages else 0
-        if count:
-            fuse_chains(model.graph)
-        v = fuse_scatter(model.graph) if "scatter" in stages else 0
-        soft, sums = (fuse_softmax(model.graph, _opset(model), scatter="scatter" in stages)
-                      if "softmax" in stages else (0, 0))
-        att = (fuse_attention(model.graph, _opset(model)) if "attention" in stages else 0)
-        counts = FuseCounts(count, v, soft, sums, q, att)
-        return ((model.SerializeToString(), counts) if count or v or q or att
+        counts = fuse_proto(model, stages)
+        return ((model.SerializeToString(), counts)
+                if counts.gather or counts.scatter or counts.qlayout or counts.attention
                 else (source, FuseCounts()))
     except Exception as exc:  # leave the model to ONNX Runtime, which reports its own errors
         log.debug("no RPE fusion: %s", exc)

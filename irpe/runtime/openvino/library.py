@@ -96,18 +96,20 @@ def library_source(path: str, precision: str = "fp32", force: bool = False
     import onnx
 
     from irpe.runtime.onnxruntime.op_names import DOMAIN, SCATTER
-    from irpe.runtime.onnxruntime.rewrites import fuse_model
-    try:
-        nodes = onnx.load(path, load_external_data=False).graph.node
+    from irpe.runtime.onnxruntime.rewrites import FuseCounts, fuse_proto
+    try:  # parsed once: the rewrite works on this proto in place
+        model = onnx.load(path, load_external_data=False)
     except Exception:  # noqa: BLE001 - OpenVINO reads it next and names the problem
         return path, 0
-    ops = [n.op_type for n in nodes if n.domain == DOMAIN]
+    ops = [n.op_type for n in model.graph.node if n.domain == DOMAIN]
     v_term = SCATTER in ops or force
     if not ops or (precision == "bf16" and not v_term):
         return (path, 0) if force else (None, 0)
-    fused, counts = fuse_model(path)
-    if counts.attention and isinstance(fused, bytes) and not any(
-            n.domain == DOMAIN and n.op_type not in LIBRARY_OPS
-            for n in onnx.load_from_string(fused).graph.node):
-        return fused, counts.attention
+    try:
+        counts = fuse_proto(model)
+    except Exception:  # noqa: BLE001 - a graph the rewrite does not handle: read as it is
+        counts = FuseCounts()
+    if counts.attention and not any(n.domain == DOMAIN and n.op_type not in LIBRARY_OPS
+                                    for n in model.graph.node):
+        return model.SerializeToString(), counts.attention
     return (path, 0) if v_term else (None, 0)
