@@ -66,7 +66,8 @@ OV_OPS_SOURCES := $(wildcard plugins/openvino/*.cpp plugins/openvino/*.hpp) \
   plugins/openvino/CMakeLists.txt plugins/onnxruntime/rpe_attention.h \
   plugins/onnxruntime/rpe_attention_run.cpp plugins/onnxruntime/rpe_cpu.h \
   plugins/onnxruntime/rpe_simd.h plugins/onnxruntime/rpe_simd_avx2.cpp \
-  plugins/onnxruntime/rpe_simd_avx512.cpp plugins/onnxruntime/rpe_simd_level.cpp
+  plugins/onnxruntime/rpe_simd_avx512.cpp plugins/onnxruntime/rpe_simd_avx512.h \
+  plugins/onnxruntime/rpe_attention_bf16.cpp plugins/onnxruntime/rpe_simd_level.cpp
 ov-ops: $(ORT_OPS_DIR)/libirpe_openvino.so
 $(ORT_OPS_DIR)/libirpe_openvino.so: $(OV_OPS_SOURCES)
 	@PYTHON="$(PY)" IRPE_OV_OUTPUT_DIR="$(abspath $(ORT_OPS_DIR))" \

@@ -97,11 +97,15 @@ def quantize_openvino(source: Path, output: Path, settings: "Settings",
 
     from irpe.artifact.openvino_ir import set_ir_props, weights_path
     from irpe.atomic import atomic_path
+    from irpe.runtime.openvino.library import attention_precision, set_attention_precision
     from irpe.runtime.openvino.session import OvOptions, open_model
 
     from .calibration import SHAPES, calibration_feeds
 
     model, _, irpe_ops = open_model(source, OvOptions.from_env())
+    # the library's attention blocks run their products in bf16 (AVX512_BF16) in an int8 IR,
+    # as OpenVINO's own attention runs in int8 there; calibrated as it will run
+    fused = set_attention_precision(model, "int8")
     _check_excluded(model, list(settings.excluded))
     ignored = list(settings.excluded)
     if not settings.input_layers:
@@ -121,6 +125,8 @@ def quantize_openvino(source: Path, output: Path, settings: "Settings",
                   weights="int8 per-channel (NNCF)",
                   activations="calibrated by NNCF (mixed preset)",
                   engine=f"nncf {nncf.__version__}", irpe_ops=irpe_ops)
+    if fused:
+        record["attention_precision"] = attention_precision("int8")
     set_ir_props(quantized, dict(props, **quantization_metadata("int8", record)))
     # staged in a hidden folder beside the output (OpenVINO names its files by the .xml);
     # the weights move first, the .xml last (irpe.atomic): a reader finds its weights in place

@@ -27,8 +27,8 @@ from export.validate import TOLERANCES
 from irpe.artifact.contract import QUANTIZATION_KEY
 from irpe.artifact.openvino_ir import library_ops, read_ir_props
 from irpe.cli import main
-from irpe.runtime.openvino.library import OvLibraryError
-from irpe.runtime.openvino.session import OvOptions, compile_model, read_model
+from irpe.runtime.openvino.library import OvLibraryError, set_attention_precision
+from irpe.runtime.openvino.session import OvOptions, compile_model, open_model, read_model
 from serve.config import ServeSettings
 from tests.helpers import export_tiny_qkv, running_server, shape_png
 from tests.openvino_common import needs_openvino, run_compiled
@@ -72,8 +72,8 @@ def test_attention_blocks_run_as_one_library_op_each(qkv, ov_library):
 
 
 def test_auto_takes_the_library_where_it_wins(qkv, ov_library, tmp_path):
-    """auto: fused blocks where there are iRPE terms (bf16: only with the V term); OpenVINO's
-    own attention for a plain file; on: the library whatever the file."""
+    """auto: fused blocks where there are iRPE terms (their products in bf16 at bf16);
+    OpenVINO's own attention for a plain file; on: the library whatever the file."""
     from export.onnx import export_onnx
     from irpe import RPEConfig
     from tests.helpers import tiny_deit
@@ -86,14 +86,16 @@ def test_auto_takes_the_library_where_it_wins(qkv, ov_library, tmp_path):
     assert line.endswith("converted at load (Gather, ScatterElementsUpdate) (OpenVINO's own "
                          "kernels win for this file)"), line
     assert compile_model(plain_path, _on(ov_library))[1].endswith("library libirpe_openvino.so")
-    if cpu_has_bf16():
+    if cpu_has_bf16():  # bf16 too, now that the library's products run in bf16
         k_only, spec = tiny_deit(RPEConfig(ratio=1.9, method="product", mode="ctx", skip=1,
                                            on="k"))
         k_path = export_onnx(k_only, tmp_path / "k.onnx", spec=spec)
-        assert "own kernels win" in compile_model(k_path, auto.with_(precision="bf16"))[1]
+        for path in (k_path, qkv[2]):
+            model, _, how = open_model(path, auto.with_(precision="bf16"))
+            assert "attention blocks fused)" in how
+            assert {op.get_attributes()["precision"] for op in model.get_ops()
+                    if op.get_type_name() == "RPEAttention"} == {"bf16"}
         assert "attention blocks fused)" in compile_model(k_path, auto)[1]
-        assert "attention blocks fused)" in compile_model(qkv[2],
-                                                          auto.with_(precision="bf16"))[1]
 
 
 @pytest.mark.parametrize("simd", ["avx2", "portable"])
@@ -106,6 +108,51 @@ def test_the_narrower_vector_paths_agree(qkv, ov_library, monkeypatch, simd):
     got = run_compiled(compiled, images=x)["logits"]
     want = run_compiled(compile_model(path, OFF)[0], images=x)["logits"]
     np.testing.assert_allclose(got, want, atol=SAME, rtol=SAME)
+
+
+def _cpu_flag(flag: str) -> bool:
+    with open("/proc/cpuinfo", encoding="utf-8") as info:
+        return any(flag in line.split() for line in info if line.startswith("flags"))
+
+
+@pytest.fixture(scope="module")
+def odd(tmp_path_factory):
+    """An odd token count (6 x 6 + cls = 37) and a head dim of 24 (not a multiple of 16): the
+    bf16 pairs' and the vectors' padding. (model, spec, onnx path, None) like ``qkv``."""
+    from export.onnx import export_onnx
+    from irpe import RPEConfig
+    from tests.helpers import tiny_deit
+    model, spec = tiny_deit(RPEConfig(ratio=1.9, method="product", mode="ctx", skip=1,
+                                      on="qkv"), img_size=48, embed_dim=48)
+    folder = tmp_path_factory.mktemp("ov_library_odd")
+    return model, spec, export_onnx(model, folder / "odd.onnx", spec=spec), None
+
+
+@pytest.mark.parametrize("which", ["qkv", "odd"])
+def test_bf16_products_stay_near_float32_and_fall_back_without_bf16(request, ov_library,
+                                                                    monkeypatch, which):
+    """precision bf16 (bf16 and int8 models): q k^T, p v and the iRPE tables in bf16 with
+    float32 sums where the CPU has AVX512_BF16, within the bf16 tolerance of float32 and
+    PyTorch; elsewhere (or capped by $IRPE_ORT_SIMD) the float32 path, bit for bit."""
+    model, spec, path, _ = request.getfixturevalue(which)
+    size = spec.preprocess["size"]
+    x = np.random.default_rng(1).standard_normal((3, 3, size, size)).astype(np.float32)
+    f32 = run_compiled(compile_model(path, _on(ov_library))[0], images=x)["logits"]
+    m, ov_core, _ = open_model(path, _on(ov_library))
+    assert set_attention_precision(m, "int8") > 0
+    got = run_compiled(ov_core.compile_model(m, "CPU", _on(ov_library).config()),
+                       images=x)["logits"]
+    bf16 = TOLERANCES["bf16"]
+    np.testing.assert_allclose(got, f32, atol=bf16[0], rtol=bf16[1])
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, ref, atol=bf16[0], rtol=bf16[1])
+    ran_bf16 = _cpu_flag("avx512_bf16") and _cpu_flag("avx512bw")
+    assert np.array_equal(got, f32) is not ran_bf16
+    monkeypatch.setenv("IRPE_ORT_SIMD", "avx2")  # read on every run: the float32 AVX2 rows
+    compiled = ov_core.compile_model(m, "CPU", _on(ov_library).config())
+    avx2 = run_compiled(compile_model(path, _on(ov_library))[0], images=x)["logits"]
+    assert np.array_equal(run_compiled(compiled, images=x)["logits"], avx2)
 
 
 def test_results_do_not_depend_on_the_thread_count(qkv, ov_library):
@@ -128,6 +175,9 @@ def test_int8_ir_keeps_the_library_attention_and_needs_the_library(qkv, ov_libra
     assert library_ops(out) == ["RPEAttention"]
     record = json.loads(read_ir_props(out)[QUANTIZATION_KEY])
     assert record["irpe_ops"].startswith("library libirpe_openvino.so"), record
+    assert record["attention_precision"] == "bf16"  # calibrated and stored as it runs
+    assert {op.get_attributes()["precision"] for op in read_model(out, _on(ov_library)).get_ops()
+            if op.get_type_name() == "RPEAttention"} == {"bf16"}
     compiled, line = compile_model(out, _on(ov_library))
     assert line.endswith("iRPE ops: library libirpe_openvino.so"), line
     x = _images()
@@ -144,6 +194,21 @@ def test_int8_ir_keeps_the_library_attention_and_needs_the_library(qkv, ov_libra
     assert main(["eval", str(out), "--data", "shapes", "--shapes-val", "4"]) == 2
     err_line = capsys.readouterr().err.strip()
     assert "\n" not in err_line and "make ov-ops builds it" in err_line, err_line
+
+
+def test_an_attention_precision_other_than_f32_or_bf16_is_one_line(qkv, ov_library, tmp_path):
+    from irpe.runtime.onnxruntime.rewrites import fuse_proto
+    proto = onnx.load(qkv[2])
+    assert fuse_proto(proto).attention > 0
+    for node in proto.graph.node:
+        if node.op_type == "RPEAttention":
+            node.attribute.append(helper.make_attribute("precision", "fp8"))
+    bad = tmp_path / "fp8.onnx"
+    onnx.save(proto, bad)
+    with pytest.raises(ValueError) as err:
+        compile_model(bad, _on(ov_library))
+    message = str(err.value)
+    assert "\n" not in message and "precision must be f32 or bf16, got fp8" in message, message
 
 
 def test_modes_and_library_files_are_checked_in_one_line(qkv, tmp_path, monkeypatch, caplog):

@@ -47,7 +47,8 @@ struct AttnProblem {
     int64_t kv = 0;                              // iRPE-V: out += bucket sums @ wv,
     const float* wv = nullptr;                   //   wv [kv, attn_pad(d)] (zero past d)
     const int32_t* idv = nullptr;                //   ids: the bucket of key j, kv outside
-};
+    bool bf16 = false;                           // q k^T and p v in bfloat16 where the CPU
+};                                               //   has AVX512_BF16 (rpe_attention_bf16.cpp)
 
 // One task's scratch at row block mr: k^T, the Q table, a block's logits, K table rows, output
 // tile and V sums, v padded (only when d is not a multiple of kAttnPad) and the V partial sums.
@@ -214,6 +215,44 @@ inline void attn_vsums(const float* __restrict row, const int32_t* __restrict vi
     }
 }
 
+// The output tile c [m, attn_pad(d)] of query rows [i0, i0 + m) of pair bh to p.out.
+inline void attn_store(const AttnProblem& p, int64_t bh, int64_t i0, int m, const float* c)
+{
+    const int64_t d = p.d, dp = attn_pad(d);
+    float* out = p.out + p.out_layout.at(bh, p.heads) + i0 * p.out_layout.row;
+    for (int r = 0; r < m; ++r) {
+        for (int64_t j = 0; j < d; ++j) {
+            out[r * p.out_layout.row + j] = c[r * dp + j];
+        }
+    }
+}
+
+// k^T of pair bh packed [d, attn_pad(L)] (zero padding) into kt.
+inline void attn_pack_kt(const AttnProblem& p, int64_t bh, float* kt)
+{
+    const int64_t l = p.l, lp = attn_pad(l), ld = p.in.row;
+    const float* k = p.k + p.in.at(bh, p.heads);
+    for (int64_t t = 0; t < p.d; ++t) {
+        for (int64_t j = 0; j < l; ++j) {
+            kt[t * lp + j] = k[j * ld + t];
+        }
+        for (int64_t j = l; j < lp; ++j) {
+            kt[t * lp + j] = 0.0f;
+        }
+    }
+}
+
+// The bucket-major Q table wq @ k^T [kq, attn_pad(L)] into tq (when the Q term is present).
+template <class V, int MR>
+inline void attn_q_table(const AttnProblem& p, const float* kt, float* tq)
+{
+    const int64_t lp = attn_pad(p.l);
+    for (int64_t c0 = 0; p.wq != nullptr && c0 < p.kq; c0 += MR) {
+        const int m = static_cast<int>(p.kq - c0 < MR ? p.kq - c0 : MR);
+        attn_gemm<V, MR>(p.wq + c0 * p.d, p.d, m, kt, lp, p.d, lp, tq + c0 * lp, lp, false);
+    }
+}
+
 // Query rows [i0, i0 + m) of pair bh; the scratch pieces are set up by attn_pair.
 template <class V, int MR>
 inline void attn_block(const AttnProblem& p, int64_t bh, int64_t i0, int m, const float* kt,
@@ -238,12 +277,7 @@ inline void attn_block(const AttnProblem& p, int64_t bh, int64_t i0, int m, cons
         }
         attn_gemm<V, MR>(sums, p.kv, m, p.wv, dp, p.kv, dp, c, dp, true);
     }
-    float* out = p.out + p.out_layout.at(bh, p.heads) + i0 * p.out_layout.row;
-    for (int r = 0; r < m; ++r) {
-        for (int64_t j = 0; j < d; ++j) {
-            out[r * p.out_layout.row + j] = c[r * dp + j];
-        }
-    }
+    attn_store(p, bh, i0, m, c);
 }
 
 // Query rows [row0, row1) of pair bh: k^T packed [d, lp] (zero padding), the bucket-major Q
@@ -253,26 +287,13 @@ template <class V, int MR>
 inline void attn_pair(const AttnProblem& p, int64_t bh, int64_t row0, int64_t row1,
                       float* scratch)
 {
-    const int64_t l = p.l, d = p.d, lp = attn_pad(l), dp = attn_pad(d), ld = p.in.row;
+    const int64_t l = p.l, d = p.d, dp = attn_pad(d), ld = p.in.row;
     const int64_t at = p.in.at(bh, p.heads);
-    const float* k = p.k + at;
     AttnScratch w;
     attn_carve(p, MR, scratch, &w);
     float *kt = w.kt, *tq = w.tq, *vp = w.vp;
-    for (int64_t t = 0; t < d; ++t) {
-        for (int64_t j = 0; j < l; ++j) {
-            kt[t * lp + j] = k[j * ld + t];
-        }
-        for (int64_t j = l; j < lp; ++j) {
-            kt[t * lp + j] = 0.0f;
-        }
-    }
-    if (p.wq != nullptr) {
-        for (int64_t c0 = 0; c0 < p.kq; c0 += MR) {
-            const int m = static_cast<int>(p.kq - c0 < MR ? p.kq - c0 : MR);
-            attn_gemm<V, MR>(p.wq + c0 * d, d, m, kt, lp, d, lp, tq + c0 * lp, lp, false);
-        }
-    }
+    attn_pack_kt(p, bh, kt);
+    attn_q_table<V, MR>(p, kt, tq);
     const float* v = p.v + at;
     int64_t ldv = ld;
     if (d != dp) {
@@ -296,6 +317,11 @@ void attention_pair_avx2(const AttnProblem& p, int64_t bh, int64_t row0, int64_t
 void attention_pair_avx512(const AttnProblem& p, int64_t bh, int64_t row0, int64_t row1,
                            float* scratch);
 constexpr int kAttnRowsAvx2 = 6, kAttnRowsAvx512 = 12;
+// The AVX-512 pair with q k^T and p v in bf16 (AttnProblem::bf16), its scratch floats at row
+// block mr; taken where cpu_has_bf16() (rpe_simd.h).
+void attention_pair_bf16(const AttnProblem& p, int64_t bh, int64_t row0, int64_t row1,
+                         float* scratch);
+int64_t attn_scratch_bf16(const AttnProblem& p, int mr);
 
 // One call's tasks (rpe_attention_run.cpp): plan_attention splits the (b, h) pairs, and their
 // queries when pairs are fewer than twice `threads` (< 1: the CPU's threads); attention_task(

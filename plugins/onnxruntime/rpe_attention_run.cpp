@@ -90,6 +90,10 @@ void plan_attention(AttnPlan& plan, const AttnProblem& problem, Simd simd, int64
     int mr = 1;
     plan.pair = pair_fn(simd, mr);
     plan.scratch = attn_scratch(plan.p, mr);
+    if (plan.p.bf16 && simd == Simd::kAvx512 && cpu_has_bf16()) {
+        plan.pair = &attention_pair_bf16;
+        plan.scratch = attn_scratch_bf16(plan.p, mr);
+    }
     if (threads < 1) {
         threads = std::max(1u, std::thread::hardware_concurrency());
     }

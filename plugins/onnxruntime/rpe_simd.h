@@ -17,6 +17,8 @@ namespace irpe_ort {
 // rpe_simd_level.cpp (no ONNX Runtime in it: libirpe_cpu_attention uses it too).
 enum class Simd { kPortable, kAvx2, kAvx512 };
 Simd simd_level();
+// AVX512_BF16 (and AVX512BW) at the AVX-512 level: the bf16 attention products can run.
+bool cpu_has_bf16();
 
 // exp(x) for x <= 0 (Cephes-style: x = n ln2 + r, |r| <= ln2 / 2, degree-6 polynomial, times
 // 2^n; under about -88.38 the result is 0). NaN stays NaN.

@@ -4,54 +4,9 @@
 
 #include "rpe_attention.h"
 #include "rpe_simd.h"
+#include "rpe_simd_avx512.h"
 
 namespace irpe_ort {
-
-namespace {
-
-struct Avx512 {
-    using T = __m512;
-    static constexpr int kLanes = 16;
-    IRPE_SIMD_ELEMENTWISE(512)
-    static T round(T v)
-    {
-        return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    }
-    static float reduce_max(T v) { return _mm512_reduce_max_ps(v); }
-    static float reduce_add(T v) { return _mm512_reduce_add_ps(v); }
-    static T gather(const float* base, const int32_t* ids)  // 0 where the id is negative
-    {
-        const __m512i i = _mm512_loadu_si512(ids);
-        const __mmask16 keep = _mm512_cmpgt_epi32_mask(i, _mm512_set1_epi32(-1));
-        return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), keep, i, base, 4);
-    }
-    struct Lut {  // a table row of <= 64 entries in 4 registers (permutes), else gathers
-        const float* row;
-        bool regs;
-        T t0, t1, t2, t3;
-        Lut(const float* r, int64_t n) : row(r), regs(r != nullptr && n <= 64)
-        {
-            const T zero = set1(0.0f);  // the row is padded to a multiple of 16 (attn_pad)
-            t0 = regs ? load(r) : zero;
-            t1 = regs && n > 16 ? load(r + 16) : zero;
-            t2 = regs && n > 32 ? load(r + 32) : zero;
-            t3 = regs && n > 48 ? load(r + 48) : zero;
-        }
-        T get(const int32_t* ids) const
-        {
-            if (!regs) {
-                return gather(row, ids);
-            }
-            const __m512i i = _mm512_loadu_si512(ids);
-            const __mmask16 keep = _mm512_cmpgt_epi32_mask(i, _mm512_set1_epi32(-1));
-            const __mmask16 high = _mm512_test_epi32_mask(i, _mm512_set1_epi32(32));
-            const T lo = _mm512_permutex2var_ps(t0, i, t1), hi = _mm512_permutex2var_ps(t2, i, t3);
-            return _mm512_maskz_mov_ps(keep, _mm512_mask_blend_ps(high, lo, hi));
-        }
-    };
-};
-
-}  // namespace
 
 IRPE_SIMD_ENTRY_POINTS(Avx512, avx512)
 

@@ -1,4 +1,4 @@
-// simd_level (rpe_simd.h): the CPU's widest vector code, capped by $IRPE_ORT_SIMD.
+// simd_level (rpe_simd.h): the CPU's widest vector code, capped by $IRPE_ORT_SIMD; cpu_has_bf16.
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -21,6 +21,12 @@ Simd simd_level()
                        : want == "avx2"   ? Simd::kAvx2
                                           : Simd::kAvx512;
     return std::min(cpu, limit);
+}
+
+bool cpu_has_bf16()
+{
+    return simd_level() == Simd::kAvx512 && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512bf16");
 }
 
 }  // namespace irpe_ort

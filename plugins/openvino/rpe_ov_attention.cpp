@@ -57,8 +57,9 @@ const float* data_of(const ov::Tensor& t) { return present(t) ? t.data<const flo
 
 }  // namespace
 
-RPEAttention::RPEAttention(const ov::OutputVector& args, float scale, int64_t out_layout)
-    : Op(args), scale_(scale), out_layout_(out_layout)
+RPEAttention::RPEAttention(const ov::OutputVector& args, float scale, int64_t out_layout,
+                           const std::string& precision)
+    : Op(args), scale_(scale), out_layout_(out_layout), precision_(precision)
 {
     constructor_validate_and_infer_types();
 }
@@ -69,6 +70,8 @@ void RPEAttention::validate_and_infer_types()
                           get_input_size());
     NODE_VALIDATION_CHECK(this, std::isfinite(scale_) && (out_layout_ == 0 || out_layout_ == 1),
                           "scale must be finite and out_layout 0 or 1");
+    NODE_VALIDATION_CHECK(this, precision_ == "f32" || precision_ == "bf16",
+                          "precision must be f32 or bf16, got ", precision_);
     const auto& q = get_input_partial_shape(0);
     ov::PartialShape out = ov::PartialShape::dynamic(4);
     if (q.rank().is_static() && q.rank().get_length() == 5) {  // [B, L, 3, H, d]
@@ -83,13 +86,14 @@ void RPEAttention::validate_and_infer_types()
 std::shared_ptr<ov::Node> RPEAttention::clone_with_new_inputs(const ov::OutputVector& args) const
 {
     check_new_args_count(this, args);
-    return std::make_shared<RPEAttention>(args, scale_, out_layout_);
+    return std::make_shared<RPEAttention>(args, scale_, out_layout_, precision_);
 }
 
 bool RPEAttention::visit_attributes(ov::AttributeVisitor& visitor)
 {
     visitor.on_attribute("scale", scale_);
     visitor.on_attribute("out_layout", out_layout_);
+    visitor.on_attribute("precision", precision_);
     return true;
 }
 
@@ -121,6 +125,7 @@ bool RPEAttention::evaluate(ov::TensorVector& outputs, const ov::TensorVector& i
                                     : AttnLayout{h * l * d, l * d, d};
     p.out = outputs[0].data<float>();
     p.scale = scale_;
+    p.bf16 = precision_ == "bf16";
     if (p.bh * l * d == 0) {
         return true;
     }

@@ -12,7 +12,7 @@
 namespace {
 
 // RPEAttention from the ONNX Runtime fusion's node: its absent (empty-name) inputs become
-// empty tensors, its attributes scale and out_layout are read with their defaults.
+// empty tensors, its attributes scale, out_layout and precision are read with their defaults.
 ov::OutputVector convert_attention(const ov::frontend::NodeContext& ctx)
 {
     ov::OutputVector args;
@@ -31,7 +31,8 @@ ov::OutputVector convert_attention(const ov::frontend::NodeContext& ctx)
     }
     const float scale = ctx.get_attribute<float>("scale", 1.0f);
     const int64_t layout = ctx.get_attribute<int64_t>("out_layout", 0);
-    return std::make_shared<irpe_ov::RPEAttention>(args, scale, layout)->outputs();
+    const std::string precision = ctx.get_attribute<std::string>("precision", "f32");
+    return std::make_shared<irpe_ov::RPEAttention>(args, scale, layout, precision)->outputs();
 }
 
 }  // namespace

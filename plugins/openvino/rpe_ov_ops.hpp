@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 
 #include <openvino/op/op.hpp>
@@ -80,19 +81,22 @@ class RPEScatter : public ov::op::Op {
     std::shared_ptr<ConstTables> tables_ = std::make_shared<ConstTables>();
 };
 
-// RPEAttention(q, k, v, wk, idk, wq, idq, idv, wv; scale, out_layout) -> out: a whole
+// RPEAttention(q, k, v, wk, idk, wq, idq, idv, wv; scale, out_layout, precision) -> out: a whole
 // self-attention block with its iRPE terms (plugins/onnxruntime/rpe_attention.h), as the ONNX
 // Runtime library's op of the same name made by irpe/runtime/onnxruntime/rewrite_attention.py:
 //   logits = scale * q k^T + (scale * q @ wk)[i, idk[i, j]] + (wq @ k^T)[idq[i, j]]
 //   out    = softmax(logits) @ v + (bucket sums of softmax by idv) @ wv
 // Input 0 the packed qkv [B, L, 3, H, d] (inputs 1, 2 empty) or q, k, v [B, H, L, d]; an absent
 // term's inputs are empty tensors (shape [0]); out [B, H, L, d], or [B, L, H, d] (out_layout 1).
+// precision "f32" (default) or "bf16": the block's products in bfloat16 with float32 sums where
+// the CPU has AVX512_BF16 (plugins/onnxruntime/rpe_attention_bf16.cpp), else float32.
 class RPEAttention : public ov::op::Op {
  public:
     OPENVINO_OP("RPEAttention", "irpe");
 
     RPEAttention() = default;
-    RPEAttention(const ov::OutputVector& args, float scale, int64_t out_layout);
+    RPEAttention(const ov::OutputVector& args, float scale, int64_t out_layout,
+                 const std::string& precision = "f32");
     void validate_and_infer_types() override;
     std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override;
     bool visit_attributes(ov::AttributeVisitor& visitor) override;
@@ -102,6 +106,7 @@ class RPEAttention : public ov::op::Op {
  private:
     float scale_ = 1.0f;
     int64_t out_layout_ = 0;
+    std::string precision_ = "f32";
     std::shared_ptr<ConstTables> tables_ = std::make_shared<ConstTables>();
     // Term `which`'s (0 K, 1 Q, 2 V) padded ids from input `input` (made once when a Constant).
     std::shared_ptr<const std::vector<int32_t>> ids(int which, size_t input, const ov::Tensor& t,

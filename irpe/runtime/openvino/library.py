@@ -23,14 +23,17 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Optional, Tuple, Union
+from typing import TYPE_CHECKING, Optional, Tuple, Union
 
 from irpe.errors import CLIError
 from irpe.plugin_files import BUILD_DIR
 from irpe.switch import Switch
 
+if TYPE_CHECKING:
+    import openvino
+
 __all__ = ["LIBRARY", "LIBRARY_OPS", "BUILD_COMMAND", "OvLibraryError", "default_library",
-           "resolve_library", "library_source"]
+           "resolve_library", "library_source", "attention_precision", "set_attention_precision"]
 
 log = logging.getLogger("irpe.runtime.openvino")
 
@@ -81,18 +84,18 @@ def resolve_library(mode: Switch, library: str = "") -> Tuple[Optional[str], str
     return path, "library"
 
 
-def library_source(path: str, precision: str = "fp32", force: bool = False
+def library_source(path: str, force: bool = False
                    ) -> Tuple[Optional[Union[str, bytes]], int]:
-    """What the library reads of the exported file at ``precision`` (fp32 | bf16: OpenVINO's
-    inference precision), where it wins, and how many attention blocks it fuses: the file's
-    attention blocks rewritten to ``RPEAttention`` (bytes) when every iRPE node left is one of
-    :data:`LIBRARY_OPS`; else ``path`` itself when the file has the V term (RPEScatter: the
-    library's bucket sums against a reference ScatterElementsUpdate); else None: the frontend
-    conversions. From measurement (docs/DECISIONS.md): without iRPE terms OpenVINO's own fused
-    attention is as fast in fp32 and faster in int8; a K/Q-only file that does not fuse runs
-    OpenVINO's JIT Gather as fast as the library's; in bf16 a file without the V term is
-    faster on OpenVINO's bf16 attention with the gathered bias (the library's is float32).
-    ``force`` (mode ``on``): the library whether or not it wins, never None."""
+    """What the library reads of the exported file, where it wins, and how many attention
+    blocks it fuses: the file's attention blocks rewritten to ``RPEAttention`` (bytes) when
+    every iRPE node left is one of :data:`LIBRARY_OPS`; else ``path`` itself when the file has
+    the V term (RPEScatter: the library's bucket sums against a reference
+    ScatterElementsUpdate); else None: the frontend conversions. From measurement
+    (docs/DECISIONS.md): without iRPE terms OpenVINO's own fused attention is as fast in fp32
+    and faster in int8; a K/Q-only file that does not fuse runs OpenVINO's JIT Gather as fast
+    as the library's. The fused blocks' precision is set once read
+    (:func:`set_attention_precision`). ``force`` (mode ``on``): the library whether or not it
+    wins, never None."""
     import onnx
 
     from irpe.runtime.onnxruntime.op_names import DOMAIN, SCATTER
@@ -103,7 +106,7 @@ def library_source(path: str, precision: str = "fp32", force: bool = False
         return path, 0
     ops = [n.op_type for n in model.graph.node if n.domain == DOMAIN]
     v_term = SCATTER in ops or force
-    if not ops or (precision == "bf16" and not v_term):
+    if not ops:
         return (path, 0) if force else (None, 0)
     try:
         counts = fuse_proto(model)
@@ -113,3 +116,25 @@ def library_source(path: str, precision: str = "fp32", force: bool = False
                                     for n in model.graph.node):
         return model.SerializeToString(), counts.attention
     return (path, 0) if v_term else (None, 0)
+
+
+def attention_precision(precision: str) -> str:
+    """The ``precision`` attribute of the library's ``RPEAttention`` for a model run at
+    ``precision`` (fp32 | bf16 | int8): its products (q k^T, p v and the iRPE tables) in
+    bfloat16 with float32 sums for bf16 and int8 where the CPU has AVX512_BF16 (else float32),
+    as OpenVINO runs its own attention in bf16 there and in int8 in an NNCF model; float32
+    for fp32 (docs/DECISIONS.md, "bf16 products")."""
+    return "bf16" if precision in ("bf16", "int8") else "f32"
+
+
+def set_attention_precision(model: "openvino.Model", precision: str) -> int:
+    """Every ``RPEAttention`` of ``model`` (in place) set to :func:`attention_precision` of
+    ``precision``; returns how many (an IR written after this keeps the attribute)."""
+    from irpe.runtime.onnxruntime.op_names import ATTENTION
+    value = attention_precision(precision)
+    count = 0
+    for op in model.get_ops():
+        if op.get_type_name() == ATTENTION and op.get_type_info().version_id == "irpe":
+            op.set_attribute("precision", value)
+            count += 1
+    return count

@@ -180,6 +180,7 @@ def open_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOptions
         OvLibraryError,
         library_source,
         resolve_library,
+        set_attention_precision,
     )
     options = options or OvOptions()
     path = os.fspath(path)
@@ -196,7 +197,7 @@ def open_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOptions
         source: Any = (path, weights_path(path))
         how = f"library {os.path.basename(library or '')}" if needs else "as stored in the IR"
     else:
-        read, blocks = (library_source(path, options.precision, force=options.ops == "on")
+        read, blocks = (library_source(path, force=options.ops == "on")
                         if library else (None, 0))
         if library and read is None:
             library, why = None, "OpenVINO's own kernels win for this file"
@@ -206,11 +207,14 @@ def open_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOptions
                else f"{LOWERING} ({why})")
     ov_core = core(library)
     try:
-        return ov_core.read_model(*source), ov_core, how
+        model = ov_core.read_model(*source)
     except RuntimeError as exc:
         if not is_ir(path):
             _check_onnx(path)  # a corrupt ONNX file: the parser's own reason
         raise InvalidInput(f"{path}: OpenVINO cannot read it: {_ov_message(exc)}") from None
+    if blocks:
+        set_attention_precision(model, options.precision)
+    return model, ov_core, how
 
 
 def read_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOptions] = None
