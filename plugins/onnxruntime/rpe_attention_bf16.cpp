@@ -87,7 +87,7 @@ inline void gemm_bf16(const uint16_t* a, int64_t lda, int m, const uint32_t* b, 
     }
 }
 
-// Rows x0, x1 of n floats (a multiple of 16; x1 null: zeros) as pairs: out[c] = (x0[c], x1[c]).
+// Rows x0, x1 of n floats (a multiple of 16) as pairs: out[c] = (x0[c], x1[c]).
 inline void pack_pairs(const float* x0, const float* x1, int64_t n, uint32_t* out)
 {
     const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
@@ -95,10 +95,26 @@ inline void pack_pairs(const float* x0, const float* x1, int64_t n, uint32_t* ou
                                            16, 0);
     for (int64_t c = 0; c < n; c += 16) {
         const __m512 a = _mm512_loadu_ps(x0 + c);
-        const __m512 b = x1 != nullptr ? _mm512_loadu_ps(x1 + c) : _mm512_setzero_ps();
+        const __m512 b = _mm512_loadu_ps(x1 + c);
         const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // a in the low half
         _mm512_storeu_si512(out + c, _mm512_permutexvar_epi16(order, both));
     }
+}
+
+// Row r of A [rows, cols] at stride ld, np = attn_pad(cols) floats: A's own row when cols is
+// np (no copy), else copied into row with zeros past cols; zeros past rows.
+inline const float* padded_row(const float* a, int64_t ld, int64_t rows, int64_t cols,
+                               int64_t r, float* row)
+{
+    const int64_t np = attn_pad(cols);
+    if (r < rows && cols == np) {
+        return a + r * ld;
+    }
+    std::memset(row, 0, sizeof(float) * np);
+    if (r < rows) {
+        std::memcpy(row, a + r * ld, sizeof(float) * cols);
+    }
+    return row;
 }
 
 // A [rows, cols] at stride ld as the B operand: `pairs` pair rows of np = attn_pad(cols)
@@ -107,18 +123,9 @@ inline void pack_rows(const float* a, int64_t ld, int64_t rows, int64_t cols, in
                       float* row, uint32_t* out)
 {
     const int64_t np = attn_pad(cols);
-    float* row1 = row + np;
     for (int64_t t = 0; t < pairs; ++t) {
-        const int64_t j = 2 * t;
-        std::memset(row, 0, sizeof(float) * np);
-        std::memset(row1, 0, sizeof(float) * np);
-        if (j < rows) {
-            std::memcpy(row, a + j * ld, sizeof(float) * cols);
-        }
-        if (j + 1 < rows) {
-            std::memcpy(row1, a + (j + 1) * ld, sizeof(float) * cols);
-        }
-        pack_pairs(row, row1, np, out + t * np);
+        pack_pairs(padded_row(a, ld, rows, cols, 2 * t, row),
+                   padded_row(a, ld, rows, cols, 2 * t + 1, row + np), np, out + t * np);
     }
 }
 
@@ -128,9 +135,7 @@ inline void rows_bf16(const float* a, int64_t ld, int64_t rows, int64_t cols, fl
 {
     const int64_t np = attn_pad(cols);
     for (int64_t r = 0; r < rows; ++r) {
-        std::memcpy(row, a + r * ld, sizeof(float) * cols);
-        std::memset(row + cols, 0, sizeof(float) * (np - cols));
-        to_bf16(row, np, out + r * np);
+        to_bf16(padded_row(a, ld, rows, cols, r, row), np, out + r * np);
     }
 }
 
