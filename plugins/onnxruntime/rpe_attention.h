@@ -227,13 +227,26 @@ inline void attn_store(const AttnProblem& p, int64_t bh, int64_t i0, int m, cons
     }
 }
 
-// k^T of pair bh packed [d, attn_pad(L)] (zero padding) into kt.
+// k^T of pair bh packed [d, attn_pad(L)] (zero padding) into kt: 16 x 16 blocks through
+// V::transpose16 where V has 16 lanes (a scalar transpose reads a cache line per key for
+// every dim), the rest one value at a time.
+template <class V>
 inline void attn_pack_kt(const AttnProblem& p, int64_t bh, float* kt)
 {
     const int64_t l = p.l, lp = attn_pad(l), ld = p.in.row;
     const float* k = p.k + p.in.at(bh, p.heads);
+    int64_t jb = 0, tb = 0;  // keys [0, jb) x dims [0, tb) go by blocks
+    if constexpr (V::kLanes == kAttnPad) {
+        jb = l / kAttnPad * kAttnPad;
+        tb = p.d / kAttnPad * kAttnPad;
+        for (int64_t j0 = 0; j0 < jb; j0 += kAttnPad) {
+            for (int64_t t0 = 0; t0 < tb; t0 += kAttnPad) {
+                V::transpose16(k + j0 * ld + t0, ld, kt + t0 * lp + j0, lp);
+            }
+        }
+    }
     for (int64_t t = 0; t < p.d; ++t) {
-        for (int64_t j = 0; j < l; ++j) {
+        for (int64_t j = t < tb ? jb : 0; j < l; ++j) {
             kt[t * lp + j] = k[j * ld + t];
         }
         for (int64_t j = l; j < lp; ++j) {
@@ -292,7 +305,7 @@ inline void attn_pair(const AttnProblem& p, int64_t bh, int64_t row0, int64_t ro
     AttnScratch w;
     attn_carve(p, MR, scratch, &w);
     float *kt = w.kt, *tq = w.tq, *vp = w.vp;
-    attn_pack_kt(p, bh, kt);
+    attn_pack_kt<V>(p, bh, kt);
     attn_q_table<V, MR>(p, kt, tq);
     const float* v = p.v + at;
     int64_t ldv = ld;

@@ -7,6 +7,7 @@
 // (vcvtne2ps2bf16), as OpenVINO's own bf16 attention rounds them.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "rpe_attention.h"
@@ -153,8 +154,8 @@ int64_t bf16_carve(const AttnProblem& p, int mr, float* base, Bf16Scratch* out)
     const int64_t vp = attn_pad(p.kv), wide = lp > dp ? (lp > vp ? lp : vp) : (dp > vp ? dp : vp);
     const int64_t words[7] = {dp / 2 * lp, lp / 2 * dp, p.wk != nullptr ? dp / 2 * kp : 0,
                               p.wv != nullptr ? vp / 2 * dp : 0,
-                              p.wq != nullptr ? (p.kq * dp + 1) / 2 : 0, (mr * wide + 1) / 2,
-                              2 * wide};
+                              p.wq != nullptr ? (p.kq * dp + 1) / 2 : 0,
+                              (std::max(mr * wide, kAttnPad * dp) + 1) / 2, 2 * wide};
     int64_t at[8] = {0};
     for (int i = 0; i < 7; ++i) {
         at[i + 1] = at[i] + words[i];
@@ -217,7 +218,22 @@ void attention_pair_bf16(const AttnProblem& p, int64_t bh, int64_t row0, int64_t
     AttnScratch w;
     Bf16Scratch b;
     bf16_carve(p, MR, scratch + attn_carve(p, MR, scratch, &w), &b);
-    for (int64_t j = 0; j < lp; ++j) {  // k^T pairs: ktb[t][j] = (k[j][2t], k[j][2t + 1])
+    // k^T pairs: ktb[t][j] = (k[j][2t], k[j][2t + 1]); 16 keys x 16 pairs by transposes
+    const int64_t half = dp / 2, jb = l / kAttnPad * kAttnPad, tb = half / kAttnPad * kAttnPad;
+    for (int64_t j0 = 0; j0 < jb; j0 += kAttnPad) {
+        rows_bf16(p.k + at + j0 * ld, ld, kAttnPad, d, b.row, b.ab);  // [16, half] pairs
+        const float* pairs = reinterpret_cast<const float*>(b.ab);
+        for (int64_t t0 = 0; t0 < tb; t0 += kAttnPad) {
+            Avx512::transpose16(pairs + t0, half, reinterpret_cast<float*>(b.ktb + t0 * lp + j0),
+                                lp);
+        }
+        for (int64_t t = tb; t < half; ++t) {
+            for (int64_t r = 0; r < kAttnPad; ++r) {
+                std::memcpy(b.ktb + t * lp + j0 + r, b.ab + r * dp + 2 * t, sizeof(uint32_t));
+            }
+        }
+    }
+    for (int64_t j = jb; j < lp; ++j) {
         if (j < l) {
             rows_bf16(p.k + at + j * ld, ld, 1, d, b.row, b.ab);
         } else {

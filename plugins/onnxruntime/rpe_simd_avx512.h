@@ -28,6 +28,37 @@ struct Avx512 {
         const __mmask16 keep = _mm512_cmpgt_epi32_mask(i, _mm512_set1_epi32(-1));
         return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), keep, i, base, 4);
     }
+    // The 16 x 16 block `in` (rows at stride ldi) transposed into out (rows at stride ldo):
+    // 32-bit and 64-bit interleaves, then a 4 x 4 transpose of 128-bit lanes.
+    static void transpose16(const float* in, int64_t ldi, float* out, int64_t ldo)
+    {
+        T r[16], t[16];
+        for (int i = 0; i < 16; ++i) {
+            r[i] = load(in + ldi * i);
+        }
+        for (int i = 0; i < 8; ++i) {
+            t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        for (int i = 0; i < 4; ++i) {  // r[4i + m], lane L: rows 4i..4i+3 of column 4L + m
+            const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
+            const __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
+            r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+            r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+            r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+            r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+        }
+        for (int m = 0; m < 4; ++m) {
+            const T u0 = _mm512_shuffle_f32x4(r[m], r[4 + m], 0x44);
+            const T u1 = _mm512_shuffle_f32x4(r[m], r[4 + m], 0xEE);
+            const T u2 = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0x44);
+            const T u3 = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0xEE);
+            store(out + m * ldo, _mm512_shuffle_f32x4(u0, u2, 0x88));
+            store(out + (4 + m) * ldo, _mm512_shuffle_f32x4(u0, u2, 0xDD));
+            store(out + (8 + m) * ldo, _mm512_shuffle_f32x4(u1, u3, 0x88));
+            store(out + (12 + m) * ldo, _mm512_shuffle_f32x4(u1, u3, 0xDD));
+        }
+    }
     struct Lut {  // a table row of <= 64 entries in 4 registers (permutes), else gathers
         const float* row;
         bool regs;
