@@ -117,13 +117,13 @@ def _cpu_flag(flag: str) -> bool:
 
 @pytest.fixture(scope="module")
 def odd(tmp_path_factory):
-    """An odd token count (6 x 6 + cls = 37) and a head dim of 24 (not a multiple of 16): the
+    """An odd token count (8 x 8 + cls = 65) and a head dim of 24 (not a multiple of 16): the
     bf16 pairs' and the vectors' padding. (model, spec, onnx path, None) like ``qkv``."""
     from export.onnx import export_onnx
     from irpe import RPEConfig
     from tests.helpers import tiny_deit
     model, spec = tiny_deit(RPEConfig(ratio=1.9, method="product", mode="ctx", skip=1,
-                                      on="qkv"), img_size=48, embed_dim=48)
+                                      on="qkv"), img_size=64, embed_dim=48)
     folder = tmp_path_factory.mktemp("ov_library_odd")
     return model, spec, export_onnx(model, folder / "odd.onnx", spec=spec), None
 
@@ -155,8 +155,13 @@ def test_bf16_products_stay_near_float32_and_fall_back_without_bf16(request, ov_
     assert np.array_equal(run_compiled(compiled, images=x)["logits"], avx2)
 
 
-def test_results_do_not_depend_on_the_thread_count(qkv, ov_library):
-    path, x = qkv[2], _images(5)
+@pytest.mark.parametrize("which, batch", [("qkv", 5), ("odd", 1)])
+def test_results_do_not_depend_on_the_thread_count(request, ov_library, which, batch):
+    """One writer per row: bit-identical for 1 and 2 threads, also where one pair's queries
+    are split between tasks (batch 1, 2 heads, 65 tokens) and the Q term is made by key."""
+    _, spec, path, _ = request.getfixturevalue(which)
+    size = spec.preprocess["size"]
+    x = np.random.default_rng(2).standard_normal((batch, 3, size, size)).astype(np.float32)
     one = run_compiled(compile_model(path, _on(ov_library, 1))[0], images=x)["logits"]
     two = run_compiled(compile_model(path, _on(ov_library, 2))[0], images=x)["logits"]
     assert np.array_equal(one, two)

@@ -193,6 +193,7 @@ OrtStatusPtr AttentionKernel::compute(OrtKernelContext* context)
         idq = ids(1, in[6], p.l, p.kq, AttnIds::kQ);
         p.wq = static_cast<const float*>(in[5].data);
         p.idq = idq->data();
+        p.idqt = idq->data() + p.l * attn_pad(p.l);
     }
     if (in[8].data != nullptr) {  // iRPE-V
         int64_t cols = 0;

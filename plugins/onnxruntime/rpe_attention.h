@@ -7,6 +7,7 @@
 #ifndef IRPE_ORT_RPE_ATTENTION_H
 #define IRPE_ORT_RPE_ATTENTION_H
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstddef>
@@ -21,6 +22,11 @@ namespace irpe_ort {
 // tiles are 2 vectors wide, and 1 vector for a last 16 columns).
 constexpr int64_t kAttnPad = 16;
 inline int64_t attn_pad(int64_t n) { return (n + kAttnPad - 1) / kAttnPad * kAttnPad; }
+// The iRPE-Q bias of a pair made by key where its table has <= kQByKey buckets and L is at
+// most kQByKeyPad (padded): per key j its row k_j @ wq^T in registers (V::Lut), looked up
+// along the queries by idqt[j], into [L, Lp] rows, transposed 16 x 16 (V::transpose16) into
+// the pair's bias rows. On AMD Zen a 16-lane gather per 16 logits cost 12% of the block.
+constexpr int64_t kQByKey = 64, kQByKeyPad = 256;
 
 // One call's sizes and data. Ids are int32 [L, attn_pad(L)], -1 outside the table and in the
 // padding; a term is present when its weight is not null.
@@ -44,6 +50,7 @@ struct AttnProblem {
     int64_t kq = 0;                              // iRPE-Q: table wq @ k^T [kq, attn_pad(L)],
     const float* wq = nullptr;                   //   wq [kq, d]
     const int32_t* idq = nullptr;                //   ids c * attn_pad(L) + j into that table
+    const int32_t* idqt = nullptr;               //   by key (optional): [L, attn_pad(L)] ids c
     int64_t kv = 0;                              // iRPE-V: out += bucket sums @ wv,
     const float* wv = nullptr;                   //   wv [kv, attn_pad(d)] (zero past d)
     const int32_t* idv = nullptr;                //   ids: the bucket of key j, kv outside
@@ -54,7 +61,15 @@ struct AttnProblem {
 // tile and V sums, v padded (only when d is not a multiple of kAttnPad) and the V partial sums.
 struct AttnScratch {
     float *kt, *tq, *s, *tk, *c, *sums, *vp, *vacc;
+    float *tqt, *bt, *bq;  // by key: the Q table transposed [Lp, 64], bias^T, bias [Lp, Lp]
 };
+
+// Whether pair tasks of p may make the Q bias by key (the scratch holds its pieces).
+inline bool attn_q_by_key(const AttnProblem& p)
+{
+    return p.wq != nullptr && p.idqt != nullptr && p.kq <= kQByKey &&
+           attn_pad(p.l) <= kQByKeyPad;
+}
 
 // Partial sums of the V bucket sums: keys j go to copy j % kVCopies, so neighbouring keys of
 // one bucket never wait on each other's store.
@@ -64,18 +79,22 @@ constexpr int kVCopies = 4;
 inline int64_t attn_carve(const AttnProblem& p, int mr, float* base, AttnScratch* out)
 {
     const int64_t lp = attn_pad(p.l), dp = attn_pad(p.d);
-    const int64_t sizes[8] = {p.d * lp, p.wq != nullptr ? (p.kq + mr - 1) / mr * mr * lp : 0,
-                              mr * lp, mr * attn_pad(p.kk), mr * dp, mr * p.kv,
-                              p.d != dp ? p.l * dp : 0, kVCopies * (p.kv + 1)};
-    int64_t at[9] = {0};
-    for (int i = 0; i < 8; ++i) {
+    const bool key = attn_q_by_key(p);
+    const int64_t tq_rows = std::max(key ? kQByKey : 0, (p.kq + mr - 1) / mr * mr);
+    const int64_t sizes[11] = {p.d * lp, p.wq != nullptr ? tq_rows * lp : 0,
+                               mr * lp, mr * attn_pad(p.kk), mr * dp, mr * p.kv,
+                               p.d != dp ? p.l * dp : 0, kVCopies * (p.kv + 1),
+                               key ? lp * kQByKey : 0, key ? lp * lp : 0, key ? lp * lp : 0};
+    int64_t at[12] = {0};
+    for (int i = 0; i < 11; ++i) {
         at[i + 1] = at[i] + sizes[i];
     }
     if (out != nullptr) {
-        *out = AttnScratch{base + at[0], base + at[1], base + at[2], base + at[3],
-                           base + at[4], base + at[5], base + at[6], base + at[7]};
+        *out = AttnScratch{base + at[0], base + at[1], base + at[2],  base + at[3],
+                           base + at[4], base + at[5], base + at[6],  base + at[7],
+                           base + at[8], base + at[9], base + at[10]};
     }
-    return at[8];
+    return at[11];
 }
 
 // Scratch floats one task needs at row block mr.
@@ -141,28 +160,37 @@ inline void attn_gemm(const float* a, int64_t lda, int m, const float* b, int64_
 
 // Logits row = scale * row + looked-up terms (K first, then Q: the graph's order); padding
 // set to -inf.
+// The Q term: q.bias, the row's bias made by key, else gathered from q.table by p.idq.
+struct AttnQ {
+    const float* table;
+    const float* bias;
+};
+
 template <class V>
-inline void attn_terms(const AttnProblem& p, int64_t i, float* row, const float* tk,
-                       const float* tq)
+inline void attn_terms(const AttnProblem& p, int64_t i, float* row, const float* tk, AttnQ q)
 {
     using T = typename V::T;
     const int64_t lp = attn_pad(p.l);
     const typename V::Lut lut(tk, attn_pad(p.kk));
     const int32_t* idk = tk != nullptr ? p.idk + i * lp : nullptr;
-    const int32_t* idq = tq != nullptr ? p.idq + i * lp : nullptr;
+    const int32_t* idq = q.table != nullptr ? p.idq + i * lp : nullptr;
+    const bool has_q = q.table != nullptr || q.bias != nullptr;
     const T scale = V::set1(p.scale);
-    if (tk != nullptr && tq != nullptr) {
+    auto q_term = [&](int64_t j) {
+        return q.bias != nullptr ? V::load(q.bias + j) : V::gather(q.table, idq + j);
+    };
+    if (tk != nullptr && has_q) {
         for (int64_t j = 0; j < lp; j += V::kLanes) {
             const T x = V::add(V::mul(V::load(row + j), scale), lut.get(idk + j));
-            V::store(row + j, V::add(x, V::gather(tq, idq + j)));
+            V::store(row + j, V::add(x, q_term(j)));
         }
     } else if (tk != nullptr) {
         for (int64_t j = 0; j < lp; j += V::kLanes) {
             V::store(row + j, V::add(V::mul(V::load(row + j), scale), lut.get(idk + j)));
         }
-    } else if (tq != nullptr) {
+    } else if (has_q) {
         for (int64_t j = 0; j < lp; j += V::kLanes) {
-            V::store(row + j, V::add(V::mul(V::load(row + j), scale), V::gather(tq, idq + j)));
+            V::store(row + j, V::add(V::mul(V::load(row + j), scale), q_term(j)));
         }
     } else if (p.scale != 1.0f) {
         for (int64_t j = 0; j < lp; j += V::kLanes) {
@@ -266,10 +294,47 @@ inline void attn_q_table(const AttnProblem& p, const float* kt, float* tq)
     }
 }
 
+// By key (kQByKey): the Q bias of query rows [row0, row1) into w.bq [Lp, Lp] (row i the bias
+// of query i) from the bucket-major table tq [64 rows, Lp]; false where V or p do not allow
+// it (then the rows gather from tq).
+template <class V>
+inline bool attn_q_bias(const AttnProblem& p, int64_t row0, int64_t row1, const float* tq,
+                        const AttnScratch& w)
+{
+    if constexpr (V::kLanes != kAttnPad) {
+        return false;
+    } else {
+        if (!attn_q_by_key(p)) {
+            return false;
+        }
+        const int64_t l = p.l, lp = attn_pad(l);
+        for (int64_t j = 0; j < lp; j += kAttnPad) {  // tqt [Lp, 64]: row j the Q term of key j
+            for (int64_t c = 0; c < kQByKey; c += kAttnPad) {
+                V::transpose16(tq + c * lp + j, lp, w.tqt + j * kQByKey + c, kQByKey);
+            }
+        }
+        const int64_t i0 = row0 / kAttnPad * kAttnPad, i1 = attn_pad(row1);
+        for (int64_t j = 0; j < lp; ++j) {  // bias^T: row j over the queries
+            const typename V::Lut lut(w.tqt + j * kQByKey, kQByKey);
+            for (int64_t i = i0; i < i1; i += kAttnPad) {
+                V::store(w.bt + j * lp + i,
+                         j < l ? lut.get(p.idqt + j * lp + i) : V::set1(0.0f));
+            }
+        }
+        for (int64_t i = i0; i < i1; i += kAttnPad) {
+            for (int64_t j = 0; j < lp; j += kAttnPad) {
+                V::transpose16(w.bt + j * lp + i, lp, w.bq + i * lp + j, lp);
+            }
+        }
+        return true;
+    }
+}
+
 // Query rows [i0, i0 + m) of pair bh; the scratch pieces are set up by attn_pair.
 template <class V, int MR>
 inline void attn_block(const AttnProblem& p, int64_t bh, int64_t i0, int m, const float* kt,
-                       const float* tq, const float* v, int64_t ldv, const AttnScratch& w)
+                       const float* tq, const float* bq, const float* v, int64_t ldv,
+                       const AttnScratch& w)
 {
     const int64_t l = p.l, d = p.d, lp = attn_pad(l), dp = attn_pad(d), kp = attn_pad(p.kk);
     const int64_t ld = p.in.row;
@@ -280,7 +345,8 @@ inline void attn_block(const AttnProblem& p, int64_t bh, int64_t i0, int m, cons
         attn_gemm<V, MR>(q, ld, m, p.wk, kp, d, kp, tk, kp, false);
     }
     for (int r = 0; r < m; ++r) {
-        attn_terms<V>(p, i0 + r, s + r * lp, p.wk != nullptr ? tk + r * kp : nullptr, tq);
+        const AttnQ qt{bq != nullptr ? nullptr : tq, bq != nullptr ? bq + (i0 + r) * lp : nullptr};
+        attn_terms<V>(p, i0 + r, s + r * lp, p.wk != nullptr ? tk + r * kp : nullptr, qt);
     }
     attn_softmax<V>(s, lp, l, m);
     attn_gemm<V, MR>(s, lp, m, v, ldv, l, dp, c, dp, false);
@@ -307,6 +373,7 @@ inline void attn_pair(const AttnProblem& p, int64_t bh, int64_t row0, int64_t ro
     float *kt = w.kt, *tq = w.tq, *vp = w.vp;
     attn_pack_kt<V>(p, bh, kt);
     attn_q_table<V, MR>(p, kt, tq);
+    const bool by_key = p.wq != nullptr && attn_q_bias<V>(p, row0, row1, tq, w);
     const float* v = p.v + at;
     int64_t ldv = ld;
     if (d != dp) {
@@ -320,7 +387,8 @@ inline void attn_pair(const AttnProblem& p, int64_t bh, int64_t row0, int64_t ro
     }
     for (int64_t i0 = row0; i0 < row1; i0 += MR) {
         const int m = static_cast<int>(row1 - i0 < MR ? row1 - i0 : MR);
-        attn_block<V, MR>(p, bh, i0, m, kt, p.wq != nullptr ? tq : nullptr, v, ldv, w);
+        attn_block<V, MR>(p, bh, i0, m, kt, p.wq != nullptr ? tq : nullptr,
+                          by_key ? w.bq : nullptr, v, ldv, w);
     }
 }
 
@@ -352,7 +420,8 @@ void attention_task(void* plan, size_t task);
 
 // The kernel's id tables from [L, L] ids (int64 when `wide`, else int32): K ids stay ids
 // (-1 outside [0, K)); Q ids bucket-major c * L + j become c * attn_pad(L) + j; V ids stay ids
-// (K outside [0, K): a partial-sum slot never read). [L, attn_pad(L)].
+// (K outside [0, K): a partial-sum slot never read). [L, attn_pad(L)]; a Q table is followed
+// by its by-key part idqt [L, attn_pad(L)]: row j, column i the bucket c of (i, j), -1 outside.
 enum class AttnIds { kK, kQ, kV };
 std::vector<int32_t> pad_ids(const void* ids, bool wide, int64_t l, int64_t k, AttnIds kind);
 // A weight [rows, cols] times `factor`, padded with zero columns to attn_pad(cols).

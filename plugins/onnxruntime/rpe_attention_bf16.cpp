@@ -172,7 +172,7 @@ int64_t bf16_carve(const AttnProblem& p, int mr, float* base, Bf16Scratch* out)
 // Query rows [i0, i0 + m) of pair bh: attn_block with its products in bf16.
 template <int MR>
 void block_bf16(const AttnProblem& p, int64_t bh, int64_t i0, int m, const AttnScratch& w,
-                const Bf16Scratch& b)
+                const Bf16Scratch& b, bool by_key)
 {
     using V = Avx512;
     const int64_t l = p.l, lp = attn_pad(l), dp = attn_pad(p.d), kp = attn_pad(p.kk);
@@ -184,8 +184,9 @@ void block_bf16(const AttnProblem& p, int64_t bh, int64_t i0, int m, const AttnS
         gemm_bf16<MR>(b.ab, dp, m, b.wkb, kp, dp / 2, kp, tk, kp, false);
     }
     for (int r = 0; r < m; ++r) {
-        attn_terms<V>(p, i0 + r, s + r * lp, p.wk != nullptr ? tk + r * kp : nullptr,
-                      p.wq != nullptr ? w.tq : nullptr);
+        const AttnQ qt{by_key || p.wq == nullptr ? nullptr : w.tq,
+                       by_key ? w.bq + (i0 + r) * lp : nullptr};
+        attn_terms<V>(p, i0 + r, s + r * lp, p.wk != nullptr ? tk + r * kp : nullptr, qt);
     }
     attn_softmax<V>(s, lp, l, m);
     for (int r = 0; r < m; ++r) {
@@ -258,9 +259,10 @@ void attention_pair_bf16(const AttnProblem& p, int64_t bh, int64_t row0, int64_t
                           false);
         }
     }
+    const bool by_key = p.wq != nullptr && attn_q_bias<Avx512>(p, row0, row1, w.tq, w);
     for (int64_t i0 = row0; i0 < row1; i0 += MR) {
         const int m = static_cast<int>(row1 - i0 < MR ? row1 - i0 : MR);
-        block_bf16<MR>(p, bh, i0, m, w, b);
+        block_bf16<MR>(p, bh, i0, m, w, b, by_key);
     }
 }
 

@@ -128,7 +128,8 @@ int irpe_cpu_attention_ids(int kind, const int64_t* ids, int64_t l, int64_t k, i
         }
         const AttnIds kinds[3] = {AttnIds::kK, AttnIds::kQ, AttnIds::kV};
         const auto table = irpe_ort::pad_ids(ids, true, l, k, kinds[kind]);
-        std::memcpy(out, table.data(), table.size() * sizeof(int32_t));
+        // [l, pad(l)]: the row-major part (a Q table's by-key part is for the ops' kernels)
+        std::memcpy(out, table.data(), l * irpe_ort::attn_pad(l) * sizeof(int32_t));
     });
 }
 

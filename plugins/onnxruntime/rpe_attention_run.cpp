@@ -120,7 +120,8 @@ std::vector<int32_t> pad_ids(const void* ids, bool wide, int64_t l, int64_t k, A
 {
     const int64_t lp = attn_pad(l);
     const int32_t outside = kind == AttnIds::kV ? static_cast<int32_t>(k) : -1;
-    std::vector<int32_t> out(static_cast<size_t>(l * lp), outside);
+    std::vector<int32_t> out(static_cast<size_t>((kind == AttnIds::kQ ? 2 : 1) * l * lp), outside);
+    int32_t* by_key = out.data() + l * lp;  // Q: [L, lp], row j column i the bucket
     for (int64_t i = 0; i < l; ++i) {
         for (int64_t j = 0; j < l; ++j) {
             const int64_t id = wide ? static_cast<const int64_t*>(ids)[i * l + j]
@@ -132,6 +133,7 @@ std::vector<int32_t> pad_ids(const void* ids, bool wide, int64_t l, int64_t k, A
                     throw std::invalid_argument("the Q index must be bucket-major (c * L + j)");
                 }
                 out[i * lp + j] = static_cast<int32_t>(id / l * lp + j);
+                by_key[j * lp + i] = static_cast<int32_t>(id / l);
             }
         }
     }

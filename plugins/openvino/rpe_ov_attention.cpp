@@ -156,6 +156,7 @@ bool RPEAttention::evaluate(ov::TensorVector& outputs, const ov::TensorVector& i
         idq = ids(1, 6, inputs[6], l, p.kq);
         p.wq = inputs[5].data<const float>();
         p.idq = idq->data();
+        p.idqt = idq->data() + l * irpe_ort::attn_pad(l);
     }
     if (present(inputs[8])) {
         weight_dims(inputs[8], "wv", p.kv, cols);
