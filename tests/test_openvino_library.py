@@ -31,7 +31,7 @@ from irpe.runtime.openvino.library import OvLibraryError, set_attention_precisio
 from irpe.runtime.openvino.session import OvOptions, compile_model, open_model, read_model
 from serve.config import ServeSettings
 from tests.helpers import export_tiny_qkv, running_server, shape_png
-from tests.openvino_common import needs_openvino, run_compiled
+from tests.openvino_common import cpu_has_bf16, needs_openvino, run_compiled
 
 pytestmark = needs_openvino
 
@@ -77,7 +77,6 @@ def test_auto_takes_the_library_where_it_wins(qkv, ov_library, tmp_path):
     from export.onnx import export_onnx
     from irpe import RPEConfig
     from tests.helpers import tiny_deit
-    from tests.openvino_common import cpu_has_bf16
     auto = OvOptions(threads=1, library=str(ov_library))
     assert "attention blocks fused)" in compile_model(qkv[2], auto)[1]
     plain, spec = tiny_deit(None)
@@ -92,7 +91,7 @@ def test_auto_takes_the_library_where_it_wins(qkv, ov_library, tmp_path):
         k_path = export_onnx(k_only, tmp_path / "k.onnx", spec=spec)
         for path in (k_path, qkv[2]):
             model, _, how = open_model(path, auto.with_(precision="bf16"))
-            assert "attention blocks fused)" in how
+            assert "attention blocks fused, products in bf16)" in how
             assert {op.get_attributes()["precision"] for op in model.get_ops()
                     if op.get_type_name() == "RPEAttention"} == {"bf16"}
         assert "attention blocks fused)" in compile_model(k_path, auto)[1]
@@ -184,7 +183,8 @@ def test_int8_ir_keeps_the_library_attention_and_needs_the_library(qkv, ov_libra
     assert {op.get_attributes()["precision"] for op in read_model(out, _on(ov_library)).get_ops()
             if op.get_type_name() == "RPEAttention"} == {"bf16"}
     compiled, line = compile_model(out, _on(ov_library))
-    assert line.endswith("iRPE ops: library libirpe_openvino.so"), line
+    products = "products in bf16" if cpu_has_bf16() else "products in float32: no BF16 on this CPU"
+    assert line.endswith(f"iRPE ops: library libirpe_openvino.so ({products})"), line
     x = _images()
     got = run_compiled(compiled, images=x)["logits"]
     fp32 = run_compiled(compile_model(path, OFF)[0], images=x)["logits"]

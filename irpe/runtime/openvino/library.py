@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     import openvino
 
 __all__ = ["LIBRARY", "LIBRARY_OPS", "BUILD_COMMAND", "OvLibraryError", "default_library",
-           "resolve_library", "library_source", "attention_precision", "set_attention_precision"]
+           "resolve_library", "library_source", "attention_precision", "set_attention_precision",
+           "attention_products"]
 
 log = logging.getLogger("irpe.runtime.openvino")
 
@@ -138,3 +139,12 @@ def set_attention_precision(model: "openvino.Model", precision: str) -> int:
             op.set_attribute("precision", value)
             count += 1
     return count
+
+
+def attention_products(model: "openvino.Model") -> Optional[str]:
+    """The precision of ``model``'s ``RPEAttention`` products: ``bf16`` where any asks for it,
+    else ``f32``; None without such ops."""
+    from irpe.runtime.onnxruntime.op_names import ATTENTION
+    found = [str(op.get_attributes().get("precision", "f32")) for op in model.get_ops()
+             if op.get_type_name() == ATTENTION and op.get_type_info().version_id == "irpe"]
+    return None if not found else "bf16" if "bf16" in found else "f32"

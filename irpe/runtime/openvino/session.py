@@ -195,16 +195,14 @@ def open_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOptions
             raise OvLibraryError(f"{path} holds the iRPE OpenVINO library's ops ({', '.join(needs)}"
                                  f"), which cannot load here: {why}; {BUILD_COMMAND} builds it")
         source: Any = (path, weights_path(path))
-        how = f"library {os.path.basename(library or '')}" if needs else "as stored in the IR"
+        how = "" if needs else "as stored in the IR"
     else:
         read, blocks = (library_source(path, force=options.ops == "on")
                         if library else (None, 0))
         if library and read is None:
             library, why = None, "OpenVINO's own kernels win for this file"
         source = (read, b"") if blocks else (path,)
-        how = (f"library {os.path.basename(library)} ({blocks} attention blocks fused)"
-               if library and blocks else f"library {os.path.basename(library)}" if library
-               else f"{LOWERING} ({why})")
+        how = "" if library else f"{LOWERING} ({why})"
     ov_core = core(library)
     try:
         model = ov_core.read_model(*source)
@@ -214,7 +212,20 @@ def open_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOptions
         raise InvalidInput(f"{path}: OpenVINO cannot read it: {_ov_message(exc)}") from None
     if blocks:
         set_attention_precision(model, options.precision)
-    return model, ov_core, how
+    return model, ov_core, how or _library_line(str(library), blocks, model, ov_core)
+
+
+def _library_line(library: str, blocks: int, model: "openvino.Model",
+                  ov_core: "openvino.Core") -> str:
+    """How the library runs ``model``: its file, the blocks fused from an exported file, and
+    the precision of the attention products where they are bf16 (which needs BF16 here)."""
+    from irpe.runtime.openvino.library import attention_products
+    details = [f"{blocks} attention blocks fused"] if blocks else []
+    if attention_products(model) == "bf16":
+        details.append("products in bf16" if "BF16" in cpu_capabilities(ov_core)
+                       else "products in float32: no BF16 on this CPU")
+    return f"library {os.path.basename(library)}" + (f" ({', '.join(details)})" if details
+                                                      else "")
 
 
 def read_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOptions] = None
