@@ -89,7 +89,17 @@ def test_same_file_sees_paths_and_links(tmp_path):
     refuse_same_file(tmp_path / "other.onnx", source, None)
 
 
-def test_held_interrupts_deliver_a_ctrl_c_after_the_block():
+@pytest.fixture
+def sigint():
+    """SIGINT's handler as the test sets it, restored after: a run started as a background
+    job (`cmd &` in a script) inherits SIGINT ignored, and Python then keeps it ignored."""
+    previous = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_held_interrupts_deliver_a_ctrl_c_after_the_block(sigint):
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
     done = []
     with pytest.raises(KeyboardInterrupt):
         with held_interrupts():
@@ -97,6 +107,15 @@ def test_held_interrupts_deliver_a_ctrl_c_after_the_block():
             done.append("after the signal")  # still runs: the signal is held
     assert done == ["after the signal"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_held_interrupts_keep_an_ignored_ctrl_c_ignored(sigint):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a background job's
+    done = []
+    with held_interrupts():
+        signal.raise_signal(signal.SIGINT)
+        done.append("after the signal")
+    assert done == ["after the signal"] and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
 
 
 def test_a_folder_replaces_or_merges_only_when_complete(tmp_path):
