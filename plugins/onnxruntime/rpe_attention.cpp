@@ -14,7 +14,7 @@
 #include <exception>
 #include <memory>
 
-#include "rpe_attention.h"
+#include "rpe_attention_plan.h"
 #include "rpe_ort.h"
 
 namespace irpe_ort {

@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "rpe_attention.h"
+#include "rpe_attention_plan.h"
 #include "rpe_simd_avx512.h"
 
 namespace irpe_ort {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "irpe_cpu_attention.h"
-#include "rpe_attention.h"
+#include "rpe_attention_plan.h"
 
 namespace {
 

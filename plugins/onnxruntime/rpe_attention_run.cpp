@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "rpe_attention.h"
+#include "rpe_attention_plan.h"
 
 namespace irpe_ort {
 

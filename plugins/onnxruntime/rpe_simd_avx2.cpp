@@ -2,7 +2,7 @@
 // lanes). Compiled with -mavx2 -mfma; called only where the CPU has them (checked at run time).
 #include <immintrin.h>
 
-#include "rpe_attention.h"
+#include "rpe_attention_plan.h"
 #include "rpe_simd.h"
 
 namespace irpe_ort {

@@ -2,7 +2,7 @@
 // lanes). Compiled with -mavx512f; called only where the CPU has it (checked at run time).
 #include <immintrin.h>
 
-#include "rpe_attention.h"
+#include "rpe_attention_plan.h"
 #include "rpe_simd.h"
 #include "rpe_simd_avx512.h"
 

@@ -9,7 +9,7 @@
 #include <openvino/core/parallel.hpp>
 #include <openvino/op/constant.hpp>
 
-#include "rpe_attention.h"
+#include "rpe_attention_plan.h"
 #include "rpe_ov_ops.hpp"
 
 namespace irpe_ov {
