@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -16,6 +17,8 @@
 namespace irpe_ort {
 
 namespace {
+
+constexpr size_t kCacheLine = 64;
 
 struct Scalar {  // the portable path: rpe_attention.h's templates on plain floats
     using T = float;
@@ -60,14 +63,21 @@ int64_t parts_per_pair(int64_t pairs, int64_t l, int mr, int64_t threads)
 
 // The calling thread's scratch, at least `floats` long: kept between calls (no allocation and
 // no zero fill per pair; every pair writes what it reads).
+// Aligned to a cache line: every scratch row is a multiple of 16 floats, so no vector access
+// then straddles two lines (malloc's 16-byte alignment split every one of them).
+struct AlignedFree {
+    void operator()(float* p) const { ::operator delete[](p, std::align_val_t{kCacheLine}); }
+};
+
 float* thread_scratch(int64_t floats)
 {
-    thread_local std::unique_ptr<float[]> buffer;
+    thread_local std::unique_ptr<float[], AlignedFree> buffer;
     thread_local int64_t size = 0;
     if (size < floats) {
         buffer.reset();
         size = 0;
-        buffer.reset(new float[static_cast<size_t>(floats)]);
+        buffer.reset(static_cast<float*>(::operator new[](
+            static_cast<size_t>(floats) * sizeof(float), std::align_val_t{kCacheLine})));
         size = floats;
     }
     return buffer.get();
