@@ -205,6 +205,7 @@ OrtStatusPtr AttentionKernel::compute(OrtKernelContext* context)
         wv = pad_columns(static_cast<const float*>(in[8].data), p.kv, p.d, 1.0f);
         p.wv = wv.data();
         p.idv = idv->data();
+        p.vruns = idv->data() + p.l * attn_pad(p.l);
     }
     run_attention(ctx, p, simd);
     return nullptr;

@@ -21,6 +21,11 @@ namespace irpe_ort {
 // tiles are 2 vectors wide, and 1 vector for a last 16 columns).
 constexpr int64_t kAttnPad = 16;
 inline int64_t attn_pad(int64_t n) { return (n + kAttnPad - 1) / kAttnPad * kAttnPad; }
+// The V ids by runs: row i at i * attn_runs_stride(L), pairs (end, bucket) of the runs of equal
+// consecutive ids, the last end L (a DeiT-S product row: ~85 runs for 197 keys). A run's sum is
+// the difference of two prefix sums (V::prefix_sums), so the buckets take one add per run
+// instead of one dependent add per key.
+inline int64_t attn_runs_stride(int64_t l) { return 2 * l; }
 // The iRPE-Q bias of a pair made by key where its table has <= kQByKey buckets and L is at
 // most kQByKeyPad (padded): per key j its row k_j @ wq^T in registers (V::Lut), looked up
 // along the queries by idqt[j], into [L, Lp] rows, transposed 16 x 16 (V::transpose16) into
@@ -53,6 +58,7 @@ struct AttnProblem {
     int64_t kv = 0;                              // iRPE-V: out += bucket sums @ wv,
     const float* wv = nullptr;                   //   wv [kv, attn_pad(d)] (zero past d)
     const int32_t* idv = nullptr;                //   ids: the bucket of key j, kv outside
+    const int32_t* vruns = nullptr;              //   by runs (optional): attn_runs layout
     bool bf16 = false;                           // q k^T and p v in bfloat16 where the CPU
 };                                               //   has AVX512_BF16 (rpe_attention_bf16.cpp)
 
@@ -61,6 +67,7 @@ struct AttnProblem {
 struct AttnScratch {
     float *kt, *tq, *s, *tk, *c, *sums, *vp, *vacc;
     float *tqt, *bt, *bq;  // by key: the Q table transposed [Lp, 64], bias^T, bias [Lp, Lp]
+    float* pre;            // by runs: a row's prefix sums [Lp]
 };
 
 // Whether pair tasks of p may make the Q bias by key (the scratch holds its pieces).
@@ -80,20 +87,21 @@ inline int64_t attn_carve(const AttnProblem& p, int mr, float* base, AttnScratch
     const int64_t lp = attn_pad(p.l), dp = attn_pad(p.d);
     const bool key = attn_q_by_key(p);
     const int64_t tq_rows = std::max(key ? kQByKey : 0, (p.kq + mr - 1) / mr * mr);
-    const int64_t sizes[11] = {p.d * lp, p.wq != nullptr ? tq_rows * lp : 0,
+    const int64_t sizes[12] = {p.d * lp, p.wq != nullptr ? tq_rows * lp : 0,
                                mr * lp, mr * attn_pad(p.kk), mr * dp, mr * p.kv,
                                p.d != dp ? p.l * dp : 0, kVCopies * (p.kv + 1),
-                               key ? lp * kQByKey : 0, key ? lp * lp : 0, key ? lp * lp : 0};
-    int64_t at[12] = {0};
-    for (int i = 0; i < 11; ++i) {
+                               key ? lp * kQByKey : 0, key ? lp * lp : 0, key ? lp * lp : 0,
+                               p.vruns != nullptr ? lp : 0};
+    int64_t at[13] = {0};
+    for (int i = 0; i < 12; ++i) {
         at[i + 1] = at[i] + sizes[i];
     }
     if (out != nullptr) {
         *out = AttnScratch{base + at[0], base + at[1], base + at[2],  base + at[3],
                            base + at[4], base + at[5], base + at[6],  base + at[7],
-                           base + at[8], base + at[9], base + at[10]};
+                           base + at[8], base + at[9], base + at[10], base + at[11]};
     }
-    return at[11];
+    return at[12];
 }
 
 // Scratch floats one task needs at row block mr.
@@ -329,6 +337,40 @@ inline bool attn_q_bias(const AttnProblem& p, int64_t row0, int64_t row1, const 
     }
 }
 
+// The V bucket sums of query rows [i0, i0 + m) (softmax rows in w.s) into w.sums: by runs
+// where V has 16 lanes and p.vruns is given, else key by key (attn_vsums).
+template <class V>
+inline void attn_block_vsums(const AttnProblem& p, int64_t i0, int m, const AttnScratch& w)
+{
+    const int64_t l = p.l, lp = attn_pad(l);
+    for (int r = 0; r < m; ++r) {
+        float* sums = w.sums + r * p.kv;
+        if constexpr (V::kLanes == kAttnPad) {
+            if (p.vruns != nullptr) {
+                V::prefix_sums(w.s + r * lp, lp, w.pre);
+                const int32_t* run = p.vruns + (i0 + r) * attn_runs_stride(l);
+                for (int64_t t = 0; t <= p.kv; ++t) {
+                    w.vacc[t] = 0.0f;
+                }
+                float before = 0.0f;
+                for (;; run += 2) {
+                    const float upto = w.pre[run[0] - 1];
+                    w.vacc[run[1]] += upto - before;
+                    before = upto;
+                    if (run[0] == l) {
+                        break;
+                    }
+                }
+                for (int64_t t = 0; t < p.kv; ++t) {
+                    sums[t] = w.vacc[t];
+                }
+                continue;
+            }
+        }
+        attn_vsums(w.s + r * lp, p.idv + (i0 + r) * lp, l, p.kv, w.vacc, sums);
+    }
+}
+
 // Query rows [i0, i0 + m) of pair bh; the scratch pieces are set up by attn_pair.
 template <class V, int MR>
 inline void attn_block(const AttnProblem& p, int64_t bh, int64_t i0, int m, const float* kt,
@@ -350,9 +392,7 @@ inline void attn_block(const AttnProblem& p, int64_t bh, int64_t i0, int m, cons
     attn_softmax<V>(s, lp, l, m);
     attn_gemm<V, MR>(s, lp, m, v, ldv, l, dp, c, dp, false);
     if (p.wv != nullptr) {
-        for (int r = 0; r < m; ++r) {
-            attn_vsums(s + r * lp, p.idv + (i0 + r) * lp, l, p.kv, w.vacc, sums + r * p.kv);
-        }
+        attn_block_vsums<V>(p, i0, m, w);
         attn_gemm<V, MR>(sums, p.kv, m, p.wv, dp, p.kv, dp, c, dp, true);
     }
     attn_store(p, bh, i0, m, c);

@@ -194,11 +194,9 @@ void block_bf16(const AttnProblem& p, int64_t bh, int64_t i0, int m, const AttnS
     }
     gemm_bf16<MR>(b.ab, lp, m, b.vb, dp, (l + 1) / 2, dp, c, dp, false);
     if (p.wv != nullptr) {
-        for (int r = 0; r < m; ++r) {
-            attn_vsums(s + r * lp, p.idv + (i0 + r) * lp, l, p.kv, w.vacc, w.sums + r * p.kv);
-        }
+        attn_block_vsums<V>(p, i0, m, w);
         rows_bf16(w.sums, p.kv, m, p.kv, b.row, b.ab);
-        gemm_bf16<MR>(b.ab, vp, m, b.wvb, dp, vp / 2, dp, c, dp, true);
+        gemm_bf16<MR>(b.ab, vp, m, b.wvb, dp, (p.kv + 1) / 2, dp, c, dp, true);
     }
     attn_store(p, bh, i0, m, c);
 }

@@ -43,7 +43,8 @@ void attention_task(void* plan, size_t task);
 // The kernel's id tables from [L, L] ids (int64 when `wide`, else int32): K ids stay ids
 // (-1 outside [0, K)); Q ids bucket-major c * L + j become c * attn_pad(L) + j; V ids stay ids
 // (K outside [0, K): a partial-sum slot never read). [L, attn_pad(L)]; a Q table is followed
-// by its by-key part idqt [L, attn_pad(L)]: row j, column i the bucket c of (i, j), -1 outside.
+// by its by-key part idqt [L, attn_pad(L)]: row j, column i the bucket c of (i, j), -1 outside;
+// a V table by its runs [L, attn_runs_stride(L)] (rpe_attention.h).
 enum class AttnIds { kK, kQ, kV };
 std::vector<int32_t> pad_ids(const void* ids, bool wide, int64_t l, int64_t k, AttnIds kind);
 // A weight [rows, cols] times `factor`, padded with zero columns to attn_pad(cols).

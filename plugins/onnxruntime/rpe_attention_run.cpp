@@ -130,7 +130,9 @@ std::vector<int32_t> pad_ids(const void* ids, bool wide, int64_t l, int64_t k, A
 {
     const int64_t lp = attn_pad(l);
     const int32_t outside = kind == AttnIds::kV ? static_cast<int32_t>(k) : -1;
-    std::vector<int32_t> out(static_cast<size_t>((kind == AttnIds::kQ ? 2 : 1) * l * lp), outside);
+    const int64_t extra = kind == AttnIds::kQ ? l * lp : kind == AttnIds::kV ? l * attn_runs_stride(l)
+                                                                             : 0;
+    std::vector<int32_t> out(static_cast<size_t>(l * lp + extra), outside);
     int32_t* by_key = out.data() + l * lp;  // Q: [L, lp], row j column i the bucket
     for (int64_t i = 0; i < l; ++i) {
         for (int64_t j = 0; j < l; ++j) {
@@ -144,6 +146,18 @@ std::vector<int32_t> pad_ids(const void* ids, bool wide, int64_t l, int64_t k, A
                 }
                 out[i * lp + j] = static_cast<int32_t>(id / l * lp + j);
                 by_key[j * lp + i] = static_cast<int32_t>(id / l);
+            }
+        }
+    }
+    if (kind == AttnIds::kV) {  // the runs of equal consecutive ids: (end, bucket) pairs
+        for (int64_t i = 0; i < l; ++i) {
+            const int32_t* row = out.data() + i * lp;
+            int32_t* run = out.data() + l * lp + i * attn_runs_stride(l);
+            for (int64_t j = 0; j < l; ++j) {
+                if (j + 1 == l || row[j + 1] != row[j]) {
+                    *run++ = static_cast<int32_t>(j + 1);
+                    *run++ = row[j];
+                }
             }
         }
     }

@@ -59,6 +59,34 @@ struct Avx512 {
             store(out + (12 + m) * ldo, _mm512_shuffle_f32x4(u1, u3, 0xDD));
         }
     }
+    // Inclusive prefix sums of x (n floats, a multiple of 16) into out: each vector scanned on
+    // its own (four shifted adds, valignd with zeros), then, 16 vectors at a time, the totals
+    // before each vector added: no dependency runs from one vector's scan to the next.
+    static void prefix_sums(const float* x, int64_t n, float* out)
+    {
+        const __m512i zero = _mm512_setzero_si512();
+        float carry = 0.0f;
+        for (int64_t j0 = 0; j0 < n; j0 += 256) {
+            const int64_t j1 = j0 + 256 < n ? j0 + 256 : n;
+            float before[16];
+            for (int64_t j = j0; j < j1; j += 16) {
+                __m512i v = _mm512_castps_si512(load(x + j));
+                for (const int shift : {15, 14, 12, 8}) {
+                    v = _mm512_castps_si512(_mm512_add_ps(
+                        _mm512_castsi512_ps(v),
+                        _mm512_castsi512_ps(_mm512_alignr_epi32(v, zero, shift))));
+                }
+                store(out + j, _mm512_castsi512_ps(v));
+            }
+            for (int64_t j = j0; j < j1; j += 16) {
+                before[(j - j0) / 16] = carry;
+                carry += out[j + 15];
+            }
+            for (int64_t j = j0; j < j1; j += 16) {
+                store(out + j, add(load(out + j), set1(before[(j - j0) / 16])));
+            }
+        }
+    }
     struct Lut {  // a table row of <= 64 entries in 4 registers (permutes), else gathers
         const float* row;
         bool regs;

@@ -167,6 +167,7 @@ bool RPEAttention::evaluate(ov::TensorVector& outputs, const ov::TensorVector& i
         wv = irpe_ort::pad_columns(inputs[8].data<const float>(), p.kv, d, 1.0f);
         p.wv = wv.data();
         p.idv = idv->data();
+        p.vruns = idv->data() + l * irpe_ort::attn_pad(l);
     }
     irpe_ort::AttnPlan plan;
     irpe_ort::plan_attention(plan, p, irpe_ort::simd_level(), parallel_get_max_threads());
