@@ -64,7 +64,7 @@ $(ORT_OPS_DIR)/libirpe_ort_ops.so: $(ORT_OPS_SOURCES)
 ## one line says why (exit 0). Rebuilt only when its sources change.
 OV_OPS_SOURCES := $(wildcard plugins/openvino/*.cpp plugins/openvino/*.hpp) \
   plugins/openvino/CMakeLists.txt plugins/onnxruntime/rpe_attention.h \
-  plugins/onnxruntime/rpe_attention_plan.h \
+  plugins/onnxruntime/rpe_attention_plan.h plugins/onnxruntime/rpe_attention_problem.h \
   plugins/onnxruntime/rpe_attention_run.cpp plugins/onnxruntime/rpe_cpu.h \
   plugins/onnxruntime/rpe_simd.h plugins/onnxruntime/rpe_simd_avx2.cpp \
   plugins/onnxruntime/rpe_simd_avx512.cpp plugins/onnxruntime/rpe_simd_avx512.h \
