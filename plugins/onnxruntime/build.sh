@@ -15,10 +15,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 # shellcheck source=../toolchain.sh
 . "$here/../toolchain.sh"
-optional=0
-if [ "${1:-}" = --optional ]; then optional=1; shift; fi
-build="${1:-$repo/build/plugins/ort}"
-shift || true
+build_args "$repo/build/plugins/ort" "$@"
 out="${IRPE_ORT_OUTPUT_DIR:-$repo/build/plugins}"
 
 # The first of ORT_ROOT, ONNXRUNTIME_ROOT, the shared copy that has onnxruntime_cxx_api.h.
@@ -51,7 +48,7 @@ command -v cmake >/dev/null || { echo "build.sh: cmake not found" >&2; exit 2; }
 headers=()  # none found: CMake searches itself and fails with its message
 root="$(ort_headers)" && headers=(-DORT_ROOT="$root")
 cmake -S "$here" -B "$build" -DIRPE_REQUIRE_ORT=ON -DIRPE_ORT_OUTPUT_DIR="$out" \
-  "${headers[@]}" "$@"
+  "${headers[@]}" "${cmake_args[@]}"
 unset MAKEFLAGS MFLAGS MAKELEVEL  # under make ort-ops: CMake's make prints no directory lines
 cmake --build "$build" -j "$(nproc)"
 touch "$out/libirpe_ort_ops.so"  # newer than its sources even when CMake had nothing to do (make)

@@ -14,10 +14,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 # shellcheck source=../toolchain.sh
 . "$here/../toolchain.sh"
-optional=0
-if [ "${1:-}" = --optional ]; then optional=1; shift; fi
-build="${1:-$repo/build/plugins/ov}"
-shift || true
+build_args "$repo/build/plugins/ov" "$@"
 out="${IRPE_OV_OUTPUT_DIR:-$repo/build/plugins}"
 python="${PYTHON:-}"
 [ -n "$python" ] || { [ -x "$repo/.venv/bin/python" ] && python="$repo/.venv/bin/python"; } ||
@@ -47,8 +44,8 @@ if [ -n "$why" ]; then
   echo "build.sh: $why" >&2
   exit 2
 fi
-cmake -S "$here" -B "$build" -DOpenVINO_DIR="$(ov_cmake)" -DIRPE_OV_OUTPUT_DIR="$out" "$@" \
-  >/dev/null
+cmake -S "$here" -B "$build" -DOpenVINO_DIR="$(ov_cmake)" -DIRPE_OV_OUTPUT_DIR="$out" \
+  "${cmake_args[@]}" >/dev/null
 unset MAKEFLAGS MFLAGS MAKELEVEL  # under make ov-ops: CMake's make prints no directory lines
 cmake --build "$build" -j "$(nproc)" >/dev/null
 touch "$out/libirpe_openvino.so"  # newer than its sources even when CMake had nothing to do

@@ -131,20 +131,21 @@ def attention_precision(precision: str) -> str:
 def set_attention_precision(model: "openvino.Model", precision: str) -> int:
     """Every ``RPEAttention`` of ``model`` (in place) set to :func:`attention_precision` of
     ``precision``; returns how many (an IR written after this keeps the attribute)."""
+    ops = _attention_ops(model)
+    for op in ops:
+        op.set_attribute("precision", attention_precision(precision))
+    return len(ops)
+
+
+def _attention_ops(model: "openvino.Model") -> list:
+    """The library's ``RPEAttention`` ops of ``model`` (opset ``irpe``)."""
     from irpe.runtime.onnxruntime.op_names import ATTENTION
-    value = attention_precision(precision)
-    count = 0
-    for op in model.get_ops():
-        if op.get_type_name() == ATTENTION and op.get_type_info().version_id == "irpe":
-            op.set_attribute("precision", value)
-            count += 1
-    return count
+    return [op for op in model.get_ops()
+            if op.get_type_name() == ATTENTION and op.get_type_info().version_id == "irpe"]
 
 
 def attention_products(model: "openvino.Model") -> Optional[str]:
     """The precision of ``model``'s ``RPEAttention`` products: ``bf16`` where any asks for it,
     else ``f32``; None without such ops."""
-    from irpe.runtime.onnxruntime.op_names import ATTENTION
-    found = [str(op.get_attributes().get("precision", "f32")) for op in model.get_ops()
-             if op.get_type_name() == ATTENTION and op.get_type_info().version_id == "irpe"]
+    found = [str(op.get_attributes().get("precision", "f32")) for op in _attention_ops(model)]
     return None if not found else "bf16" if "bf16" in found else "f32"
