@@ -22,16 +22,13 @@ __all__ = ["add_parser", "cmd_export", "cmd_validate", "cmd_build_engine"]
 def cmd_export(args: argparse.Namespace) -> int:
     """Export a model to ONNX; prints the output path, size and RPE node counts."""
 
-    from .onnx import export_model
+    from .onnx import export_onnx
+    output = _output(args.source, args.output)
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = _warn_line
-        path, props = export_model(args.source, _output(args.source, args.output),
-                                   args.checkpoint, inline=args.inline, opset=args.opset,
-                                   progress=not args.quiet, optimize=not args.no_optimize)
-    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB): {props['irpe.model_name']}, "
-          f"opset {props['irpe.opset']}, rpe nodes {props['irpe.rpe_nodes']}"
-          f"{' (inlined)' if args.inline else ''}, weights {props['irpe.weights']}")
+        export_onnx(args.source, output, args.checkpoint, inline=args.inline, opset=args.opset,
+                    progress=not args.quiet, optimize=not args.no_optimize, summary=sys.stdout)
     return 0
 
 

@@ -40,17 +40,23 @@ def _is_file_source(source: str) -> bool:
 
 def load_source(source: SourceLike, checkpoint: Optional[str] = None,
                 spec: Optional[ModelSpec] = None) -> Source:
-    """Model + spec for a registry name, a trained-model .safetensors file or an nn.Module."""
+    """Model + spec for a registry name (+ checkpoint), a trained-model .safetensors file or an
+    nn.Module (with ``spec``, else the defaults of its ``model_name``)."""
     if isinstance(source, nn.Module):
         return _from_module(source, spec)
     source = os.fspath(source)
-    if _is_file_source(source):
-        if checkpoint is not None:
-            raise InvalidInput(f"{source} is a trained-model file and carries its weights; "
-                               "do not pass a checkpoint as well")
-        model, file_spec = load_trained(source)
-        return Source(model, spec or file_spec, f"trained:{os.path.abspath(source)}")
-    info = model_info(source)  # UnknownName naming close matches; the one registry look-up
+    if not _is_file_source(source):
+        return _from_registry(source, checkpoint, spec)
+    if checkpoint is not None:
+        raise InvalidInput(f"{source} is a trained-model file and carries its weights; "
+                           "do not pass a checkpoint as well")
+    model, file_spec = load_trained(source)
+    return Source(model, spec or file_spec, f"trained:{os.path.abspath(source)}")
+
+
+def _from_registry(name: str, checkpoint: Optional[str], spec: Optional[ModelSpec]) -> Source:
+    """A registered model: weights from ``checkpoint``, else bundled, else random (seeded)."""
+    info = model_info(name)  # UnknownName naming close matches; the one registry look-up
     if checkpoint is not None:
         if not os.path.isfile(checkpoint):
             raise MissingFile(f"checkpoint not found: {checkpoint}")
@@ -62,7 +68,7 @@ def load_source(source: SourceLike, checkpoint: Optional[str] = None,
         return Source(model, spec or file_spec, f"bundled:{info.weights}")
     spec = spec or default_spec(info)
     warnings.warn(f"{info.name}: no checkpoint given and no bundled weights; using RANDOM "
-                  f"weights (seed {RANDOM_SEED})", stacklevel=2)
+                  f"weights (seed {RANDOM_SEED})", stacklevel=3)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(RANDOM_SEED)
         model = spec.build(info=_entry(info, spec))
