@@ -115,7 +115,8 @@ def prepare_detr(folder: Path) -> Dict[str, Dict[str, str]]:
 
 def _ort_runs(files: Dict[str, str], threads: int, x: Dict[str, np.ndarray]
               ) -> Dict[str, object]:
-    from irpe.runtime.onnxruntime.session import OrtOptions, create_session, find_library
+    from irpe.runtime.onnxruntime.session import OrtOptions, find_library
+    from irpe.runtime.pick import open_file
     runs = {}
     library = find_library(OrtOptions().library)
     for row, path in files.items():
@@ -124,32 +125,30 @@ def _ort_runs(files: Dict[str, str], threads: int, x: Dict[str, np.ndarray]
             modes = modes[-1:]  # int8: the best path only
         for mode in modes:
             label = row if mode == "off" or row.endswith("_int8") else row + "_lib"
-            session, _ = create_session(path, threads=threads, quiet=True,
-                                        options=OrtOptions(custom_ops=mode))
-            runs[label] = (lambda s=session: s.run(None, x))
+            file = open_file(path, "onnxruntime", ort=OrtOptions(custom_ops=mode),
+                             threads=threads, quiet=True)
+            runs[label] = (lambda f=file: list(f.run(x).values()))
     return runs
 
 
 def _ov_runs(files: Dict[str, str], threads: int, x: Dict[str, np.ndarray]
              ) -> Dict[str, object]:
-    from irpe.runtime.openvino.session import OvOptions, cpu_capabilities, open_model
+    from irpe.runtime.openvino.core import cpu_capabilities
+    from irpe.runtime.openvino.session import OvOptions
+    from irpe.runtime.pick import open_file
     has_bf16 = "BF16" in cpu_capabilities()
     library = _ov_library()
     runs = {}
     for row, path in files.items():
         if "_bf16" in row and not has_bf16:
             continue
-        hint = "bf16" if "_bf16" in row else "f32"
         lib = row.endswith("_lib")
         # _lib: the default path with the library built (auto: the library where it wins)
-        model, core, _ = open_model(path, OvOptions(
-            "bf16" if "_bf16" in row else "fp32", ops="auto" if lib else "off",
-            library=(library or "") if lib else ""))
-        model.reshape({name: list(value.shape) for name, value in x.items()})
-        request = core.compile_model(model, "CPU", {
-            "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": threads,
-            "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}).create_infer_request()
-        runs[row] = (lambda r=request: [np.asarray(v) for v in r.infer(x).values()])
+        options = OvOptions("bf16" if "_bf16" in row else "fp32", threads, 1, "latency",
+                            ops="auto" if lib else "off", library=(library or "") if lib else "")
+        file = open_file(path, "openvino", ov=options,
+                         shapes={name: value.shape for name, value in x.items()})
+        runs[row] = (lambda f=file: list(f.run(x).values()))
     return runs
 
 

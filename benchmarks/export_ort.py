@@ -47,6 +47,7 @@ from irpe.runtime.onnxruntime.session import (
     find_library,
     share_thread_pool,
 )
+from irpe.runtime.pick import open_file
 
 GOALS = {"irpe_k": 0.95, "irpe_qkv": 0.90, "irpe_k_ops": 0.98, "irpe_qkv_ops": 0.95}
 OPS_SUFFIX = "_ops"  # rows of the sessions with the custom-op library
@@ -218,12 +219,13 @@ def session_runs(paths: Dict[str, Path], batch: int, threads: int, library: Opti
         for ops in (False, True) if library else (False,):
             label = key + OPS_SUFFIX if ops else key
             for _ in range(sessions):
-                session, how = create_session(path, threads=threads, library=library,
-                                              custom_ops="on" if ops else "off", quiet=True)
-                runs.setdefault(label, []).append(
-                    functools.partial(session.run, None, {"images": x}))
+                file = open_file(path, "onnxruntime", threads=threads, quiet=True,
+                                 ort=OrtOptions(custom_ops="on" if ops else "off",
+                                                library=library))
+                runs.setdefault(label, []).append(functools.partial(file.run, {"images": x}))
+                how = file.ops  # type: ignore[attr-defined]
             fusion[label] = how
-            outputs[label] = runs[label][0]()[0]
+            outputs[label] = runs[label][0]()["logits"]
     return runs, outputs, fusion
 
 

@@ -197,14 +197,15 @@ def ort_runner(value: Entry, inputs, cache: Path, threads: int) -> Runner:
     iRPE custom-op library when built (irpe.runtime.onnxruntime.session; the OrtOptions of
     the environment: $IRPE_ORT_CUSTOM_OPS=off: functions)."""
     from irpe.artifact.contract import io_spec
-    from irpe.runtime.onnxruntime.session import OrtOptions, create_session
+    from irpe.runtime.onnxruntime.session import OrtOptions
+    from irpe.runtime.pick import open_file
     path = cache / (label(value).replace(" ", "_").replace("=", "-").strip("()") + ".onnx")
     if not path.is_file():
         _export(value, path)
-    sess, _ = create_session(path, threads=threads, options=OrtOptions.from_env())
+    file = open_file(path, "onnxruntime", ort=OrtOptions.from_env(), threads=threads)
     task = "detection" if len(inputs) == 2 else "classification"
     feeds = {n: t.cpu().numpy() for n, t in zip(io_spec(task)[0], inputs, strict=True)}
-    return lambda: sess.run(None, feeds)
+    return lambda: file.run(feeds)
 
 
 def _gpu_peak_mb(dev: str) -> Optional[float]:

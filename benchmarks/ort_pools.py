@@ -42,15 +42,15 @@ def _feeds(session, task: str) -> Dict[str, np.ndarray]:
 
 def child(mode: str, paths: List[str], threads: int, repeats: int) -> Dict:
     """Median ms per call of each model alone and in turn, in this process's ``mode``."""
-    from irpe.artifact.contract import read_onnx_spec
-    from irpe.runtime.onnxruntime.session import create_session, share_thread_pool
+    from irpe.runtime.onnxruntime.session import share_thread_pool
+    from irpe.runtime.pick import open_file
     if mode == "shared" and not share_thread_pool(threads):
         raise RuntimeError("could not make the shared pool")
     runs = {}
     for path in paths:
-        session, _ = create_session(path, threads=threads, quiet=True)
-        feeds = _feeds(session, read_onnx_spec(path).task)
-        runs[Path(path).stem.rsplit("-", 1)[0]] = functools.partial(session.run, None, feeds)
+        file = open_file(path, "onnxruntime", threads=threads, quiet=True)
+        feeds = _feeds(file.session, file.spec.task)  # type: ignore[attr-defined]
+        runs[Path(path).stem.rsplit("-", 1)[0]] = functools.partial(file.run, feeds)
     alone = {name: time_round_robin({name: run}, repeats, 3)[name] for name, run in runs.items()}
     mixed = time_round_robin(runs, repeats, 3)  # the models in turn, round after round
     return {name: {"alone_ms": 1e3 * statistics.median(alone[name]),

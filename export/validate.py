@@ -17,19 +17,15 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tupl
 import numpy as np
 import torch
 
-from irpe.artifact.contract import (
-    ENGINE_SUFFIXES,
-    onnx_precision,
-    read_onnx_props,
-    read_sidecar,
-    sidecar_path,
-)
-from irpe.artifact.openvino_ir import is_ir, read_ir_props
+from irpe.artifact.contract import onnx_precision, sidecar_path
+from irpe.artifact.files import FileInfo, file_kind, read_file_info, read_props
 from irpe.artifact.trained import spec_from_metadata
 from irpe.atomic import write_text
 from irpe.errors import InvalidInput, MissingFile
+from irpe.runtime.base import RuntimeFile
 from irpe.runtime.onnxruntime.session import OrtOptions
 from irpe.runtime.openvino.session import OvOptions
+from irpe.runtime.pick import open_file, pick_runtime
 
 from .inputs import Batch, make_batches
 from .pair import check_pair
@@ -37,9 +33,8 @@ from .source import Source, SourceLike, load_source, weights_from_metadata
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
-    from onnxruntime import InferenceSession
 
-__all__ = ["validate", "compare", "TOLERANCES", "ENGINE_SUFFIXES", "RUNTIMES", "file_runtime"]
+__all__ = ["validate", "compare", "TOLERANCES", "FileRunner"]
 
 # int8: a quantised file (``irpe quantize``) against PyTorch fp32; its logits move by a few
 # quantisation steps, so the report's agreement figures (top-1, labels, boxes) matter more
@@ -51,72 +46,37 @@ TOLERANCES = {"fp32": (1e-4, 1e-4), "tf32": (5e-3, 5e-3), "fp16": (5e-2, 5e-2),
 INT8_LIMITS = {"top1_agreement": (">=", 0.9), "label_agreement": (">=", 0.9),
                "box_l1_max": ("<=", 0.05)}  # boxes: cx, cy, w, h as fractions of the image
 Runner = Callable[[Dict[str, torch.Tensor]], Dict[str, np.ndarray]]
-RUNTIMES = ("onnxruntime", "openvino", "tensorrt")
 
 
-def _onnx_runner(path: str, ort_options: Optional[OrtOptions] = None
-                 ) -> Tuple[Runner, Dict[str, str], str]:
-    """ORT session run as ``ort_options`` say (custom-op library when found, see
-    irpe.runtime.onnxruntime.session); with the library, a function-path session runs beside it
-    and ``run.versus`` collects max |custom - functions|."""
-    import onnxruntime as ort
+class FileRunner:
+    """A :data:`Runner` of a file opened on its runtime (irpe.runtime.pick.open_file); with
+    ``reference`` (the same file on the ONNX functions, beside the custom-op library) run
+    beside it, ``versus`` collects max |file - reference| per output."""
 
-    from irpe.runtime.onnxruntime.session import create_session
-    props = read_onnx_props(path)
-    session, ops = create_session(path, options=ort_options)
-    functions = (create_session(path, options=ort_options, custom_ops="off", quiet=True)[0]
-                 if ops.custom_ops else None)
-    run = _OrtRun(session, functions)
-    return run, props, f"onnxruntime {ort.__version__} (CPUExecutionProvider; {ops.describe()})"
-
-
-class _OrtRun:
-    """A :data:`Runner` of an ORT session; with ``functions`` (the function-path session of the
-    same file) run beside it, ``versus`` collects max |session - functions| per output."""
-
-    def __init__(self, session: InferenceSession, functions: Optional[InferenceSession]
-                 ) -> None:
-        self.session, self.functions = session, functions
-        self.names = [i.name for i in session.get_inputs()]
-        self.outputs = [o.name for o in session.get_outputs()]
+    def __init__(self, file: RuntimeFile, reference: Optional[RuntimeFile] = None) -> None:
+        self.file, self.reference = file, reference
         self.versus: Dict[str, float] = {}
 
     def __call__(self, feeds: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
-        np_feeds = {n: feeds[n].numpy() for n in self.names}
-        got = dict(zip(self.outputs, self.session.run(None, np_feeds), strict=True))
-        if self.functions is not None:
-            for name, ref in zip(self.outputs, self.functions.run(None, np_feeds), strict=True):
+        np_feeds = {n: feeds[n].numpy() for n in self.file.inputs}
+        got = self.file.run(np_feeds)
+        if self.reference is not None:
+            for name, ref in self.reference.run(np_feeds).items():
                 diff = float(np.abs(got[name].astype(np.float64) - ref).max(initial=0.0))
                 self.versus[name] = max(self.versus.get(name, 0.0), diff)
         return got
 
 
-def _openvino_runner(path: str, ov_options: OvOptions) -> Tuple[Runner, Dict[str, str], str]:
-    """The file (.onnx or IR) compiled by OpenVINO's CPU plugin as ``ov_options`` say."""
-    from irpe.runtime.openvino.session import compile_model
-    props = read_ir_props(path) if is_ir(path) else read_onnx_props(Path(path))
-    compiled, line = compile_model(path, ov_options)
-    request = compiled.create_infer_request()
-    names = [i.get_any_name() for i in compiled.inputs]
-
-    def run(feeds: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
-        out = request.infer({n: feeds[n].numpy() for n in names}, share_outputs=False)
-        return {o.get_any_name(): out[o] for o in compiled.outputs}
-
-    return run, props, line
-
-
-def _engine_runner(path: str) -> Tuple[Runner, Dict[str, str], str]:
-    from irpe.runtime.tensorrt.runner import TRTRunner
-    props = read_sidecar(path).get("onnx_metadata", {}) if sidecar_path(path).is_file() else {}
-    runner = TRTRunner(path)
-
-    def run(feeds: Dict[str, torch.Tensor]) -> Dict[str, np.ndarray]:
-        out = runner(**feeds)
-        torch.cuda.current_stream(runner.device).synchronize()
-        return {k: v.float().cpu().numpy() for k, v in out.items()}
-
-    return run, props, f"{runner.trt.__name__} {runner.trt.__version__}"
+def _open(info: FileInfo, runtime: str, ort_options: OrtOptions, ov_options: OvOptions
+          ) -> Tuple[FileRunner, str]:
+    """The file's runner on ``runtime`` and its label; on ONNX Runtime with the custom-op
+    library, the function path of the same file runs beside it."""
+    file = open_file(info.path, runtime, ort=ort_options, ov=ov_options, info=info)
+    reference = None
+    if getattr(file, "ops", None) is not None and file.ops.custom_ops:  # type: ignore[attr-defined]
+        reference = open_file(info.path, runtime, ort=ort_options.with_(custom_ops="off"),
+                              info=info, quiet=True)
+    return FileRunner(file, reference), file.description
 
 
 def _reference(src: Source) -> Runner:
@@ -188,38 +148,24 @@ def _resolve(path: str, source: Optional[SourceLike], checkpoint: Optional[str],
              ort_options: OrtOptions, ov_options: OvOptions) -> Tuple[Runner, Source, str]:
     """The file's runner on ``runtime``, the PyTorch reference (from metadata unless given)
     and a label."""
-    if runtime == "tensorrt":
-        run, props, label = _engine_runner(path)
-    elif runtime == "openvino":
-        run, props, label = _openvino_runner(path, ov_options)
-    else:
-        run, props, label = _onnx_runner(path, ort_options)
     if source is not None:
         src = load_source(source, checkpoint)
-        check_pair(path, props, src, os.fspath(source) if isinstance(source, (str, os.PathLike))
-                   else type(source).__name__)  # usage error before any run
-        return run, src, label
-    if "irpe.weights" not in props:
-        raise InvalidInput(f"{path} does not say which weights it was exported from; "
-                           "pass the source model (and checkpoint)")
-    spec = spec_from_metadata(props)
-    if checkpoint is not None:
-        return run, load_source(spec.model_name, checkpoint, spec), label
-    return run, weights_from_metadata(props["irpe.weights"], spec), label
-
-
-def file_runtime(path: str, runtime: Optional[str] = None) -> str:
-    """The runtime that runs ``path``: ``runtime`` when given (checked against the file's kind),
-    else tensorrt for an engine, openvino for an IR (.xml), onnxruntime for ONNX."""
-    kind = ("tensorrt" if path.endswith(ENGINE_SUFFIXES) else "openvino" if is_ir(path)
-            else None)
-    if runtime is not None and runtime not in RUNTIMES:
-        raise InvalidInput(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
-    if kind is not None and runtime not in (None, kind):
-        raise InvalidInput(f"{path} runs on {kind}, not on {runtime}")
-    if kind is None and runtime == "tensorrt":
-        raise InvalidInput(f"{path}: tensorrt runs an engine; build one with irpe build-engine")
-    return kind or runtime or "onnxruntime"
+        props = ({} if file_kind(path) == "engine" and not sidecar_path(path).is_file()
+                 else read_props(path))
+        check_pair(path, props, src, os.fspath(source)
+                   if isinstance(source, (str, os.PathLike)) else type(source).__name__)
+        info = FileInfo(path, file_kind(path), props, src.spec, onnx_precision(props))
+    else:
+        props = read_props(path)
+        if "irpe.weights" not in props:
+            raise InvalidInput(f"{path} does not say which weights it was exported from; "
+                               "pass the source model (and checkpoint)")
+        spec = spec_from_metadata(props)
+        src = (load_source(spec.model_name, checkpoint, spec) if checkpoint is not None
+               else weights_from_metadata(props["irpe.weights"], spec))
+        info = read_file_info(path, spec)
+    run, label = _open(info, runtime, ort_options, ov_options)
+    return run, src, label
 
 
 def _check_precision(precision: str, runtime: str) -> None:
@@ -259,7 +205,8 @@ def validate(onnx_or_engine_path: StrPath, source: Optional[SourceLike] = None,
              ort_options: Optional[OrtOptions] = None, runtime: Optional[str] = None,
              ov_options: Optional[OvOptions] = None) -> Dict:
     """Run the file and PyTorch on the same inputs; the report's ``passed`` is the verdict.
-    ``runtime``: onnxruntime, openvino or tensorrt (default by the file: :func:`file_runtime`).
+    ``runtime``: onnxruntime, openvino or tensorrt (default: the one that serves the file,
+    :func:`irpe.runtime.pick.pick_runtime`).
     ``ort_options``: how ONNX Runtime runs the iRPE nodes (default ``OrtOptions()``;
     irpe.runtime.onnxruntime.session), ``custom_ops`` (auto/on/off) replacing its mode;
     ``ov_options``: OpenVINO's threads, streams and hint (irpe.runtime.openvino.session), its
@@ -268,7 +215,16 @@ def validate(onnx_or_engine_path: StrPath, source: Optional[SourceLike] = None,
     quantised)."""
     ort_options = (ort_options or OrtOptions()).with_(custom_ops=custom_ops)
     path = os.fspath(onnx_or_engine_path)
-    runtime = file_runtime(path, runtime)
+    runtime = pick_runtime(path, "cpu", runtime)
+    if runtime == "tensorrt":
+        from irpe.runtime.tensorrt.runner import require_gpu
+        require_gpu()  # before the sidecar and the reference: nothing runs an engine here
+    if runtime == "torch":
+        raise InvalidInput(f"{path} is not an exported file (.onnx, OpenVINO .xml or a TensorRT "
+                           "engine): validate compares an exported file with its model")
+    if custom_ops is not None and runtime != "onnxruntime":
+        raise InvalidInput(f"custom_ops is ONNX Runtime's option, but {path} runs on {runtime}: "
+                           "pass runtime='onnxruntime'")
     if precision is None:
         precision = _file_precision(path)
     _check_precision(precision, runtime)
@@ -315,9 +271,9 @@ def _missed_limits(metrics: Dict) -> List[str]:
 
 def _file_precision(path: str) -> str:
     """int8 for a quantised ONNX file or IR (irpe.artifact.contract), else fp32."""
-    if path.endswith(ENGINE_SUFFIXES) or not os.path.isfile(path):
+    if file_kind(path) == "engine" or not os.path.isfile(path):
         return "fp32"
-    return onnx_precision(read_ir_props(path) if is_ir(path) else read_onnx_props(Path(path)))
+    return onnx_precision(read_props(path))
 
 
 def write_report(report: Dict, path: StrPath) -> Path:

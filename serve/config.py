@@ -32,15 +32,22 @@ from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from irpe.errors import InvalidInput, MissingFile
-from irpe.runtime.onnxruntime.rewrites import STAGES, parse_stages
+from irpe.runtime.graph.rewrites import STAGES, parse_stages
+from irpe.runtime.onnxruntime.session import OrtOptions
+from irpe.runtime.openvino.session import OvOptions
 from irpe.switch import Switch, normalize_switch
 
 from .ray_settings import RaySettings
-from .registry import AUTO, auto_backend, backend_names
+from .registry import AUTO, auto_backend, backend_names, check_backend
 
 __all__ = ["ModelConfig", "ServeSettings", "read_repository"]
 
 _PATH_KEYS = ("path", "metadata", "ort_ops_library", "ov_ops_library")
+OV_STREAMS = 1  # the server's default OpenVINO streams (ServeSettings.ov_streams)
+# settings that only one backend reads: set on a model of another backend, they are refused
+BACKEND_FIELDS = {"onnxruntime": ("providers", "ort_custom_ops", "ort_rewrites",
+                                  "ort_ops_library"),
+                  "openvino": ("ov_threads", "ov_streams", "ov_ops", "ov_ops_library")}
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
@@ -54,7 +61,7 @@ def _switch(value: Any) -> Any:
 
 
 def _rewrites(value: str) -> str:
-    """Load-time graph rewrite stages, checked (irpe.runtime.onnxruntime.rewrites.parse_stages)
+    """Load-time graph rewrite stages, checked (irpe.runtime.graph.rewrites.parse_stages)
     and written as 0 or the stage list in the order applied."""
     stages = parse_stages(value)
     return ",".join(s for s in STAGES if s in stages) or "0"
@@ -151,6 +158,14 @@ class ModelConfig(BaseModel):
         the logs and every check below see a real one."""
         if self.backend == AUTO:
             self.backend = auto_backend(self.path, self.device)
+        else:
+            check_backend(self.path, self.device, self.backend)
+        for backend, names in BACKEND_FIELDS.items():
+            given = [n for n in names if getattr(self, n) is not None]
+            if given and self.backend != backend:
+                what = "these are settings" if len(given) > 1 else "it is a setting"
+                raise ValueError(f"{', '.join(given)}: {what} of the {backend} backend; this "
+                                 f"model runs on {self.backend}")
         return self
 
     @model_validator(mode="after")
@@ -182,6 +197,20 @@ class ModelConfig(BaseModel):
         if self.cuda_graphs:
             raise ValueError("cuda_graphs needs backend torch and device cuda, got openvino")
         return self
+
+    def ov_options(self, threads: int = 0) -> OvOptions:
+        """How the openvino backend compiles this model: its precision, its ``ov_threads``
+        (else ``threads``, the server's), ``ov_streams`` (else the server's default) and
+        library switches."""
+        return OvOptions(self.run_precision(), threads if self.ov_threads is None
+                         else self.ov_threads, OV_STREAMS if self.ov_streams is None
+                         else self.ov_streams, "latency", ops=self.ov_ops or "auto",
+                         library=str(self.ov_ops_library or ""))
+
+    def ort_options(self) -> OrtOptions:
+        """How the onnxruntime backend makes this model's session (its switches, completed by
+        the server's: ServeSettings.completed)."""
+        return OrtOptions().with_(self.ort_custom_ops, self.ort_ops_library, self.ort_rewrites)
 
     def run_precision(self) -> str:
         """The precision the model runs in: the configured one, else fp16 on cuda, fp32."""
@@ -238,9 +267,9 @@ class ServeSettings(BaseSettings):
         "on CPU, where supported), on (forced where supported) or off (the unfused path); "
         "process-wide (irpe.fused)")
     ov_streams: int = Field(
-        1, ge=0, description="openvino models: CPU streams (NUM_STREAMS); 1 suits the server, "
-        "whose inference thread runs one batch at a time per instance; 0 = OpenVINO's choice "
-        "from the latency hint; a model's ov_streams wins")
+        OV_STREAMS, ge=0, description="openvino models: CPU streams (NUM_STREAMS); 1 suits the "
+        "server, whose inference thread runs one batch at a time per instance; 0 = OpenVINO's "
+        "choice from the latency hint; a model's ov_streams wins")
     ov_ops: SwitchSetting = Field(
         "auto", validation_alias=_env("ov_ops", "IRPE_OV_OPS"),
         description="openvino models: the iRPE OpenVINO library auto (when built), on "
@@ -285,16 +314,22 @@ class ServeSettings(BaseSettings):
         return self
 
     def completed(self, model: ModelConfig) -> ModelConfig:
-        """``model`` with the server's ONNX Runtime and OpenVINO switches where it sets none
-        (OpenVINO threads: the server's ``threads``)."""
-        return model.model_copy(update={
-            "ort_custom_ops": model.ort_custom_ops or self.ort_custom_ops,
-            "ort_rewrites": model.ort_rewrites or self.ort_rewrites,
-            "ort_ops_library": model.ort_ops_library or self.ort_ops_library,
-            "ov_ops": model.ov_ops or self.ov_ops,
-            "ov_ops_library": model.ov_ops_library or self.ov_ops_library,
-            "ov_threads": self.threads if model.ov_threads is None else model.ov_threads,
-            "ov_streams": self.ov_streams if model.ov_streams is None else model.ov_streams})
+        """``model`` with the server's switches of its backend where it sets none: ONNX
+        Runtime's for an onnxruntime model, OpenVINO's for an openvino one (threads: the
+        server's ``threads``); a model of another backend keeps none of them."""
+        if model.backend == "onnxruntime":
+            return model.model_copy(update={
+                "ort_custom_ops": model.ort_custom_ops or self.ort_custom_ops,
+                "ort_rewrites": model.ort_rewrites or self.ort_rewrites,
+                "ort_ops_library": model.ort_ops_library or self.ort_ops_library})
+        if model.backend == "openvino":
+            return model.model_copy(update={
+                "ov_ops": model.ov_ops or self.ov_ops,
+                "ov_ops_library": model.ov_ops_library or self.ov_ops_library,
+                "ov_threads": self.threads if model.ov_threads is None else model.ov_threads,
+                "ov_streams": self.ov_streams if model.ov_streams is None
+                else model.ov_streams})
+        return model
 
     def with_models(self, models: List[ModelConfig]) -> "ServeSettings":
         """These settings serving ``models`` (completed as at validation)."""

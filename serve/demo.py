@@ -15,9 +15,10 @@ from typing import List, Optional
 from irpe.artifact.exporters import Exporter, get_exporter
 from irpe.atomic import atomic_path
 from irpe.models.registry import bundled_weights, model_info
+from irpe.runtime.pick import onnx_runtime
 
 from .config import ModelConfig
-from .registry import AUTO, onnx_backend
+from .registry import AUTO
 
 __all__ = ["DEMO_MODELS", "demo_models", "onnx_cache_path"]
 
@@ -29,9 +30,9 @@ def demo_models(backend: str = AUTO, cache_dir: Optional[Path] = None,
                 device: str = "cpu") -> List[ModelConfig]:
     """Configs of the demo models; exports ONNX files first when missing (every backend but
     torch reads the ONNX file: onnxruntime, openvino). ``auto``: the ONNX files on the
-    runtime serve.registry.onnx_backend picks (OpenVINO on the CPU where installed)."""
+    runtime irpe.runtime.pick.onnx_runtime picks (OpenVINO on the CPU where installed)."""
     if backend == AUTO:
-        backend = onnx_backend(device)
+        backend = onnx_runtime(device)
     configs = []
     for name in DEMO_MODELS:
         weights = Path(bundled_weights(model_info(name)))  # clear FileNotFoundError if absent

@@ -29,7 +29,7 @@ class Launch(BaseModel):
     demo: bool = Field(False, description="also serve the demo models (they are served "
                        "anyway when nothing else is configured)")
     backend: Literal["auto", "onnxruntime", "torch", "openvino"] = Field(
-        "auto", description="backend of the demo models (auto: serve.registry.onnx_backend)")
+        "auto", description="backend of the demo models (auto: irpe.runtime.pick.onnx_runtime)")
     device: str = "cpu"
     precision: Optional[Literal["fp32", "fp16", "bf16"]] = Field(
         None, description="every torch- and openvino-backend model at this precision")

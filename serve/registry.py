@@ -7,12 +7,13 @@ imports the other's side of the registry.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from pathlib import Path
 from typing import Any, Callable, Dict, Tuple
 
+from irpe.runtime.pick import pick_runtime
+
 __all__ = ["AUTO", "BUILTIN", "Factory", "auto_backend", "backend_factory", "backend_names",
-           "onnx_backend", "register_backend"]
+           "check_backend", "register_backend"]
 
 AUTO = "auto"  # a model's backend chosen from its file and device (auto_backend)
 
@@ -39,32 +40,17 @@ def backend_names() -> Tuple[str, ...]:
     return tuple(BUILTIN) + tuple(sorted(_registered))
 
 
-def onnx_backend(device: str) -> str:
-    """The runtime for an exported ONNX file on ``device``: OpenVINO on the CPU where it is
-    installed (with onnx, which inlines the file's iRPE functions for it), the fastest there
-    (docs/DECISIONS.md, "The CPU default: OpenVINO"); ONNX Runtime otherwise (CUDA, or no
-    OpenVINO)."""
-    if device == "cpu" and all(_importable(m) for m in ("openvino", "onnx")):
-        return "openvino"
-    return "onnxruntime"
-
-
 def auto_backend(path: Path, device: str) -> str:
-    """``backend: auto``: by the artifact's suffix: ``.onnx`` -> :func:`onnx_backend`, ``.xml``
-    (OpenVINO IR) -> openvino, ``.engine`` / ``.plan`` -> tensorrt, anything else (a trained
-    model's ``.safetensors``) -> torch."""
-    suffix = Path(path).suffix.lower()
-    if suffix == ".onnx":
-        return onnx_backend(device)
-    return {".xml": "openvino", ".engine": "tensorrt", ".plan": "tensorrt"}.get(suffix, "torch")
+    """``backend: auto``: the runtime :func:`irpe.runtime.pick.pick_runtime` picks for the file
+    on ``device``, the same one ``irpe validate`` and ``irpe eval`` run it on."""
+    return pick_runtime(path, device)
 
 
-def _importable(module: str) -> bool:
-    """Whether ``module`` can be imported, without importing it."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ImportError:  # a parent package that fails, or a test's blocked import
-        return False
+def check_backend(path: Path, device: str, backend: str) -> None:
+    """A built-in ``backend`` named for ``path``: InvalidInput of one line when it cannot run
+    that kind of file (a registered backend's files are its own business)."""
+    if backend in BUILTIN:
+        pick_runtime(path, device, backend)
 
 
 def backend_factory(name: str) -> Factory:

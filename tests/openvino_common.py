@@ -25,7 +25,7 @@ needs_openvino = pytest.mark.skipif(
 
 def cpu_has_bf16() -> bool:
     """Whether OpenVINO's CPU plugin lists BF16 here (bf16 checks run only then)."""
-    from irpe.runtime.openvino.session import cpu_capabilities
+    from irpe.runtime.openvino.core import cpu_capabilities
     return "BF16" in cpu_capabilities()
 
 

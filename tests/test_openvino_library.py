@@ -202,7 +202,7 @@ def test_int8_ir_keeps_the_library_attention_and_needs_the_library(qkv, ov_libra
 
 
 def test_an_attention_precision_other_than_f32_or_bf16_is_one_line(qkv, ov_library, tmp_path):
-    from irpe.runtime.onnxruntime.rewrites import fuse_proto
+    from irpe.runtime.graph.rewrites import fuse_proto
     proto = onnx.load(qkv[2])
     assert fuse_proto(proto).attention > 0
     for node in proto.graph.node:

@@ -18,14 +18,8 @@ from export.validate import TOLERANCES
 from irpe import RPEConfig, create_model
 from irpe.artifact.trained import default_spec
 from irpe.models import pad_images
-from irpe.runtime.openvino.session import (
-    OvOptions,
-    check_precision,
-    compile_model,
-    compiled_precision,
-    core,
-    read_model,
-)
+from irpe.runtime.openvino.core import check_precision, core
+from irpe.runtime.openvino.session import OvOptions, compile_model, compiled_precision, read_model
 from tests.helpers import export_tiny_qkv, tiny_deit
 from tests.openvino_common import cpu_has_bf16, needs_openvino, run_compiled
 
@@ -206,7 +200,7 @@ def test_bf16_is_asked_for_explicitly_and_read_back(qkv):
 
 @needs_openvino
 def test_an_ir_file_runs_as_the_onnx_file(qkv, qkv_compiled, tmp_path):
-    from irpe.runtime.openvino.session import import_openvino
+    from irpe.runtime.openvino.core import import_openvino
     ov = import_openvino()
     xml = tmp_path / "m.xml"
     ov.save_model(read_model(qkv[2], OFF), str(xml), compress_to_fp16=False)

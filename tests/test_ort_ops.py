@@ -260,7 +260,8 @@ def test_cuda_ep_glue_compiles(ort_library):
     done = subprocess.run(
         [compiler, "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror",
          "-DIRPE_ORT_WITH_CUDA", f"-I{include}", f"-I{ROOT / 'plugins' / 'kernels'}",
-         f"-I{SOURCE}", str(SOURCE / "rpe_ort_cuda.cpp"), str(SOURCE / "rpe_ort_ops.cpp")],
+         f"-I{ROOT / 'plugins' / 'cpu'}", f"-I{SOURCE}", str(SOURCE / "rpe_ort_cuda.cpp"),
+         str(SOURCE / "rpe_ort_ops.cpp")],
         capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
@@ -323,7 +324,7 @@ def test_bfloat16_both_ops(ort_library):
 
 def test_two_gather_adds_in_a_row_become_one_node(ort_library):
     """Add(Add(x, gather K), gather Q) -> RPEGatherAdd2: the graph's order of additions."""
-    from irpe.runtime.onnxruntime.rewrites import fuse_gather_add
+    from irpe.runtime.graph.rewrites import fuse_gather_add
     ids, table, _ = layer()
     nodes = [helper.make_node("RPEGather", [f"t{n}", "index"], [f"g{n}"], domain="irpe",
                               num_buckets=50, **ATTRS) for n in (1, 2)]

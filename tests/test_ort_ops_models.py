@@ -60,7 +60,7 @@ def test_every_variant_custom_ops_vs_functions_vs_torch(ort_library, tmp_path, m
         # 2 blocks: Softmax(RPEGatherAdd) as one node; bias tables are constants folded at
         # export (no RPE node), cross adds its two gathers before the logits (left unfused)
         assert ops.fused_softmax == (2 if mode == "ctx" and method != "cross" else 0)
-        # and then each block as one RPEAttention (irpe.runtime.onnxruntime.rewrite_attention)
+        # and then each block as one RPEAttention (irpe.runtime.graph.rewrite_attention)
         assert ops.attention == ops.fused_softmax
         monkeypatch.setenv("IRPE_ORT_FUSE", "gather,scatter")
         exact = env_session(path, custom_ops="on")[0].run(None, {"images": x.numpy()})[0]
@@ -121,19 +121,22 @@ def qkv_file(tmp_path_factory):
 
 def test_irpe_validate_compares_custom_ops_functions_and_torch(ort_library, qkv_file, capsys):
     path, _ = qkv_file
-    assert main(["validate", str(path), "-n", "4", "--custom-ops", "on"]) == 0
+    assert main(["validate", str(path), "-n", "4", "--runtime", "onnxruntime",
+                 "--custom-ops", "on"]) == 0
     out = capsys.readouterr().out
     assert "iRPE ops: custom-op library" in out and "PASS" in out
     line = next(x for x in out.splitlines() if "custom ops vs functions" in x)
     assert float(line.rsplit("logits", 1)[1]) <= 1e-5
-    assert main(["validate", str(path), "-n", "2", "--custom-ops", "off"]) == 0
+    assert main(["validate", str(path), "-n", "2", "--runtime", "onnxruntime",
+                 "--custom-ops", "off"]) == 0
     assert "iRPE ops: ONNX functions (custom ops off" in capsys.readouterr().out
 
 
 def test_irpe_validate_required_library_missing(qkv_file, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("IRPE_ORT_OPS_LIBRARY", str(tmp_path / "missing.so"))
     path, _ = qkv_file
-    assert main(["validate", str(path), "-n", "2", "--custom-ops", "on"]) == 2
+    assert main(["validate", str(path), "-n", "2", "--runtime", "onnxruntime",
+                 "--custom-ops", "on"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("irpe validate: error: no custom-op library at") and \
         len(err.strip().splitlines()) == 1
@@ -151,7 +154,7 @@ def test_serve_backend_uses_the_library_and_logs_it(ort_library, qkv_file, caplo
         backend = create_backend(cfg, threads=1)
         with caplog.at_level(logging.INFO, logger="irpe.serve"):
             backend.load()
-        assert backend.ops_path.custom_ops == (mode == "on")
+        assert backend.file.ops.custom_ops == (mode == "on")
         outputs[mode] = backend.infer(images, None)["logits"]
     assert np.abs(outputs["on"] - outputs["off"]).max() <= 1e-5
     logged = [r.irpe_ops for r in caplog.records if hasattr(r, "irpe_ops")]
@@ -171,7 +174,7 @@ def test_serve_backend_required_library_missing(qkv_file, tmp_path):
         create_backend(cfg).load()
     backend = create_backend(cfg.model_copy(update={"ort_custom_ops": "auto"}))
     backend.load()
-    assert not backend.ops_path.custom_ops
+    assert not backend.file.ops.custom_ops
     images = np.zeros((1, 3, 40, 40), np.float32)
     assert backend.infer(images, None)["logits"].shape == (1, 10)
 
@@ -231,6 +234,6 @@ def test_benchmark_attention_blocks_cut_from_exported_files(ort_library, qkv_fil
 def _fused_ops(graph: bytes, stages: str) -> set:
     import onnx
 
-    from irpe.runtime.onnxruntime.rewrites import fuse_model, parse_stages
+    from irpe.runtime.graph.rewrites import fuse_model, parse_stages
     fused, _ = fuse_model(graph, parse_stages(stages))
     return {n.op_type for n in onnx.load_from_string(fused).graph.node}

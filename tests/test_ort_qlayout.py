@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from export.onnx import export_onnx
 from irpe import RPEConfig
 from irpe.artifact.contract import DEFAULT_OPSET
-from irpe.runtime.onnxruntime.rewrites import fuse_model
+from irpe.runtime.graph.rewrites import fuse_model
 from tests.helpers import ORT_ATTRS as ATTRS
 from tests.helpers import env_session, tiny_deit
 

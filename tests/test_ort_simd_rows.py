@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from irpe.artifact.contract import DEFAULT_OPSET
-from irpe.runtime.onnxruntime.rewrites import fuse_gather_add
+from irpe.runtime.graph.rewrites import fuse_gather_add
 from tests.helpers import ORT_ATTRS as ATTRS
 from tests.helpers import env_session
 

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from irpe import bucket_ids, rpe_scatter
 from irpe.artifact.contract import DEFAULT_OPSET
-from irpe.runtime.onnxruntime.rewrites import parse_stages
+from irpe.runtime.graph.rewrites import parse_stages
 from tests.helpers import ORT_ATTRS as ATTRS
 from tests.helpers import env_session
 

@@ -82,7 +82,8 @@ def ir_file(files, tmp_path_factory):
     """The classifier as an OpenVINO IR carrying the export contract's metadata."""
     from irpe.artifact.contract import read_onnx_props
     from irpe.artifact.openvino_ir import set_ir_props
-    from irpe.runtime.openvino.session import OvOptions, import_openvino, read_model
+    from irpe.runtime.openvino.core import import_openvino
+    from irpe.runtime.openvino.session import OvOptions, read_model
     model = read_model(files["cls_onnx"], OvOptions(ops="off"))  # reads without the library
     set_ir_props(model, read_onnx_props(files["cls_onnx"]))
     xml = tmp_path_factory.mktemp("ov_ir") / "cls.xml"

@@ -23,18 +23,29 @@ from tests.helpers import ROOT, decoded, serve_batches, shape_png
 
 @pytest.mark.parametrize("options,message", [
     ({"precision": "fp16"}, "precision fp16 is not supported on cpu"),
-    ({"precision": "bf16", "backend": "onnxruntime"},
+    ({"precision": "bf16", "backend": "onnxruntime", "path": "m.onnx"},
      "onnxruntime runs the ONNX file in the precision it was exported in"),
-    ({"precision": "fp16", "backend": "tensorrt", "device": "cuda"},
+    ({"precision": "fp16", "backend": "tensorrt", "device": "cuda", "path": "m.engine"},
      "irpe build-engine --precision"),
     ({"cuda_graphs": True}, "cuda_graphs needs backend torch and device cuda"),
-    ({"cuda_graphs": True, "backend": "onnxruntime", "device": "cuda"}, "cuda_graphs needs"),
+    ({"cuda_graphs": True, "backend": "onnxruntime", "device": "cuda", "path": "m.onnx"},
+     "cuda_graphs needs"),
     ({"precision": "fp64"}, "precision"),
     ({"instances": 0}, "instances"),
+    # a backend that cannot run the file's kind, and options of another backend
+    ({"backend": "onnxruntime", "path": "m.xml"}, "m.xml is an OpenVINO IR: it runs on openvino, "
+     "not on onnxruntime \\(ONNX Runtime reads the exported .onnx\\)"),
+    ({"backend": "onnxruntime"}, "m.safetensors is a trained model: it runs on torch, not on "
+     "onnxruntime \\(export it first"),
+    ({"backend": "onnxruntime", "path": "m.onnx", "ov_threads": 2, "ov_streams": 1},
+     "ov_threads, ov_streams: these are settings of the openvino backend; this model runs on "
+     "onnxruntime"),
+    ({"backend": "openvino", "path": "m.onnx", "providers": ["CPUExecutionProvider"]},
+     "providers: it is a setting of the onnxruntime backend; this model runs on openvino"),
 ])
 def test_config_refuses_what_cannot_run(options, message):
     with pytest.raises(ValidationError, match=message):
-        ModelConfig(name="m", path="m.safetensors", **options)
+        ModelConfig(**{"name": "m", "path": "m.safetensors", **options})
 
 
 def test_default_precision_by_device():

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 
 from irpe.artifact.contract import MIN_OPSET
 from irpe.cli import main
-from irpe.runtime.onnxruntime.rewrites import STAGES
+from irpe.runtime.graph.rewrites import STAGES
 from irpe.runtime.onnxruntime.session import OrtOptions, create_session
 from serve.config import ModelConfig, ServeSettings
 from tests.helpers import export_tiny_qkv, running_server, shape_png
@@ -140,7 +140,8 @@ def test_bad_setting_stops_irpe_serve_with_one_line(clean_env, tmp_path, capsys,
 
 def test_bad_rewrites_stop_irpe_validate_with_one_line(clean_env, tmp_path, capsys):
     missing = str(tmp_path / "m.onnx")  # checked after the settings: they fail first
-    assert main(["validate", missing, "--rewrites", "gather,sofmax"]) == 2
+    assert main(["validate", missing, "--runtime", "onnxruntime", "--rewrites",
+                 "gather,sofmax"]) == 2
     clean_env.setenv("IRPE_ORT_FUSE", "sofmax")
     assert main(["validate", missing]) == 2
     flag, env = capsys.readouterr().err.strip().splitlines()

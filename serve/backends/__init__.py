@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Dict, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -75,24 +75,6 @@ class Backend(ABC):
         pre = self.spec.transform()
         return (torch.tensor(pre.mean, dtype=torch.float32),
                 torch.tensor(pre.std, dtype=torch.float32))
-
-    def check_io(self, got_in: Sequence[str], got_out: Sequence[str]) -> None:
-        """The loaded file's tensor names against the export contract of its task (inputs
-        exactly, outputs at least): a RuntimeError naming both when a file breaks it."""
-        task = self.spec.task
-        if set(got_in) != set(input_names(task)) or not set(output_names(task)) <= set(got_out):
-            raise RuntimeError(f"{self.cfg.path}: inputs {list(got_in)} / outputs "
-                               f"{list(got_out)} are not the {task} export contract "
-                               f"({list(input_names(task))} -> {list(output_names(task))})")
-
-    def host_feeds(self, images: np.ndarray, sizes: Optional[np.ndarray]
-                   ) -> Dict[str, np.ndarray]:
-        """The contract's inputs as contiguous host arrays (float32 images; int64 sizes for
-        detection), what the ONNX Runtime and OpenVINO sessions take."""
-        feeds = {"images": np.ascontiguousarray(images, dtype=np.float32)}
-        if self.spec.task == "detection":
-            feeds["sizes"] = np.ascontiguousarray(sizes, dtype=np.int64)
-        return feeds
 
     def warmup(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
         """First batch after loading (allocations, kernel selection); readiness waits for it."""

@@ -1,21 +1,20 @@
-"""OpenVINO backend: an exported ``.onnx`` (iRPE ops converted by OpenVINO's frontend) or an IR
-``.xml`` compiled for OpenVINO's CPU plugin by :mod:`irpe.runtime.openvino.session`.
+"""OpenVINO backend: an exported ``.onnx`` or an IR ``.xml`` compiled for OpenVINO's CPU plugin,
+opened through the runtime layer (:class:`irpe.runtime.openvino.file.OvFile`).
 
-The model is compiled once with its dynamic axes (batch; height and width for DETR), so every
-batch size and, for detection, every padded H, W runs on the same compiled model. Precision
-(fp32 | bf16), threads and streams come from the model's config, completed with the server's
-(serve.config); the precision is set explicitly and read back from the compiled model.
+Precision (fp32 | bf16), threads and streams come from the model's config, completed with the
+server's (:meth:`serve.config.ModelConfig.ov_options`).
 """
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Optional
+from typing import Dict, Optional
 
 import numpy as np
 
-from irpe.artifact.contract import onnx_precision, read_onnx_props, read_onnx_spec
-from irpe.artifact.openvino_ir import is_ir, read_ir_props, read_ir_spec
+from irpe.artifact.files import read_file_info
 from irpe.errors import InvalidInput
+from irpe.runtime.openvino.core import check_precision, cpu_capabilities
+from irpe.runtime.openvino.file import OvFile
 
 from . import Artifact, Backend, output_names
 
@@ -29,50 +28,31 @@ class OpenVINOBackend(Backend):
     only caller); tensor names as in the export contract."""
 
     platform = "openvino"  # Triton's name for its OpenVINO backend
+    file: Optional[OvFile] = None
 
     def read_artifact(self) -> Artifact:
         """The file's spec and precision (int8 for an NNCF IR, else the configured one); first
         the checks that need no model loaded: OpenVINO installed, the options valid, bf16 only
         where the CPU has BF16 (so ``irpe serve`` stops with one line)."""
-        from irpe.runtime.openvino.session import check_precision, cpu_capabilities
-        self.options = self._options()
+        self.options = self.cfg.ov_options(self.threads)
         try:
             check_precision(self.options.precision, cpu_capabilities())
         except ValueError as exc:
             raise InvalidInput(f"model {self.cfg.name}: {exc}") from None
-        ir = is_ir(self.cfg.path)
-        props = read_ir_props(self.cfg.path) if ir else read_onnx_props(self.cfg.path)
-        precision = "int8" if onnx_precision(props) == "int8" else None  # /v1/models
-        spec = read_ir_spec(self.cfg.path) if ir else read_onnx_spec(self.cfg.path)
-        return Artifact(spec, precision)
-
-    def _options(self) -> Any:
-        """OvOptions of this model: its config (completed by ServeSettings), else the server
-        defaults; OpenVINOUnavailable (one line naming the extra) without the package."""
-        from irpe.runtime.openvino.session import OvOptions, import_openvino
-
-        from ..config import ServeSettings
-        import_openvino()
-        threads = self.threads if self.cfg.ov_threads is None else self.cfg.ov_threads
-        streams = (ServeSettings.model_fields["ov_streams"].default
-                   if self.cfg.ov_streams is None else self.cfg.ov_streams)
-        return OvOptions(self.cfg.run_precision(), threads, streams, "latency",
-                         ops=self.cfg.ov_ops or "auto",
-                         library=str(self.cfg.ov_ops_library or ""))
+        self.info = read_file_info(self.cfg.path)
+        return Artifact(self.info.spec, "int8" if self.info.precision == "int8" else None)
 
     def load(self) -> None:
-        from irpe.runtime.openvino.session import compile_model
-        self.compiled, self.description = compile_model(self.cfg.path, self.options)
-        log.info("openvino model", extra={"model": self.cfg.name, "openvino": self.description})
-        self.check_io([i.get_any_name() for i in self.compiled.inputs],
-                      [o.get_any_name() for o in self.compiled.outputs])
-        self.request = self.compiled.create_infer_request()
+        self.file = OvFile(self.info, self.options)
+        log.info("openvino model", extra={"model": self.cfg.name,
+                                          "openvino": self.file.description})
 
     def infer(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
-        feeds = self.host_feeds(images, sizes)
-        # inputs shared (infer is synchronous), outputs copied: the request reuses its buffers
-        out = self.request.infer(feeds, share_inputs=True, share_outputs=False)
-        return {name: out[name] for name in output_names(self.spec.task)}
+        if self.file is None:
+            raise RuntimeError(f"model {self.cfg.name}: the backend is closed")
+        return self.file.run(self.file.feeds(images, sizes), output_names(self.spec.task))
 
     def close(self) -> None:
-        self.request = self.compiled = None
+        if self.file is not None:
+            self.file.close()
+        self.file = None

@@ -18,7 +18,7 @@ error; ``off`` never loads it (the switch vocabulary of irpe.switch, older spell
 build/plugins/). With the CPU library, each ``Add(x, RPEGather(...))`` is loaded as one
 ``RPEGatherAdd`` node and each V term ``Add(x, MatMul(RPEScatter(...), W))`` as one
 ``RPEScatterMatMulAdd`` and a Softmax of such logits as one ``RPEGatherAdd*Softmax*``
-(:mod:`irpe.runtime.onnxruntime.rewrites`; the file is not changed; ``rewrites`` empty turns
+(:mod:`irpe.runtime.graph.rewrites`; the file is not changed; ``rewrites`` empty turns
 them off, a set such as ``{"gather", "scatter"}`` keeps only those stages).
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import (
 
 from irpe.errors import InvalidInput, IrpeError
 from irpe.plugin_files import BUILD_DIR
-from irpe.runtime.onnxruntime.rewrites import STAGES, parse_stages
+from irpe.runtime.graph.rewrites import STAGES, parse_stages
 from irpe.switch import Switch, parse_switch
 
 if TYPE_CHECKING:
@@ -247,10 +247,10 @@ def _plan(ort: Any, mode: str, library: Optional[StrPath], cuda: bool,
 def _fused_source(source: Union[str, bytes], path: OpsPath, stages: FrozenSet[str]
                   ) -> Tuple[Union[str, bytes], OpsPath]:
     """With the CPU library: the model with the RPE ops fused at load
-    (irpe.runtime.onnxruntime.rewrites), rewrite stages ``stages``."""
+    (irpe.runtime.graph.rewrites), rewrite stages ``stages``."""
     if not path.custom_ops:
         return source, path
-    from irpe.runtime.onnxruntime.rewrites import fuse_model
+    from irpe.runtime.graph.rewrites import fuse_model
     if not stages:
         return source, path
     fused, counts = fuse_model(source, stages)

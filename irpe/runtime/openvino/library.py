@@ -5,7 +5,7 @@ The library registers three OpenVINO operations of opset ``irpe`` and their ONNX
 mappings: ``RPEGather`` and ``RPEScatter`` (the exported nodes, with the ONNX Runtime library's
 row kernels) and ``RPEAttention`` (a whole timm/DeiT attention block with its iRPE terms: the
 ONNX Runtime library's attention kernel). An exported file is read through the ONNX Runtime
-library's own graph rewrite (:func:`irpe.runtime.onnxruntime.rewrites.fuse_model`, in memory;
+library's own graph rewrite (:func:`irpe.runtime.graph.rewrites.fuse_model`, in memory;
 the file is never changed) when every iRPE node then is one the library runs; else, with the V
 term, as it is (its RPEGather / RPEScatter nodes on the library's kernels); else through the
 frontend conversions, where OpenVINO's own kernels are as fast (:func:`library_source`).
@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Optional, Tuple, Union
 from irpe.errors import CLIError
 from irpe.plugin_files import BUILD_DIR
 from irpe.switch import Switch
+
+from .core import core
 
 if TYPE_CHECKING:
     import openvino
@@ -55,7 +57,6 @@ def default_library() -> Path:
 
 def _loads(path: str) -> Optional[str]:
     """None when OpenVINO loads the library at ``path``, else OpenVINO's reason in one line."""
-    from irpe.runtime.openvino.session import core
     try:
         core(path)
     except RuntimeError as exc:
@@ -99,8 +100,8 @@ def library_source(path: str, force: bool = False
     wins, never None."""
     import onnx
 
+    from irpe.runtime.graph.rewrites import FuseCounts, fuse_proto
     from irpe.runtime.onnxruntime.op_names import DOMAIN, SCATTER
-    from irpe.runtime.onnxruntime.rewrites import FuseCounts, fuse_proto
     try:  # parsed once: the rewrite works on this proto in place
         model = onnx.load(path, load_external_data=False)
     except Exception:  # noqa: BLE001 - OpenVINO reads it next and names the problem

@@ -18,44 +18,35 @@ nothing is written next to the file. An OpenVINO IR (``.xml`` + ``.bin``, ``irpe
 """
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
 
 from irpe.artifact.openvino_ir import is_ir, library_ops, weights_path
-from irpe.errors import CLIError, InvalidInput
+from irpe.errors import InvalidInput
 from irpe.switch import parse_switch
+
+from .core import DEVICE, check_precision, core, cpu_capabilities, import_openvino
+from .library import (
+    BUILD_COMMAND,
+    OvLibraryError,
+    attention_products,
+    library_source,
+    resolve_library,
+    set_attention_precision,
+)
 
 if TYPE_CHECKING:
     import openvino
 
-__all__ = ["DEVICE", "PRECISIONS", "HINTS", "INSTALL", "OPS_ENV", "LIBRARY_ENV",
-           "OpenVINOUnavailable", "OvOptions", "import_openvino", "core", "cpu_capabilities",
-           "check_precision", "open_model", "read_model", "compile_model", "compiled_precision"]
+__all__ = ["PRECISIONS", "HINTS", "OPS_ENV", "LIBRARY_ENV", "OvOptions", "open_model",
+           "read_model", "compile_model", "compiled_precision"]
 
-DEVICE = "CPU"  # the plugin every function here uses
 PRECISIONS = {"fp32": "f32", "bf16": "bf16"}  # our names -> INFERENCE_PRECISION_HINT values
 HINTS = ("latency", "throughput")  # PERFORMANCE_HINT, lower case
-INSTALL = "pip install 'irpe-deploy[openvino]'"
 OPS_ENV = "IRPE_OV_OPS"  # the library mode of the entry points (OvOptions.from_env)
 LIBRARY_ENV = "IRPE_OV_OPS_LIBRARY"
 _NAMES = {value: key for key, value in PRECISIONS.items()}
-
-
-class OpenVINOUnavailable(CLIError, ImportError):
-    """The ``openvino`` package is not installed: one line naming the extra (a CLIError, so
-    ``irpe`` prints it and exits 2; an ImportError for library callers)."""
-
-
-def import_openvino() -> Any:
-    """The ``openvino`` module, or :class:`OpenVINOUnavailable` naming the pip command."""
-    try:
-        import openvino
-    except ImportError as exc:
-        raise OpenVINOUnavailable(f"OpenVINO is not installed ({exc}); install it with "
-                                  f"{INSTALL}") from None
-    return openvino
 
 
 @dataclass(frozen=True)
@@ -131,34 +122,6 @@ class OvOptions:
         return out
 
 
-@functools.lru_cache(maxsize=4)
-def core(library: Optional[str] = None) -> "openvino.Core":
-    """An ``openvino.Core`` for the iRPE files, one per ``library``: with that extension
-    library loaded (its ops and ONNX mappings; RuntimeError when OpenVINO cannot load it), or
-    with the frontend conversions (:func:`irpe.runtime.openvino.frontend.add_irpe_ops`)."""
-    from irpe.runtime.openvino.frontend import add_irpe_ops
-    ov_core = import_openvino().Core()
-    if library is None:
-        return add_irpe_ops(ov_core)
-    ov_core.add_extension(library)
-    return ov_core
-
-
-def cpu_capabilities(ov_core: Optional["openvino.Core"] = None) -> Tuple[str, ...]:
-    """The CPU plugin's OPTIMIZATION_CAPABILITIES (FP32, BF16, INT8, ...) on this machine."""
-    return tuple(str(c) for c in (ov_core or core()).get_property(DEVICE,
-                                                                  "OPTIMIZATION_CAPABILITIES"))
-
-
-def check_precision(precision: str, capabilities: Sequence[str]) -> None:
-    """Refuse bf16 on a CPU whose OpenVINO capabilities lack BF16 (there OpenVINO would run f32
-    without saying so): a ValueError naming the capability, the CPU's list and the way out."""
-    if precision == "bf16" and "BF16" not in capabilities:
-        raise InvalidInput(f"precision bf16 needs a CPU with BF16 (AVX-512 BF16 or AMX): OpenVINO "
-                         f"lists this CPU's capabilities as {', '.join(capabilities) or 'none'}, "
-                         "without BF16; use precision fp32")
-
-
 def _ov_message(exc: BaseException) -> str:
     """OpenVINO's multi-line error without its source-location lines, as one line."""
     lines = [line.strip() for line in str(exc).splitlines()]
@@ -175,13 +138,6 @@ def open_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOptions
     an IR holding the library's ops without the library is an OvLibraryError."""
     from irpe.artifact.filecheck import check_file
     from irpe.runtime.openvino.frontend import LOWERING
-    from irpe.runtime.openvino.library import (
-        BUILD_COMMAND,
-        OvLibraryError,
-        library_source,
-        resolve_library,
-        set_attention_precision,
-    )
     options = options or OvOptions()
     path = os.fspath(path)
     check_file(path, "ir" if is_ir(path) else "onnx")
@@ -219,7 +175,6 @@ def _library_line(library: str, blocks: int, model: "openvino.Model",
                   ov_core: "openvino.Core") -> str:
     """How the library runs ``model``: its file, the blocks fused from an exported file, and
     the precision of the attention products where they are bf16 (which needs BF16 here)."""
-    from irpe.runtime.openvino.library import attention_products
     details = [f"{blocks} attention blocks fused"] if blocks else []
     if attention_products(model) == "bf16":
         details.append("products in bf16" if "BF16" in cpu_capabilities(ov_core)
@@ -251,17 +206,21 @@ def compiled_precision(compiled: "openvino.CompiledModel") -> str:
     return _NAMES.get(name, name)
 
 
-def compile_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOptions] = None
+def compile_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOptions] = None,
+                  shapes: Optional[Dict[str, Sequence[int]]] = None
                   ) -> Tuple["openvino.CompiledModel", str]:
     """``path`` (see :func:`read_model`) compiled for the CPU as ``options`` say (default
     ``OvOptions()``: fp32), and one line describing it: OpenVINO version, the precision,
     threads, streams and hint read back from the compiled model, and how the iRPE nodes run.
     bf16 on a CPU without BF16, or a compiled precision other than the one asked for, is a
-    ValueError."""
+    ValueError. ``shapes``: the inputs' shapes fixed before compiling (a benchmark's one batch
+    shape, which OpenVINO then plans for); default: the file's dynamic axes."""
     ov = import_openvino()
     options = options or OvOptions()
     check_precision(options.precision, cpu_capabilities())
     model, ov_core, irpe_path = open_model(path, options)
+    if shapes:
+        model.reshape({name: list(shape) for name, shape in shapes.items()})
     try:
         compiled = ov_core.compile_model(model, DEVICE, options.config())
     except RuntimeError as exc:

@@ -19,7 +19,14 @@ from irpe.runtime.tensorrt.common import import_tensorrt, load_plugins, make_log
 if TYPE_CHECKING:
     from _typeshed import StrPath
 
-__all__ = ["TRTRunner"]
+__all__ = ["TRTRunner", "require_gpu"]
+
+
+def require_gpu() -> None:
+    """GPURequired (one line) where torch sees no CUDA GPU: every engine needs one."""
+    if not torch.cuda.is_available():
+        raise GPURequired("TensorRT engines need a CUDA GPU (torch.cuda.is_available() is "
+                          "False here); on CPU use the .onnx file (OpenVINO or ONNX Runtime)")
 
 
 def _torch_dtype(trt: Any, dtype: Any) -> torch.dtype:
@@ -41,9 +48,7 @@ class TRTRunner:
     def __init__(self, engine_path: StrPath, plugins: Sequence[str] = (),
                  device: Optional[torch.device] = None, module: Optional[str] = None) -> None:
         check_file(engine_path, "engine")  # missing, empty, truncated or not an engine
-        if not torch.cuda.is_available():
-            raise GPURequired("TensorRT engines need a CUDA GPU (torch.cuda.is_available() is "
-                              "False here); on CPU use the .onnx file (ONNX Runtime)")
+        require_gpu()
         self.trt = trt = import_tensorrt(module)
         self.device = torch.device(device or "cuda")
         load_plugins(trt, plugins)

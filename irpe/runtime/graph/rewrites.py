@@ -6,7 +6,7 @@ the MatMul's outputs never reach memory); then ``Softmax(RPEGatherAdd*(...))`` -
 ``RPEGatherAdd*Softmax`` (logits built and normalised in one pass) and, where the probabilities
 also feed an ``RPEScatterMatMulAdd``, ``RPEGatherAdd*SoftmaxScatter`` whose 2nd output (the V
 bucket sums, taken from each row while it is in cache) feeds ``RPEBucketMatMulAdd(sums, W, x)``.
-First of all (stage ``qlayout``, irpe.runtime.onnxruntime.rewrite_qlayout) the iRPE-Q table is
+First of all (stage ``qlayout``, irpe.runtime.graph.rewrite_qlayout) the iRPE-Q table is
 made bucket-major.
 
 Applied by :func:`irpe.runtime.onnxruntime.session.create_session` to the model it hands to ONNX
@@ -32,6 +32,8 @@ from typing import (
 )
 
 from irpe.artifact.contract import DEFAULT_OPSET
+from irpe.runtime.graph.rewrite_attention import fuse_attention
+from irpe.runtime.graph.rewrite_qlayout import relayout_q
 from irpe.runtime.onnxruntime.op_names import (
     BUCKET_MATMUL_ADD,
     DOMAIN,
@@ -42,8 +44,6 @@ from irpe.runtime.onnxruntime.op_names import (
     SCATTER_MATMUL_ADD,
     SOFTMAX_OPS,
 )
-from irpe.runtime.onnxruntime.rewrite_attention import fuse_attention
-from irpe.runtime.onnxruntime.rewrite_qlayout import relayout_q
 
 if TYPE_CHECKING:
     from onnx import GraphProto, ModelProto, NodeProto
@@ -63,7 +63,7 @@ class FuseCounts(NamedTuple):
     scatter: int = 0  # Add(x, MatMul(RPEScatter, W)) chains
     softmax: int = 0  # Softmax(RPEGatherAdd*) (of which with the V bucket sums: scatter_sums)
     scatter_sums: int = 0
-    qlayout: int = 0  # Q-form gathers made bucket-major (irpe.runtime.onnxruntime.rewrite_qlayout)
+    qlayout: int = 0  # Q-form gathers made bucket-major (irpe.runtime.graph.rewrite_qlayout)
     attention: int = 0  # whole attention blocks run as RPEAttention (rewrite_attention)
 
 

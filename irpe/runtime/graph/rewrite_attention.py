@@ -2,7 +2,7 @@
 one ``RPEAttention`` node of the custom-op library (plugins/onnxruntime/rpe_attention.cpp),
 which keeps the logits, probabilities and iRPE tables of a block of queries in cache.
 
-Applied last by :func:`irpe.runtime.onnxruntime.rewrites.fuse_model`, after ``qlayout`` and
+Applied last by :func:`irpe.runtime.graph.rewrites.fuse_model`, after ``qlayout`` and
 ``softmax``. It matches the graph those stages leave for the timm/DeiT attention:
 
     q, k, v = Squeeze(Split(qkv)) (three equal parts);  a = q or Mul(q, scalar)
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["fuse_attention"]
 
-# The softmax forms of irpe.runtime.onnxruntime.rewrites: name -> (gather terms, with the V sums)
+# The softmax forms of irpe.runtime.graph.rewrites: name -> (gather terms, with the V sums)
 _SOFTMAX_FORMS = {name: (2 if add == GATHER_ADD2 else 1, with_v)
                   for (add, with_v), name in SOFTMAX_OPS.items()}
 

@@ -1,5 +1,5 @@
 """Load-time layout of the iRPE-Q term for the ORT custom ops (stage ``qlayout`` of
-:mod:`irpe.runtime.onnxruntime.rewrites`). The exporter writes the Q term as
+:mod:`irpe.runtime.graph.rewrites`). The exporter writes the Q term as
 ``RPEGather(Reshape(MatMul(k, W), [B, H, 1, L * K]), idt)``, idt[i, j] = j * K + c(i, j): key j's
 row of a per-key table [L, K]. Here that table is made bucket-major, ``MatMul(W^T, k^T)`` ->
 [B, H, K, L] with idt'[i, j] = c(i, j) * L + j, so the 16 keys of one gather read a few table

@@ -1,0 +1,82 @@
+"""The contract of a model file opened on a runtime: what every command runs files through.
+
+``irpe serve`` (its backends add batching, device and normalisation only), ``irpe validate``,
+``irpe eval`` and the benchmarks open a file with :func:`irpe.runtime.pick.open_file` and get a
+:class:`RuntimeFile`: its spec and precision, its input and output names, ``run`` on host
+arrays, and one line describing how it runs. One implementation per runtime lives in
+``irpe/runtime/<name>/file.py``.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar, Dict, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from irpe.artifact.contract import input_names, output_names
+from irpe.artifact.files import FileInfo, check_classes
+
+__all__ = ["Feeds", "RuntimeFile"]
+
+Feeds = Dict[str, np.ndarray]  # the export contract's inputs by name, host arrays
+
+
+class RuntimeFile(ABC):
+    """A file opened on one runtime. ``info`` is the file's metadata (irpe.artifact.files);
+    subclasses load the file in ``__init__``, set ``inputs``, ``outputs``, ``precision`` (what
+    it runs in: the file's int8, else the compiled precision) and ``description``, and call
+    :meth:`check_contract` with the outputs' static shapes."""
+
+    runtime: ClassVar[str]  # onnxruntime | openvino | tensorrt
+    inputs: Tuple[str, ...]
+    outputs: Tuple[str, ...]
+    precision: str
+    description: str
+
+    def __init__(self, info: FileInfo) -> None:
+        self.info = info
+
+    @property
+    def path(self) -> str:
+        """The file's path as given."""
+        return self.info.path
+
+    @property
+    def spec(self):  # noqa: ANN201 - irpe.artifact.trained.ModelSpec (imports torch)
+        """The file's :class:`irpe.artifact.trained.ModelSpec`."""
+        return self.info.spec
+
+    @property
+    def props(self) -> Mapping[str, str]:
+        """The file's ``irpe.*`` metadata."""
+        return self.info.props
+
+    def check_contract(self, shapes: Mapping[str, Tuple[Optional[int], ...]]) -> None:
+        """The loaded file against the export contract of its task (inputs exactly, outputs
+        at least) and its class list against its outputs' widths: one line (InvalidInput /
+        RuntimeError) naming the file when it breaks either."""
+        task = self.spec.task
+        if set(self.inputs) != set(input_names(task)) or \
+                not set(output_names(task)) <= set(self.outputs):
+            raise RuntimeError(f"{self.path}: inputs {list(self.inputs)} / outputs "
+                               f"{list(self.outputs)} are not the {task} export contract "
+                               f"({list(input_names(task))} -> {list(output_names(task))})")
+        check_classes(self.path, self.spec, shapes)
+
+    def feeds(self, images: np.ndarray, sizes: Optional[np.ndarray] = None) -> Feeds:
+        """The contract's inputs as contiguous host arrays (float32 images; int64 sizes for
+        detection)."""
+        out = {"images": np.ascontiguousarray(images, dtype=np.float32)}
+        if self.spec.task == "detection":
+            if sizes is None:
+                raise ValueError(f"{self.path}: a detection model needs sizes")
+            out["sizes"] = np.ascontiguousarray(sizes, dtype=np.int64)
+        return out
+
+    @abstractmethod
+    def run(self, feeds: Feeds, names: Optional[Sequence[str]] = None) -> Dict[str, np.ndarray]:
+        """The outputs ``names`` (default: all the file's) of one batch of host ``feeds``,
+        as host arrays the caller owns."""
+
+    def close(self) -> None:  # noqa: B027 - a default: not every runtime holds anything
+        """Release the runtime's resources."""
