@@ -443,7 +443,7 @@ def _variants() -> Dict:
     """The fused kernels' variant families (in-process: no second interpreter start)."""
     start = time.monotonic()
     try:
-        from irpe.fused.variants import variants
+        from tools.fused_variants import variants
         names = [v.name for v in variants()]
     except Exception as exc:  # noqa: BLE001 - reported as the step's failure
         return {"status": "failed", "reason": f"{type(exc).__name__}: {exc}",

@@ -106,7 +106,7 @@ def plan(out: Path, arch: str = "90") -> List[Step]:
              "checked with ldd, put in build/", (), 5, setup=True),
         Step("env", "versions", "device, driver, CUDA, torch, triton, serving stack, nvcc",
              (), 10, dry=True, setup=True),
-        Step("env", "variants", "the fused kernels' variant families (irpe.fused.variants)",
+        Step("env", "variants", "the fused kernels' variant families (tools.fused_variants)",
              (), 5, dry=True, setup=True),
         Step("env", "collect", "tests/gpu collects with 0 errors (the serving stack optional)",
              _pytest("--collect-only", "tests/gpu"), 25, dry=True),

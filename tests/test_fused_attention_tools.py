@@ -98,15 +98,16 @@ def test_kernel_lowers_to_cubin_without_gpu(tmp_path):
     fresh process: the interpreter leaves triton.language patched in the process that ran it."""
     import subprocess
     import sys
-    code = ("import torch; from irpe.fused.aot import compile_variant, compile_backward_variant;"
+    code = ("import torch; from tools.fused_aot import compile_variant, compile_backward_variant;"
             "k = compile_variant(torch.float16, head_dim=32, q_term=True, v_buckets=50, "
             "mask=True, planes=2, arch=80); b = compile_backward_variant(torch.float16, "
             "head_dim=32, q_term=True, v_term=True, mask=True, planes=2, arch=80); "
             "print(min(len(k.asm['cubin']), len(b.asm['cubin'])), 'atom' in b.asm['ptx'])")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_DEFAULT_FP_FUSION="1", TRITON_CACHE_DIR=str(tmp_path))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tools/ is found there
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, cwd=root)
     assert done.returncode == 0, done.stderr[-2000:]
     size, has_atomics = done.stdout.split()
     assert int(size) > 1000 and has_atomics == "True"

@@ -1,4 +1,4 @@
-"""Every variant family of the fused-attention kernels (irpe.fused.variants) lowered for sm_90
+"""Every variant family of the fused-attention kernels (tools.fused_variants) lowered for sm_90
 without a GPU (Triton's compiler and bundled ptxas; the interpreter checks none of this):
 
 * forward (inference) variants: 0 bytes of register spills, read from Triton's own ptxas -v log;
@@ -21,9 +21,9 @@ import time
 import pytest
 import torch
 
-from irpe.fused.variants import FAMILIES
 from tests.fused_common import check, count_launches, inputs, needs_triton
 from tests.trt_plugin_env import ROOT
+from tools.fused_variants import FAMILIES
 
 _seen, FORWARD = set(), []
 for _f in FAMILIES:  # one per distinct kernel: families with equal switches share a kernel
@@ -46,7 +46,7 @@ def reports(tmp_path_factory):
     names = FORWARD + BACKWARD
     halves = [names[0::2], names[1::2]]  # CI has 2 cores
     start = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "-m", "irpe.fused.aot", "--arch", "90", *half],
+    procs = [subprocess.Popen([sys.executable, "-m", "tools.fused_aot", "--arch", "90", *half],
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for half in halves]
     found = {}

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from irpe import RPEConfig
-from irpe.fused.variants import FAMILIES, variants
 from irpe.idcache import BUCKET_IDS, TensorLRU
 from serve.backends.cuda_graphs import GraphedClassifier
 from tests.fused_common import needs_triton
 from tests.helpers import tiny_deit
+from tools.fused_variants import FAMILIES, variants
 
 
 def test_lru_holding_keeps_what_was_read_past_eviction():

@@ -1,4 +1,4 @@
-"""A smoke launch of every fused-kernel variant family in every dtype (irpe.fused.variants) on
+"""A smoke launch of every fused-kernel variant family in every dtype (tools.fused_variants) on
 the GPU, compiled by Triton: a failure names the variant (test id <family>-<dtype>).
 `make gpu-check` runs this file as its Triton probe."""
 import importlib.util
@@ -6,8 +6,8 @@ import importlib.util
 import pytest
 import torch
 
-from irpe.fused.variants import variants
 from tests.gpu.variant_smoke import smoke
+from tools.fused_variants import variants
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,4 +1,4 @@
-"""One small launch of a fused-kernel variant (irpe.fused.variants) against the unfused fp32
+"""One small launch of a fused-kernel variant (tools.fused_variants) against the unfused fp32
 path: the Triton kernel must run (launch counter) and agree within the dtype's tolerance.
 
 Shared by tests/gpu/test_fused_variants_gpu.py (compiled, CUDA) and tests/test_gpu_check.py
@@ -11,9 +11,9 @@ import torch
 
 from irpe.attention import rpe_attention
 from irpe.fused import set_fused_attention, set_fused_ids
-from irpe.fused.variants import Variant
 from irpe.rpe import build_rpe, get_rpe_config
 from tests.fused_common import count_launches
+from tools.fused_variants import Variant
 
 # largest |fused - fp32 unfused| / max |fp32 unfused| per dtype (tests/gpu/test_fused_attention_gpu)
 FORWARD_TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}

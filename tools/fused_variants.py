@@ -1,5 +1,6 @@
-"""The variant families of the fused-attention kernels: one list for every tool that has to
-cover them all (GPU smoke launches in tests/gpu and `make gpu-check`, ahead-of-time lowering).
+"""The variant families of the fused-attention kernels (irpe.fused): one list for every check
+that has to cover them all (GPU smoke launches in tests/gpu and `make gpu-check`, the sm_90
+lowering of tools.fused_aot). A test and CI aid, not part of the product (not in the wheel).
 
 A family fixes the kernels' compile-time switches (which iRPE terms, key padding mask, one or two
 id planes, id tables or (L, L) id matrices, forward or backward); each runs in every dtype of

@@ -1,10 +1,12 @@
-"""Compile the fused-attention kernels for a GPU architecture without a GPU (ptxas of Triton).
+"""Compile the fused-attention kernels (irpe.fused) for a GPU architecture without a GPU
+(Triton's bundled ptxas): a test and CI aid, not part of the product (not in the wheel).
 
-Used by CI to prove every variant family (irpe.fused.variants) lowers to a cubin for real
-targets, without register spills and on the expected tensor-core instructions (the interpreter
-checks none of that), and as the first step of the ahead-of-time path to a TensorRT / ORT plugin.
+tests/test_fused_lowering.py proves with it that every variant family (tools.fused_variants)
+lowers to a cubin for real targets, without register spills and on the expected tensor-core
+instructions (the interpreter checks none of that); tests/test_fused_attention_tools.py compiles
+one forward and one backward variant.
 
-    python -m irpe.fused.aot --arch 90 qkv-fp16 k-bf16 bwd_k-fp32   # one JSON line per variant
+    python -m tools.fused_aot --arch 90 qkv-fp16 k-bf16 bwd_k-fp32   # one JSON line per variant
 """
 from __future__ import annotations
 
@@ -21,9 +23,9 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from .backward import backward_shape
-from .launch import launch_shape, next_pow2
-from .variants import DTYPES, FAMILIES, Family
+from irpe.fused.backward import backward_shape
+from irpe.fused.launch import launch_shape, next_pow2
+from tools.fused_variants import DTYPES, FAMILIES, Family
 
 if TYPE_CHECKING:  # triton ships no type information: these name what the functions handle
     from triton.compiler import CompiledKernel
@@ -65,7 +67,7 @@ def compile_variant(dtype: torch.dtype = torch.float16, head_dim: int = 64, k_te
                     ) -> CompiledKernel:
     """triton.compile one forward variant for sm_``arch`` with the launch shape op.py uses;
     returns the CompiledKernel (``.asm["cubin"]``, ``.asm["ptx"]``)."""
-    from .kernel import get_kernel
+    from irpe.fused.kernel import get_kernel
     block_m, block_n, warps = launch_shape(dtype, head_dim, v_buckets, "cuda", planes)
     cx = dict(ID_TABLE=id_table, HAS_TK=k_term, HAS_TQ=q_term, HAS_V=v_buckets > 0,
               HAS_MASK=mask, NIDK=planes, NIDQ=planes, NIDV=planes, BLOCK_M=block_m,
@@ -81,7 +83,7 @@ def compile_backward_variant(dtype: torch.dtype = torch.float16, head_dim: int =
                              arch: int = 90, num_warps: Optional[int] = None
                              ) -> CompiledKernel:
     """triton.compile one backward-kernel variant for sm_``arch`` (see :func:`compile_variant`)."""
-    from .kernel_bwd import get_backward_kernel
+    from irpe.fused.kernel_bwd import get_backward_kernel
     block, warps = backward_shape(dtype, head_dim, divmod(arch, 10))
     cx = dict(ID_TABLE=id_table, HAS_TK=k_term, HAS_TQ=q_term, HAS_V=v_term, HAS_MASK=mask,
               NIDK=planes, NIDQ=planes, NIDV=planes, BLOCK_M=block, BLOCK_N=block,
@@ -140,7 +142,7 @@ def lower(name: str, compile_fn: Callable[..., CompiledKernel], **kwargs: Any) -
 
 
 def lower_variants(names: Sequence[str], arch: int = 90) -> List[LoweringReport]:
-    """Lower ``<family>-<dtype>`` variants (a family's name from irpe.fused.variants; the extra
+    """Lower ``<family>-<dtype>`` variants (a family's name from tools.fused_variants; the extra
     family ``wide_v`` is qkv with a 164-bucket V table, the >128-bucket tile path)."""
     families = {f.name: f for f in FAMILIES}
     families["wide_v"] = Family("wide_v", "qkv", method="cross")
@@ -155,7 +157,7 @@ def lower_variants(names: Sequence[str], arch: int = 90) -> List[LoweringReport]
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """CLI: one JSON line per variant (LoweringReport fields)."""
-    parser = argparse.ArgumentParser(prog="python -m irpe.fused.aot", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tools.fused_aot", description=__doc__)
     parser.add_argument("--arch", type=int, default=90)
     parser.add_argument("variants", nargs="+", help="<family>-<fp16|bf16|fp32>")
     args = parser.parse_args(argv)
