@@ -7,7 +7,6 @@ names and selectors line up; deploy/models.yaml validates as a model repository.
 from __future__ import annotations
 
 import copy
-import json
 import re
 from pathlib import Path
 from typing import Dict, List
@@ -16,8 +15,8 @@ import pytest
 import yaml
 
 from serve.config import ServeSettings
+from tests.k8s_common import DEPLOY, round_trip
 
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 PREFIX = ServeSettings.model_config["env_prefix"]
 DOCKER_STOP_TIMEOUT_S = 10  # `docker stop` without -t (the image cannot change it)
 
@@ -186,14 +185,6 @@ def test_kserve_inference_service_uses_the_runtime_with_v2():
 K8S_MODELS = {"Deployment": "V1Deployment", "Service": "V1Service",
               "HorizontalPodAutoscaler": "V2HorizontalPodAutoscaler",
               "PersistentVolumeClaim": "V1PersistentVolumeClaim"}
-
-
-def round_trip(doc: dict, model: str) -> dict:
-    """``doc`` read into a Kubernetes client model and written back: unknown fields vanish."""
-    from kubernetes.client import ApiClient
-    api = ApiClient()
-    return api.sanitize_for_serialization(api.deserialize(json.dumps(doc), model,
-                                                          "application/json"))
 
 
 @pytest.mark.parametrize("kind", sorted(K8S_MODELS))

@@ -14,7 +14,7 @@ import yaml
 from serve.config import ServeSettings, read_repository
 from serve.launch import Launch
 from serve.ray_config import BUILDER
-from tests.test_k8s_manifests import DEPLOY, round_trip
+from tests.k8s_common import DEPLOY, round_trip
 
 SERVICE = yaml.safe_load((DEPLOY / "kuberay" / "rayservice.yaml").read_text())
 CLUSTER = SERVICE["spec"]["rayClusterConfig"]
