@@ -4,7 +4,7 @@
 #   docker build -t irpe-deploy .                                  # GPU: TensorRT + plugin library
 #   docker build -t irpe-deploy:cpu --build-arg VARIANT=cpu .      # CPU: python:3.11-slim
 #   scripts/docker-wheelhouse.sh && docker build ...               # offline: pip --no-index from wheelhouse/
-#   docker run -p 8000:8000 irpe-deploy:cpu                        # demo models, onnxruntime
+#   docker run -p 8000:8000 irpe-deploy:cpu                        # demo models on OpenVINO (CPU default)
 #   docker run -p 8000:8000 -v $PWD/models:/models \
 #       -e IRPE_SERVE_REPOSITORY=/models/models.yaml irpe-deploy:cpu   # your model repository
 #

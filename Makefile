@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 EXTRAS ?= dev
 RUN_EXTRAS ?= serve,export,openvino
 
-.PHONY: install test run check bench clean demo-models ort-ops ov-ops gpu-check gpu-carry docker-test
+.PHONY: install test lint run check bench clean demo-models ort-ops ov-ops gpu-check gpu-carry docker-test
 
 # one marker per extras set: `make run` installs serve,export,openvino; `make test` later adds dev
 $(VENV)/.installed-%: pyproject.toml
@@ -31,17 +31,18 @@ lint: install
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
-## make run: the main job: serve the bundled demo classifier + detector on 127.0.0.1:8000
-## (ONNX Runtime, offline; Ctrl-C drains and stops). HOST/PORT override the address.
+## make run: the main job: serve the bundled demo classifier + detector on 127.0.0.1:8000,
+## offline, on OpenVINO (the CPU default, which RUN_EXTRAS installs; ONNX Runtime where
+## OpenVINO is not installed); Ctrl-C drains and stops. HOST/PORT override the address.
 ## Builds the iRPE ONNX Runtime ops and the iRPE OpenVINO library first where it can (make
 ## ort-ops, make ov-ops), never failing the run.
 HOST ?= 127.0.0.1
 PORT ?= 8000
 run: $(VENV)/.installed-$(RUN_EXTRAS)
 	@$(MAKE) -s --no-print-directory ort-ops || \
-	  echo "make run: the ORT custom-op library did not build (above); serving with the ONNX functions"
+	  echo "make run: the ORT custom-op library did not build (above); on ONNX Runtime the files' functions run instead"
 	@$(MAKE) -s --no-print-directory ov-ops || \
-	  echo "make run: the OpenVINO library did not build (above); serving with the conversions"
+	  echo "make run: the OpenVINO library did not build (above); OpenVINO converts the iRPE ops to its own instead"
 	$(VENV)/bin/irpe serve --host $(HOST) --port $(PORT)
 
 ## make ort-ops: the ONNX Runtime custom-op library $(ORT_OPS_DIR)/libirpe_ort_ops.so, which the
