@@ -52,8 +52,9 @@ run: $(VENV)/.installed-$(RUN_EXTRAS)
 SHARED_DIR    ?= $(abspath $(CURDIR)/../shared)
 ORT_OPS_DIR   ?= build/plugins
 ORT_OPS_CMAKE ?= $(ORT_OPS_DIR)/ort
-ORT_OPS_SOURCES := $(wildcard plugins/onnxruntime/*.cpp plugins/onnxruntime/*.h) \
-  plugins/onnxruntime/CMakeLists.txt plugins/kernels/irpe_bucket.h plugins/kernels/irpe_methods.h
+ORT_OPS_SOURCES := $(wildcard plugins/onnxruntime/*.cpp plugins/onnxruntime/*.h \
+  plugins/cpu/*.cpp plugins/cpu/*.h) plugins/onnxruntime/CMakeLists.txt \
+  plugins/cpu/CMakeLists.txt plugins/kernels/irpe_bucket.h plugins/kernels/irpe_methods.h
 ort-ops: $(ORT_OPS_DIR)/libirpe_ort_ops.so
 $(ORT_OPS_DIR)/libirpe_ort_ops.so: $(ORT_OPS_SOURCES)
 	@IRPE_SHARED="$(SHARED_DIR)" IRPE_ORT_OUTPUT_DIR="$(abspath $(ORT_OPS_DIR))" \
@@ -63,13 +64,9 @@ $(ORT_OPS_DIR)/libirpe_ort_ops.so: $(ORT_OPS_SOURCES)
 ## iRPE ops and a whole iRPE attention block for OpenVINO; irpe/runtime/openvino/library.py),
 ## from the installed openvino wheel's headers, where cmake and a C++ compiler are found; else
 ## one line says why (exit 0). Rebuilt only when its sources change.
-OV_OPS_SOURCES := $(wildcard plugins/openvino/*.cpp plugins/openvino/*.hpp) \
-  plugins/openvino/CMakeLists.txt plugins/onnxruntime/rpe_attention.h \
-  plugins/onnxruntime/rpe_attention_plan.h plugins/onnxruntime/rpe_attention_problem.h \
-  plugins/onnxruntime/rpe_attention_run.cpp plugins/onnxruntime/rpe_cpu.h \
-  plugins/onnxruntime/rpe_simd.h plugins/onnxruntime/rpe_simd_avx2.cpp \
-  plugins/onnxruntime/rpe_simd_avx512.cpp plugins/onnxruntime/rpe_simd_avx512.h \
-  plugins/onnxruntime/rpe_attention_bf16.cpp plugins/onnxruntime/rpe_simd_level.cpp
+OV_OPS_SOURCES := $(wildcard plugins/openvino/*.cpp plugins/openvino/*.hpp \
+  plugins/cpu/*.cpp plugins/cpu/*.h) plugins/openvino/CMakeLists.txt \
+  plugins/cpu/CMakeLists.txt plugins/kernels/irpe_bucket.h
 ov-ops: $(ORT_OPS_DIR)/libirpe_openvino.so
 $(ORT_OPS_DIR)/libirpe_openvino.so: $(OV_OPS_SOURCES)
 	@PYTHON="$(PY)" IRPE_OV_OUTPUT_DIR="$(abspath $(ORT_OPS_DIR))" \

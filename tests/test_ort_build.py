@@ -111,6 +111,9 @@ def test_make_builds_a_library_onnxruntime_runs(built):
 @pytest.mark.parametrize("source", [None, "plugins/onnxruntime/rpe_ort_ops.cpp",
                                     "plugins/onnxruntime/rpe_ort.h",
                                     "plugins/onnxruntime/CMakeLists.txt",
+                                    "plugins/cpu/rpe_attention_bind.cpp",
+                                    "plugins/cpu/rpe_attention.h",
+                                    "plugins/cpu/CMakeLists.txt",
                                     "plugins/kernels/irpe_bucket.h",
                                     "plugins/kernels/irpe_methods.h"])
 def test_rebuilt_only_when_a_source_changes(built, source):

@@ -1,5 +1,6 @@
-"""iRPE attention on CPU in one native kernel: libirpe_cpu_attention (plugins/onnxruntime,
-C ABI irpe_cpu_attention.h), the ONNX Runtime library's RPEAttention called through ctypes.
+"""iRPE attention on CPU in one native kernel: libirpe_cpu_attention (plugins/cpu, C ABI
+irpe_cpu_attention.h), the RPEAttention kernel of the ONNX Runtime and OpenVINO libraries
+called through ctypes.
 
 FlashAttention's pattern on a CPU: per block of query rows the logits, the iRPE-K/Q terms, the
 softmax, the iRPE-V bucket sums and both products stay in the thread's cache; only q, k, v and

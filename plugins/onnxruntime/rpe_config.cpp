@@ -9,6 +9,8 @@
 
 namespace irpe_ort {
 
+using irpe_cpu::grid_ids;
+
 namespace {
 
 enum class Attr { kAbsent, kOk, kWrongType };

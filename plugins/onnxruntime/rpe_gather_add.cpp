@@ -114,21 +114,6 @@ std::string read_add_job(const RPEConfig& c, Ort::KernelContext& ctx, AddJob& jo
     return broadcast(job, base.GetTensorTypeAndShapeInfo().GetShape());
 }
 
-bool narrow_ids(const void* ids, bool wide, int64_t count, int64_t k, std::vector<int32_t>& out)
-{
-    if (k > INT32_MAX) {
-        return false;
-    }
-    out.resize(static_cast<size_t>(count));
-    for (int64_t n = 0; n < count; ++n) {
-        const int64_t v = wide ? static_cast<const int64_t*>(ids)[n]
-                               : static_cast<const int32_t*>(ids)[n];
-        out[static_cast<size_t>(n)] =
-            static_cast<uint64_t>(v) < static_cast<uint64_t>(k) ? static_cast<int32_t>(v) : -1;
-    }
-    return true;
-}
-
 std::shared_ptr<const std::vector<int32_t>> NarrowedIds::get(int term, const void* ids, bool wide,
                                                              int64_t count, int64_t k)
 {

@@ -17,7 +17,16 @@
 #include "rpe_cpu.h"
 #include "rpe_simd.h"
 
+namespace irpe_cpu {
+struct AttnProblem;  // rpe_attention_problem.h
+}  // namespace irpe_cpu
+
 namespace irpe_ort {
+
+// The shared CPU kernels (plugins/cpu, namespace irpe_cpu) these ops run: their vector level and
+// the bucket lists of an index.
+using irpe_cpu::BucketLists;
+using irpe_cpu::Simd;
 
 enum class Op { kGather, kScatter };
 
@@ -93,16 +102,10 @@ void lists_task(void* data, size_t chunk)
     const int64_t end = std::min(begin + rows, p.lq);
     const I* ids = static_cast<const I*>(job.ids);
     for (int64_t i = begin; i < end; ++i) {
-        bucket_lists(ids + i * p.lk, p.lk, p.k, job.off.data() + i * (p.k + 1),
-                     job.pos.data() + i * p.lk);
+        irpe_cpu::bucket_lists(ids + i * p.lk, p.lk, p.k, job.off.data() + i * (p.k + 1),
+                               job.pos.data() + i * p.lk);
     }
 }
-
-// Bucket lists (rpe_cpu.h) of every row of an [Lq, Lk] index: row i's at off[i * (K + 1)] and
-// pos[i * Lk].
-struct BucketLists {
-    std::vector<int32_t> off, pos;
-};
 
 // A kernel's bucket lists: built once per (Lq, Lk, K) when its index input is constant (an
 // initializer), else on every call (rpe_ort_rows.cpp).
@@ -150,9 +153,9 @@ bool constant_input(const OrtApi& api, const OrtKernelInfo* info, size_t index);
 // made at session load by the fusion stage "attention" (irpe/runtime/onnxruntime/rewrite_attention.py).
 constexpr const char* kAttentionName = "RPEAttention";
 OrtCustomOp* attention_op();
-struct AttnProblem;  // rpe_attention.h
-// Runs every pair of `p` on ORT's pool (rpe_attention_run.cpp); throws when it cannot.
-void run_attention(Ort::KernelContext& ctx, const AttnProblem& p, Simd simd);
+// Runs every pair of `p` on ORT's pool (plugins/cpu/rpe_attention_run.cpp's tasks); throws when
+// it cannot.
+void run_attention(Ort::KernelContext& ctx, const irpe_cpu::AttnProblem& p, Simd simd);
 
 #ifdef IRPE_ORT_WITH_CUDA
 // CUDA EP compute (rpe_ort_cuda.cpp): runs the plugins/kernels kernels on ORT's stream.

@@ -18,6 +18,8 @@
 
 namespace irpe_ort {
 
+using irpe_cpu::simd_level;
+
 namespace {
 
 constexpr const char* kDomain = "irpe";

@@ -9,6 +9,12 @@
 
 namespace irpe_ort {
 
+// The shared rows (plugins/cpu/rpe_cpu.h, rpe_simd.h) these kernels run.
+using irpe_cpu::gather_row;
+using irpe_cpu::leave_avx512;
+using irpe_cpu::scatter_row;
+using irpe_cpu::scatter_rows4;
+
 namespace {
 constexpr int64_t kMinElementsPerTask = 16384;
 constexpr int64_t kMaxTasks = 64;

@@ -16,6 +16,11 @@
 
 namespace irpe_ort {
 
+// The shared rows (plugins/cpu/rpe_cpu.h, rpe_simd.h) this op runs.
+using irpe_cpu::scatter_row;
+using irpe_cpu::scatter_rows4;
+using irpe_cpu::WeightRowsFn;
+
 namespace {
 
 // 4 floats as one SSE register (GCC/Clang vector extension); unaligned loads and stores.
@@ -98,11 +103,11 @@ void times_weight(const VJob& job, const float* s, const float* const* base, flo
 void pick_simd(VJob& job, Simd simd)
 {
     if (simd == Simd::kAvx512) {
-        job.simd4 = &weight_rows4_avx512;
-        job.simd1 = &weight_rows1_avx512;
+        job.simd4 = &irpe_cpu::weight_rows4_avx512;
+        job.simd1 = &irpe_cpu::weight_rows1_avx512;
     } else if (simd == Simd::kAvx2) {
-        job.simd4 = &weight_rows4_avx2;
-        job.simd1 = &weight_rows1_avx2;
+        job.simd4 = &irpe_cpu::weight_rows4_avx2;
+        job.simd1 = &irpe_cpu::weight_rows1_avx2;
     }
 }
 

@@ -17,6 +17,11 @@
 
 namespace irpe_ort {
 
+// The shared rows (plugins/cpu/rpe_cpu.h, rpe_simd.h) these ops run.
+using irpe_cpu::kSoftmaxPad;
+using irpe_cpu::scatter_row;
+using irpe_cpu::scatter_rows4;
+
 namespace {
 
 using SoftmaxRowsFn = void (*)(float* const*, int64_t, float* const*);
@@ -34,11 +39,11 @@ struct SoftmaxJob {
 // The softmax rows of this SIMD level (4-row and 1-row forms); nullptr: the portable path.
 void pick_simd(Simd simd, SoftmaxRowsFn& four, SoftmaxRowsFn& one)
 {
-    four = simd == Simd::kAvx512 ? &softmax_rows4_avx512
-           : simd == Simd::kAvx2 ? &softmax_rows4_avx2
+    four = simd == Simd::kAvx512 ? &irpe_cpu::softmax_rows4_avx512
+           : simd == Simd::kAvx2 ? &irpe_cpu::softmax_rows4_avx2
                                  : nullptr;
-    one = simd == Simd::kAvx512 ? &softmax_rows1_avx512
-          : simd == Simd::kAvx2 ? &softmax_rows1_avx2
+    one = simd == Simd::kAvx512 ? &irpe_cpu::softmax_rows1_avx512
+          : simd == Simd::kAvx2 ? &irpe_cpu::softmax_rows1_avx2
                                 : nullptr;
 }
 

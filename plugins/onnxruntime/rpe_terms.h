@@ -65,8 +65,8 @@ std::string read_add_job(const RPEConfig& c, Ort::KernelContext& ctx, AddJob& jo
 // from `cache` for constant ids, else narrowed now. False: the scalar rows.
 bool use_avx2(AddJob& job, NarrowedIds* cache, Simd simd);
 
-// The ids of a table with K buckets as int32, -1 outside [0, K); false when K does not fit.
-bool narrow_ids(const void* ids, bool wide, int64_t count, int64_t k, std::vector<int32_t>& out);
+// The ids of a table with K buckets as int32, -1 outside [0, K) (plugins/cpu/rpe_cpu.h).
+using irpe_cpu::narrow_ids;
 
 inline const float* table_row(const Term& t, int64_t b, int64_t h, int64_t i)
 {

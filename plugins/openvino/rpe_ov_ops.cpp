@@ -1,7 +1,8 @@
-// RPEGather / RPEScatter for OpenVINO: shapes, attributes and the CPU evaluation. The rows are
-// rpe_cpu.h's (shared with the ONNX Runtime library); rows go to OpenVINO's thread pool
-// (ov::parallel_for: the CPU plugin's arena, so INFERENCE_NUM_THREADS holds). Each row is
-// written by one task, in a fixed order: the result does not depend on the thread count.
+// RPEGather / RPEScatter for OpenVINO: shapes, attributes and the CPU evaluation. The rows, the
+// id narrowing and the bucket lists are plugins/cpu/rpe_cpu.h's (the ONNX Runtime library's
+// too); rows go to OpenVINO's thread pool (ov::parallel_for: the CPU plugin's arena, so
+// INFERENCE_NUM_THREADS holds). Each row is written by one task, in a fixed order: the result
+// does not depend on the thread count.
 #include "rpe_ov_ops.hpp"
 
 #include <algorithm>
@@ -22,54 +23,17 @@ constexpr int64_t kRowsPerTask = 32;
 // The (Lq, Lk) ids as int32, -1 outside [0, K): the form the rows index with.
 std::vector<int32_t> narrow(const ov::Tensor& index, int64_t k)
 {
-    const size_t n = index.get_size();
-    std::vector<int32_t> ids(n);
-    auto put = [&](auto* src) {
-        for (size_t e = 0; e < n; ++e) {
-            const int64_t t = static_cast<int64_t>(src[e]);
-            ids[e] = static_cast<uint64_t>(t) < static_cast<uint64_t>(k) ? static_cast<int32_t>(t)
-                                                                         : -1;
-        }
-    };
-    if (index.get_element_type() == ov::element::i64) {
-        put(index.data<const int64_t>());
-    } else {
-        put(index.data<const int32_t>());
+    std::vector<int32_t> ids;
+    if (!irpe_cpu::narrow_ids(index.data(), index.get_element_type() == ov::element::i64,
+                              static_cast<int64_t>(index.get_size()), k, ids)) {
+        throw std::invalid_argument("the number of buckets K must be < 2^31");
     }
     return ids;
-}
-
-// out[j] = row[ids[j]] (0 for id -1), vectorised for the CPU it runs on.
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void gather_ids(const float* __restrict row, const int32_t* __restrict ids, int64_t lk,
-                float* __restrict out)
-{
-    for (int64_t j = 0; j < lk; ++j) {
-        const int32_t t = ids[j];
-        out[j] = t >= 0 ? row[t] : 0.0f;
-    }
 }
 
 bool constant_input(const ov::Node& node, size_t input)
 {
     return ov::as_type<ov::op::v0::Constant>(node.get_input_node_ptr(input)) != nullptr;
-}
-
-// Bucket lists of every query row (CSR: keys j of bucket t in ascending j), shared by all
-// (b, h): off [Lq, K + 1], pos [Lq, Lk].
-struct BucketLists {
-    std::vector<int32_t> off, pos;
-};
-
-BucketLists bucket_lists(const std::vector<int32_t>& ids, int64_t lq, int64_t lk, int64_t k)
-{
-    BucketLists b{std::vector<int32_t>(static_cast<size_t>(lq * (k + 1))),
-                  std::vector<int32_t>(static_cast<size_t>(lq * lk))};
-    for (int64_t i = 0; i < lq; ++i) {
-        irpe_ort::bucket_lists(ids.data() + i * lk, lk, k, b.off.data() + i * (k + 1),
-                               b.pos.data() + i * lk);
-    }
-    return b;
 }
 
 void check_index(const ov::Node& node, const ov::PartialShape& index)
@@ -141,8 +105,8 @@ bool RPEGather::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inpu
         const int64_t end = std::min<int64_t>(total, (task + 1) * kRowsPerTask);
         for (int64_t r = task * kRowsPerTask; r < end; ++r) {
             const int64_t i = r % lq, bh = r / lq;
-            gather_ids(t + (bh * rows + (rows == 1 ? 0 : i)) * k, ids->data() + i * lk, lk,
-                       out + r * lk);
+            irpe_cpu::gather_row(t + (bh * rows + (rows == 1 ? 0 : i)) * k, ids->data() + i * lk,
+                                 lk, k, out + r * lk);
         }
     });
     return true;
@@ -198,8 +162,9 @@ bool RPEScatter::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inp
     }
     const int64_t bh = as[0] * as[1], lq = as[2], lk = as[3], k = num_buckets_;
     outputs[0].set_shape({as[0], as[1], as[2], static_cast<size_t>(k)});
-    const auto lists = tables_->get<BucketLists>(constant_input(*this, 1), 0, lq * lk, k, [&] {
-        return bucket_lists(narrow(inputs[1], k), lq, lk, k);
+    const auto lists = tables_->get<irpe_cpu::BucketLists>(constant_input(*this, 1), 0, lq * lk,
+                                                           k, [&] {
+        return irpe_cpu::all_bucket_lists(narrow(inputs[1], k).data(), lq, lk, k);
     });
     const float* a = inputs[0].data<const float>();
     float* out = outputs[0].data<float>();
@@ -213,11 +178,11 @@ bool RPEScatter::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inp
         const float* src = a + first * in_stride + i * lk;
         float* dst = out + first * out_stride + i * k;
         if (first + 4 <= bh) {
-            irpe_ort::scatter_rows4(src, in_stride, o, p, k, dst, out_stride);
+            irpe_cpu::scatter_rows4(src, in_stride, o, p, k, dst, out_stride);
             return;
         }
         for (int64_t r = first; r < bh; ++r) {
-            irpe_ort::scatter_row(src + (r - first) * in_stride, o, p, k,
+            irpe_cpu::scatter_row(src + (r - first) * in_stride, o, p, k,
                                   dst + (r - first) * out_stride);
         }
     });

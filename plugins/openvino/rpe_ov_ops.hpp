@@ -3,8 +3,8 @@
 //   RPEScatter(attn[B,H,Lq,Lk], index[Lq,Lk]; num_buckets=K)
 //                                     -> sums[b,h,i,k] = sum over j with index[i,j] == k of attn
 // The contract of export/functions.py and the CUDA kernels (irpe_kernels.h): ids outside
-// [0, K) gather 0 and are dropped from the sums. The rows are plugins/onnxruntime/rpe_cpu.h's,
-// the same code the ONNX Runtime library runs, spread over OpenVINO's own thread pool.
+// [0, K) gather 0 and are dropped from the sums. The rows are plugins/cpu/rpe_cpu.h's, the same
+// code the ONNX Runtime library runs, spread over OpenVINO's own thread pool.
 #ifndef IRPE_OV_RPE_OV_OPS_HPP
 #define IRPE_OV_RPE_OV_OPS_HPP
 
@@ -15,6 +15,8 @@
 #include <utility>
 
 #include <openvino/op/op.hpp>
+
+#include "rpe_attention_bind.h"
 
 namespace irpe_ov {
 
@@ -82,14 +84,14 @@ class RPEScatter : public ov::op::Op {
 };
 
 // RPEAttention(q, k, v, wk, idk, wq, idq, idv, wv; scale, out_layout, precision) -> out: a whole
-// self-attention block with its iRPE terms (plugins/onnxruntime/rpe_attention.h), as the ONNX
-// Runtime library's op of the same name made by irpe/runtime/onnxruntime/rewrite_attention.py:
+// self-attention block with its iRPE terms (plugins/cpu/rpe_attention.h), as the ONNX Runtime
+// library's op of the same name made by irpe/runtime/graph/rewrite_attention.py:
 //   logits = scale * q k^T + (scale * q @ wk)[i, idk[i, j]] + (wq @ k^T)[idq[i, j]]
 //   out    = softmax(logits) @ v + (bucket sums of softmax by idv) @ wv
 // Input 0 the packed qkv [B, L, 3, H, d] (inputs 1, 2 empty) or q, k, v [B, H, L, d]; an absent
 // term's inputs are empty tensors (shape [0]); out [B, H, L, d], or [B, L, H, d] (out_layout 1).
 // precision "f32" (default) or "bf16": the block's products in bfloat16 with float32 sums where
-// the CPU has AVX512_BF16 (plugins/onnxruntime/rpe_attention_bf16.cpp), else float32.
+// the CPU has AVX512_BF16 (plugins/cpu/rpe_attention_bf16.cpp), else float32.
 class RPEAttention : public ov::op::Op {
  public:
     OPENVINO_OP("RPEAttention", "irpe");
@@ -108,9 +110,9 @@ class RPEAttention : public ov::op::Op {
     int64_t out_layout_ = 0;
     std::string precision_ = "f32";
     std::shared_ptr<ConstTables> tables_ = std::make_shared<ConstTables>();
-    // Term `which`'s (0 K, 1 Q, 2 V) padded ids from input `input` (made once when a Constant).
-    std::shared_ptr<const std::vector<int32_t>> ids(int which, size_t input, const ov::Tensor& t,
-                                                    int64_t l, int64_t k) const;  // the padded id tables of constant index inputs, made once
+    // Term `kind`'s padded id table from its index input (made once when a Constant).
+    irpe_cpu::AttnIdTable ids(irpe_cpu::AttnIds kind, const irpe_cpu::AttnInput& index,
+                              int64_t l, int64_t k) const;
 };
 
 }  // namespace irpe_ov

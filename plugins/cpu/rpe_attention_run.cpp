@@ -1,20 +1,20 @@
 // RPEAttention's tasks, for any thread pool: the (b, h) pairs, or parts of their queries, each
 // with the running thread's scratch, at a SIMD level (the portable level runs rpe_attention.h on
-// plain floats), and the padded id tables and weights the kernel reads. No ONNX Runtime here:
-// rpe_attention.cpp runs the tasks on ONNX Runtime's pool, rpe_attention_capi.cpp on threads of
-// its own (libirpe_cpu_attention).
+// plain floats), and the padded id tables and weights the kernel reads. No runtime here: the
+// ONNX Runtime op (plugins/onnxruntime/rpe_attention.cpp) runs the tasks on ONNX Runtime's pool,
+// the OpenVINO op (plugins/openvino/rpe_ov_attention.cpp) on OpenVINO's, rpe_attention_capi.cpp
+// on threads of its own (libirpe_cpu_attention).
 #include <algorithm>
 #include <cmath>
 #include <memory>
 #include <new>
 #include <stdexcept>
-#include <string>
 #include <thread>
 #include <vector>
 
 #include "rpe_attention_plan.h"
 
-namespace irpe_ort {
+namespace irpe_cpu {
 
 namespace {
 
@@ -176,37 +176,4 @@ std::vector<float> pad_columns(const float* w, int64_t rows, int64_t cols, float
     return out;
 }
 
-int64_t read_qkv(AttnProblem& p, const std::vector<int64_t>& q_dims, const float* q,
-                 const std::vector<int64_t>& k_dims, const float* k,
-                 const std::vector<int64_t>& v_dims, const float* v)
-{
-    const auto& dims = q_dims;
-    if (dims.size() == 5 && dims[2] == 3 && k == nullptr && v == nullptr) {
-        const int64_t h = dims[3], d = dims[4], row = 3 * h * d;
-        p.heads = h;
-        p.l = dims[1];
-        p.d = d;
-        p.bh = dims[0] * h;
-        p.in = AttnLayout{dims[1] * row, d, row};
-        p.q = q;
-        p.k = q + h * d;
-        p.v = q + 2 * h * d;
-        return dims[0];
-    }
-    if (q == nullptr || k == nullptr || v == nullptr || dims.size() != 4 || k_dims != dims ||
-        v_dims != dims) {
-        throw std::invalid_argument("q, k and v must be [B, H, L, d] of one shape (or input 0 "
-                                    "the qkv [B, L, 3, H, d] alone)");
-    }
-    p.heads = dims[1];
-    p.l = dims[2];
-    p.d = dims[3];
-    p.bh = dims[0] * dims[1];
-    p.in = AttnLayout{dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3]};
-    p.q = q;
-    p.k = k;
-    p.v = v;
-    return dims[0];
-}
-
-}  // namespace irpe_ort
+}  // namespace irpe_cpu

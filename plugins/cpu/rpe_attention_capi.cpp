@@ -1,6 +1,7 @@
 // libirpe_cpu_attention (irpe_cpu_attention.h): RPEAttention's plan and tasks (rpe_attention.h)
-// run on the OpenMP team (else threads started per call), the caller being one of them; no ONNX
-// Runtime.
+// run on the OpenMP team (else threads started per call), the caller being one of them; no
+// runtime. The arguments are bound to the kernel's problem as the ops bind theirs
+// (rpe_attention_bind.h): the sizes and strides here, the terms by bind_attention_terms.
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -12,14 +13,17 @@
 #include <vector>
 
 #include "irpe_cpu_attention.h"
-#include "rpe_attention_plan.h"
+#include "rpe_attention_bind.h"
 
 namespace {
 
-using irpe_ort::AttnIds;
-using irpe_ort::AttnLayout;
-using irpe_ort::AttnPlan;
-using irpe_ort::AttnProblem;
+using irpe_cpu::AttnBinding;
+using irpe_cpu::AttnIds;
+using irpe_cpu::AttnIdTable;
+using irpe_cpu::AttnInput;
+using irpe_cpu::AttnLayout;
+using irpe_cpu::AttnPlan;
+using irpe_cpu::AttnProblem;
 
 thread_local std::string last_error;
 
@@ -42,7 +46,7 @@ int guarded(F&& body)
 
 void check_sizes(int64_t l, int64_t k)
 {
-    if (l < 1 || l > 46340 || k < 1 || k * irpe_ort::attn_pad(l) > INT32_MAX) {
+    if (l < 1 || l > 46340 || k < 1 || k * irpe_cpu::attn_pad(l) > INT32_MAX) {
         throw std::invalid_argument("need 1 <= L <= 46340 and 1 <= K with K * pad(L) < 2^31");
     }
 }
@@ -75,6 +79,20 @@ AttnProblem problem_of(const irpe_cpu_attention_args& a)
     return p;
 }
 
+// The terms present (weight not NULL) with their tables of irpe_cpu_attention_ids, which the
+// caller made ahead: [l, pad(l)] ids without the ops' by-key and run parts.
+void bind_terms(AttnBinding& b, const irpe_cpu_attention_args& a)
+{
+    const AttnInput w[3] = {{a.wk, {a.d, a.kk}}, {a.wq, {a.kq, a.d}}, {a.wv, {a.kv, a.d}}};
+    const AttnInput ids[3] = {{a.wk ? a.idk : nullptr, {}}, {a.wq ? a.idq : nullptr, {}},
+                              {a.wv ? a.idv : nullptr, {}}};
+    const irpe_cpu::AttnTerms terms{{&w[0], &w[1], &w[2]}, {&ids[0], &ids[1], &ids[2]}};
+    irpe_cpu::bind_attention_terms(
+        b, terms, [](AttnIds, const AttnInput& index, int64_t, int64_t) {
+            return AttnIdTable{nullptr, static_cast<const int32_t*>(index.data), false};
+        });
+}
+
 // Runs the plan's tasks on `threads` threads; tasks are claimed in order from one counter. With
 // OpenMP the threads are the process's OpenMP team: in a PyTorch process that is PyTorch's own
 // (libgomp.so.1 is loaded once per process), so the kernel does not fight PyTorch's workers,
@@ -85,7 +103,7 @@ void run(AttnPlan& plan, int64_t threads)
     const int64_t tasks = plan.tasks();
     auto work = [&]() {
         for (int64_t t; (t = next.fetch_add(1)) < tasks;) {
-            irpe_ort::attention_task(&plan, static_cast<size_t>(t));
+            irpe_cpu::attention_task(&plan, static_cast<size_t>(t));
         }
     };
     const int team = static_cast<int>(std::max<int64_t>(1, std::min(threads, tasks)));
@@ -116,7 +134,7 @@ extern "C" {
 
 int64_t irpe_cpu_attention_pad(int64_t l)
 {
-    return irpe_ort::attn_pad(l);
+    return irpe_cpu::attn_pad(l);
 }
 
 int irpe_cpu_attention_ids(int kind, const int64_t* ids, int64_t l, int64_t k, int32_t* out)
@@ -127,9 +145,9 @@ int irpe_cpu_attention_ids(int kind, const int64_t* ids, int64_t l, int64_t k, i
             throw std::invalid_argument("ids, out and kind 0 (K), 1 (Q) or 2 (V) are required");
         }
         const AttnIds kinds[3] = {AttnIds::kK, AttnIds::kQ, AttnIds::kV};
-        const auto table = irpe_ort::pad_ids(ids, true, l, k, kinds[kind]);
+        const auto table = irpe_cpu::pad_ids(ids, true, l, k, kinds[kind]);
         // [l, pad(l)]: the row-major part (a Q table's by-key part is for the ops' kernels)
-        std::memcpy(out, table.data(), l * irpe_ort::attn_pad(l) * sizeof(int32_t));
+        std::memcpy(out, table.data(), l * irpe_cpu::attn_pad(l) * sizeof(int32_t));
     });
 }
 
@@ -140,33 +158,17 @@ int irpe_cpu_attention(const irpe_cpu_attention_args* args, int threads)
             throw std::invalid_argument("args is required");
         }
         const irpe_cpu_attention_args& a = *args;
-        AttnProblem p = problem_of(a);
-        if (p.bh == 0) {
+        AttnBinding b;
+        b.p = problem_of(a);
+        if (b.p.bh == 0) {
             return;
         }
-        std::vector<float> wk, wv;
-        if (a.wk != nullptr) {  // (scale * q) @ wk: the scale folded in, as the ORT kernel does
-            wk = irpe_ort::pad_columns(a.wk, a.d, a.kk, a.scale);
-            p.kk = a.kk;
-            p.wk = wk.data();
-            p.idk = a.idk;
-        }
-        if (a.wq != nullptr) {
-            p.kq = a.kq;
-            p.wq = a.wq;
-            p.idq = a.idq;
-        }
-        if (a.wv != nullptr) {
-            wv = irpe_ort::pad_columns(a.wv, a.kv, a.d, 1.0f);
-            p.kv = a.kv;
-            p.wv = wv.data();
-            p.idv = a.idv;
-        }
+        bind_terms(b, a);
         if (threads < 1) {
             threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
         }
         AttnPlan plan;
-        irpe_ort::plan_attention(plan, p, irpe_ort::simd_level(), threads);
+        irpe_cpu::plan_attention(plan, b.p, irpe_cpu::simd_level(), threads);
         run(plan, threads);
     });
 }
@@ -178,9 +180,9 @@ const char* irpe_cpu_attention_error(void)
 
 const char* irpe_cpu_attention_simd(void)
 {
-    const auto simd = irpe_ort::simd_level();
-    return simd == irpe_ort::Simd::kAvx512 ? "avx512"
-           : simd == irpe_ort::Simd::kAvx2 ? "avx2"
+    const auto simd = irpe_cpu::simd_level();
+    return simd == irpe_cpu::Simd::kAvx512 ? "avx512"
+           : simd == irpe_cpu::Simd::kAvx2 ? "avx2"
                                           : "portable";
 }
 

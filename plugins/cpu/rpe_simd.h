@@ -4,13 +4,13 @@
 // plain loops here, no standard-library templates, so nothing of another ISA leaks into shared
 // code). V provides: T, kLanes, set1, load, store, max, add, sub, mul, fmadd, fnmadd,
 // round (to nearest), scale (y * 2^n), reduce_max, reduce_add.
-#ifndef IRPE_ORT_RPE_SIMD_H
-#define IRPE_ORT_RPE_SIMD_H
+#ifndef IRPE_CPU_RPE_SIMD_H
+#define IRPE_CPU_RPE_SIMD_H
 
 #include <cmath>
 #include <cstdint>
 
-namespace irpe_ort {
+namespace irpe_cpu {
 
 // The vector code the CPU kernels use: the widest the CPU has, capped by $IRPE_ORT_SIMD
 // (portable | avx2 | avx512; read when a kernel is created) to test or compare the paths.
@@ -139,7 +139,7 @@ int64_t weight_rows1_avx512(const float*, int64_t, const float*, int64_t, const 
 // ONNX Runtime runs next on that thread (measured: docs/export.md).
 void leave_avx512();
 
-}  // namespace irpe_ort
+}  // namespace irpe_cpu
 
 // The members of a vector type V that only differ by the intrinsics' width W (256 / 512):
 // element-wise float ops and scale (y * 2^n for integral n in [-127, 127]; 2^-127 encodes as 0,
@@ -162,7 +162,7 @@ void leave_avx512();
     }
 
 // The entry points above for vector type V, named with suffix ISA (one use per rpe_simd_*.cpp,
-// inside namespace irpe_ort).
+// inside namespace irpe_cpu).
 #define IRPE_SIMD_ENTRY_POINTS(V, ISA)                                                         \
     void softmax_rows4_##ISA(float* const* x, int64_t n, float* const* out)                    \
     {                                                                                          \
@@ -183,4 +183,4 @@ void leave_avx512();
         return rows_times_weight<V, 1>(s, k, w, d, base, out);                                 \
     }
 
-#endif  // IRPE_ORT_RPE_SIMD_H
+#endif  // IRPE_CPU_RPE_SIMD_H

@@ -1,14 +1,14 @@
 // The AVX-512F vector type V of rpe_simd.h and rpe_attention.h (16 float lanes), for the files
 // compiled with -mavx512f (rpe_simd_avx512.cpp, rpe_attention_bf16.cpp). In an unnamed
 // namespace: each such file gets its own copy, built with its own flags.
-#ifndef IRPE_ORT_RPE_SIMD_AVX512_H
-#define IRPE_ORT_RPE_SIMD_AVX512_H
+#ifndef IRPE_CPU_RPE_SIMD_AVX512_H
+#define IRPE_CPU_RPE_SIMD_AVX512_H
 
 #include <immintrin.h>
 
 #include "rpe_simd.h"
 
-namespace irpe_ort {
+namespace irpe_cpu {
 
 namespace {
 
@@ -115,6 +115,6 @@ struct Avx512 {
 
 }  // namespace
 
-}  // namespace irpe_ort
+}  // namespace irpe_cpu
 
-#endif  // IRPE_ORT_RPE_SIMD_AVX512_H
+#endif  // IRPE_CPU_RPE_SIMD_AVX512_H

@@ -5,7 +5,7 @@
 
 #include "rpe_simd.h"
 
-namespace irpe_ort {
+namespace irpe_cpu {
 
 Simd simd_level()
 {
@@ -29,4 +29,4 @@ bool cpu_has_bf16()
            __builtin_cpu_supports("avx512bf16");
 }
 
-}  // namespace irpe_ort
+}  // namespace irpe_cpu

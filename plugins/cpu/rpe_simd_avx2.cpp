@@ -5,7 +5,7 @@
 #include "rpe_attention_plan.h"
 #include "rpe_simd.h"
 
-namespace irpe_ort {
+namespace irpe_cpu {
 
 namespace {
 
@@ -52,4 +52,4 @@ void attention_pair_avx2(const AttnProblem& p, int64_t bh, int64_t row0, int64_t
     attn_pair<Avx2, kAttnRowsAvx2>(p, bh, row0, row1, scratch);
 }
 
-}  // namespace irpe_ort
+}  // namespace irpe_cpu

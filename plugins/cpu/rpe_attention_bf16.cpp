@@ -13,7 +13,7 @@
 #include "rpe_attention_plan.h"
 #include "rpe_simd_avx512.h"
 
-namespace irpe_ort {
+namespace irpe_cpu {
 
 namespace {
 
@@ -264,4 +264,4 @@ void attention_pair_bf16(const AttnProblem& p, int64_t bh, int64_t row0, int64_t
     }
 }
 
-}  // namespace irpe_ort
+}  // namespace irpe_cpu

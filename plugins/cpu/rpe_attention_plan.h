@@ -1,9 +1,9 @@
 // RPEAttention's pairs per instruction set, one call's plan and tasks, and the id tables and
 // weights the kernel reads (defined in rpe_attention_run.cpp, rpe_simd_*.cpp and
 // rpe_attention_bf16.cpp); the block itself is rpe_attention.h. What the ONNX Runtime op, the
-// OpenVINO op and the C API include.
-#ifndef IRPE_ORT_RPE_ATTENTION_PLAN_H
-#define IRPE_ORT_RPE_ATTENTION_PLAN_H
+// OpenVINO op and the C API run, after binding their inputs (rpe_attention_bind.h).
+#ifndef IRPE_CPU_RPE_ATTENTION_PLAN_H
+#define IRPE_CPU_RPE_ATTENTION_PLAN_H
 
 #include <atomic>
 #include <cstddef>
@@ -12,7 +12,7 @@
 
 #include "rpe_attention.h"
 
-namespace irpe_ort {
+namespace irpe_cpu {
 
 using AttnPairFn = void (*)(const AttnProblem&, int64_t, int64_t, int64_t, float*);
 void attention_pair_avx2(const AttnProblem& p, int64_t bh, int64_t row0, int64_t row1,
@@ -50,14 +50,6 @@ std::vector<int32_t> pad_ids(const void* ids, bool wide, int64_t l, int64_t k, A
 // A weight [rows, cols] times `factor`, padded with zero columns to attn_pad(cols).
 std::vector<float> pad_columns(const float* w, int64_t rows, int64_t cols, float factor);
 
-// The op's q, k, v inputs (dims and data; k, v nullptr when absent) into p: three [B, H, L, d]
-// of one shape, or q the packed qkv [B, L, 3, H, d] (timm's reshape of the projection) with k
-// and v absent. Returns B; std::invalid_argument for any other layout. Shared by the ONNX
-// Runtime and OpenVINO ops, so both read the same layouts.
-int64_t read_qkv(AttnProblem& p, const std::vector<int64_t>& q_dims, const float* q,
-                 const std::vector<int64_t>& k_dims, const float* k,
-                 const std::vector<int64_t>& v_dims, const float* v);
+}  // namespace irpe_cpu
 
-}  // namespace irpe_ort
-
-#endif  // IRPE_ORT_RPE_ATTENTION_PLAN_H
+#endif  // IRPE_CPU_RPE_ATTENTION_PLAN_H

@@ -4,17 +4,19 @@
 //            through per-row bucket lists; ids outside [0, K) dropped)
 // One call handles ONE output row, so rows can go to different threads without any shared
 // writes: the result does not depend on the thread count (no atomics, fixed summation order).
-// On-the-fly ids come from irpe_bucket.h, the header the CUDA kernels use too.
-#ifndef IRPE_ORT_RPE_CPU_H
-#define IRPE_ORT_RPE_CPU_H
+// On-the-fly ids come from irpe_bucket.h, the header the CUDA kernels use too. Shared by the
+// ONNX Runtime library (plugins/onnxruntime) and the OpenVINO library (plugins/openvino).
+#ifndef IRPE_CPU_RPE_CPU_H
+#define IRPE_CPU_RPE_CPU_H
 
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include "irpe_bucket.h"
 
-namespace irpe_ort {
+namespace irpe_cpu {
 
 // Element conversion for the scatter's fp32 accumulation (identity for float).
 template <typename T>
@@ -41,6 +43,24 @@ inline void gather_row(const T* __restrict table_row, const I* __restrict ids, i
     }
 }
 
+// The ids of a table with K buckets as int32, -1 outside [0, K) (the form the SIMD rows index
+// with); false when K does not fit int32.
+inline bool narrow_ids(const void* ids, bool wide, int64_t count, int64_t k,
+                       std::vector<int32_t>& out)
+{
+    if (k > INT32_MAX) {
+        return false;
+    }
+    out.resize(static_cast<size_t>(count));
+    for (int64_t n = 0; n < count; ++n) {
+        const int64_t v = wide ? static_cast<const int64_t*>(ids)[n]
+                               : static_cast<const int32_t*>(ids)[n];
+        out[static_cast<size_t>(n)] =
+            static_cast<uint64_t>(v) < static_cast<uint64_t>(k) ? static_cast<int32_t>(v) : -1;
+    }
+    return true;
+}
+
 // Bucket lists of one index row (CSR): the keys j with id t are pos[off[t] .. off[t+1]), in
 // ascending j; ids outside [0, K) are left out. Built once per query row, shared by all (b, h).
 template <typename I>
@@ -64,6 +84,25 @@ inline void bucket_lists(const I* __restrict ids, int64_t lk, int64_t k, int32_t
             pos[next[static_cast<size_t>(t)]++] = static_cast<int32_t>(j);
         }
     }
+}
+
+// Bucket lists (bucket_lists) of every row of an [Lq, Lk] index: row i's at off[i * (K + 1)]
+// and pos[i * Lk].
+struct BucketLists {
+    std::vector<int32_t> off, pos;
+};
+
+// The bucket lists of every row of `ids`, one row after another (the ONNX Runtime library
+// builds them on its pool instead: rpe_ort_rows.cpp).
+template <typename I>
+inline BucketLists all_bucket_lists(const I* ids, int64_t lq, int64_t lk, int64_t k)
+{
+    BucketLists b{std::vector<int32_t>(static_cast<size_t>(lq * (k + 1))),
+                  std::vector<int32_t>(static_cast<size_t>(lq * lk))};
+    for (int64_t i = 0; i < lq; ++i) {
+        bucket_lists(ids + i * lk, lk, k, b.off.data() + i * (k + 1), b.pos.data() + i * lk);
+    }
+    return b;
 }
 
 // Each bucket's sum stays in a register (no store-to-load chain through an accumulator array
@@ -122,6 +161,6 @@ inline std::vector<int32_t> grid_ids(const irpe_bucket_params& p)
     return ids;
 }
 
-}  // namespace irpe_ort
+}  // namespace irpe_cpu
 
-#endif  // IRPE_ORT_RPE_CPU_H
+#endif  // IRPE_CPU_RPE_CPU_H

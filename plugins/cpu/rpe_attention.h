@@ -3,10 +3,10 @@
 // softmax, the iRPE-V bucket sums and the products with v and the V table never leave the
 // thread's scratch; only q, k, v and the output go through memory. Written once over a vector
 // type V (rpe_simd.h) and compiled per instruction set (rpe_simd_avx2.cpp, rpe_simd_avx512.cpp);
-// rpe_attention.cpp holds the ONNX Runtime kernel and the portable (scalar) path; the tasks,
-// the plan and the id tables are declared in rpe_attention_plan.h.
-#ifndef IRPE_ORT_RPE_ATTENTION_H
-#define IRPE_ORT_RPE_ATTENTION_H
+// rpe_attention_run.cpp holds the portable (scalar) path; the tasks, the plan and the id tables
+// are declared in rpe_attention_plan.h, the binding of a caller's inputs in rpe_attention_bind.h.
+#ifndef IRPE_CPU_RPE_ATTENTION_H
+#define IRPE_CPU_RPE_ATTENTION_H
 
 #include <cmath>
 #include <cstddef>
@@ -15,7 +15,7 @@
 #include "rpe_attention_problem.h"
 #include "rpe_simd.h"
 
-namespace irpe_ort {
+namespace irpe_cpu {
 
 // C[MR rows, NV vectors] (+)= A[MR, kk] B[kk, NV vectors]: A's rows at stride lda (rows >= m
 // repeat row m - 1; C always gets MR rows), B's at ldb. The accumulators stay in registers.
@@ -338,6 +338,6 @@ inline void attn_pair(const AttnProblem& p, int64_t bh, int64_t row0, int64_t ro
     }
 }
 
-}  // namespace irpe_ort
+}  // namespace irpe_cpu
 
-#endif  // IRPE_ORT_RPE_ATTENTION_H
+#endif  // IRPE_CPU_RPE_ATTENTION_H

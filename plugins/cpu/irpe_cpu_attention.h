@@ -1,6 +1,7 @@
-/* C ABI of libirpe_cpu_attention: RPEAttention (rpe_attention.h), the ONNX Runtime library's
- * fused iRPE attention block, for callers outside ONNX Runtime (PyTorch's CPU inference:
- * irpe/fused/cpu_library.py). float32, one call = one attention of B x H pairs:
+/* C ABI of libirpe_cpu_attention: RPEAttention (rpe_attention.h), the fused iRPE attention
+ * block that the ONNX Runtime and OpenVINO libraries run as an op, for callers outside both
+ * (PyTorch's CPU inference: irpe/fused/cpu_library.py). float32, one call = one attention of
+ * B x H pairs:
  *
  *   logits = scale * q k^T + (scale * q @ wk)[i, idk[i, j]] + (wq @ k^T)[idq[i, j]]
  *   out    = softmax(logits) @ v + (bucket sums of softmax by idv) @ wv

@@ -6,7 +6,7 @@
 #include "rpe_simd.h"
 #include "rpe_simd_avx512.h"
 
-namespace irpe_ort {
+namespace irpe_cpu {
 
 IRPE_SIMD_ENTRY_POINTS(Avx512, avx512)
 
@@ -31,4 +31,4 @@ void leave_avx512()
         "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31");
 }
 
-}  // namespace irpe_ort
+}  // namespace irpe_cpu

@@ -1,13 +1,13 @@
 // RPEAttention's problem: one call's sizes, data and optional tables (AttnProblem), the
 // paddings and layouts the kernel reads, and one task's scratch (AttnScratch, attn_carve). The
 // block's math over them is rpe_attention.h.
-#ifndef IRPE_ORT_RPE_ATTENTION_PROBLEM_H
-#define IRPE_ORT_RPE_ATTENTION_PROBLEM_H
+#ifndef IRPE_CPU_RPE_ATTENTION_PROBLEM_H
+#define IRPE_CPU_RPE_ATTENTION_PROBLEM_H
 
 #include <algorithm>
 #include <cstdint>
 
-namespace irpe_ort {
+namespace irpe_cpu {
 
 // Column padding of every scratch row and id row: 16 floats, one AVX-512 vector (the GEMM
 // tiles are 2 vectors wide, and 1 vector for a last 16 columns).
@@ -102,6 +102,6 @@ inline int64_t attn_scratch(const AttnProblem& p, int mr)
     return attn_carve(p, mr, nullptr, nullptr);
 }
 
-}  // namespace irpe_ort
+}  // namespace irpe_cpu
 
-#endif  // IRPE_ORT_RPE_ATTENTION_PROBLEM_H
+#endif  // IRPE_CPU_RPE_ATTENTION_PROBLEM_H
