@@ -3,8 +3,9 @@ every folder of the packages irpe/, serve/, export/, plugins/, and nothing that 
 plugins/README.md's map lists every entry of plugins/; every folder README's module table names
 every source file of its folder (and of its subfolders without a README of their own) and only
 files that exist; every markdown table row is inside a table; NOTICE names exactly the files
-that point to it. The tree is `git ls-files` (tracked files present in the working tree), so
-build outputs, caches and ignored files never count."""
+that point to it; README.md stays an index (at most 250 lines). The tree is `git ls-files`
+(tracked files present in the working tree), so build outputs, caches and ignored files never
+count."""
 from __future__ import annotations
 
 import os
@@ -76,6 +77,15 @@ def test_readme_layout_lists_every_folder_and_only_real_ones():
     assert not absent, f"README's Layout lists folders the tree does not have: {absent}"
     blank = sorted(path for path, what in listed.items() if not what)
     assert not blank, f"README's Layout rows without a description: {blank}"
+
+
+README_MAX_LINES = 250  # the agreed ceiling: README is the index, the reference lives in docs/
+
+
+def test_readme_stays_an_index():
+    lines = (ROOT / "README.md").read_text().count("\n")
+    assert lines <= README_MAX_LINES, (f"README.md has {lines} lines (at most {README_MAX_LINES}):"
+                                       " move reference detail into docs/ and link it")
 
 
 def test_plugins_readme_maps_every_entry_of_plugins():
