@@ -1,10 +1,11 @@
 """torch -> ONNX export of iRPE models (RPE nodes + local functions), validation, quantisation,
 Triton model repositories.
 
-Submodules: ``onnx`` (export_onnx), ``validate``, ``quantize``, ``triton_repo``, ``cli`` (which
-also wires ``irpe build-engine`` to irpe.runtime.tensorrt.build). Import them directly; this package
-imports no exporter module, it only registers the ``onnx`` exporter with irpe.artifact.exporters
-(how serve's demo has files exported without importing export/).
+Submodules: ``onnx`` (``export_onnx``, the one export entry point; its graph step is ``trace``),
+``validate``, ``quantize``, ``triton_repo``, ``cli`` (which also wires ``irpe build-engine`` to
+irpe.runtime.tensorrt.build). Import them directly; this package imports no exporter module, it
+only registers the ``onnx`` exporter with irpe.artifact.exporters (how serve's demo has files
+exported without importing export/).
 """
 from pathlib import Path as _Path
 
