@@ -14,6 +14,7 @@ from typing import List, Optional, TextIO, Tuple
 
 from irpe.artifact.contract import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET
 from irpe.errors import CLIError
+from irpe.outputs import check_outputs
 from irpe.switch import SWITCHES
 
 __all__ = ["add_parser", "cmd_export", "cmd_validate", "cmd_build_engine"]
@@ -57,9 +58,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     ort_options = OrtOptions.from_env().with_(args.custom_ops, args.ops_library, args.rewrites)
     ov_options = OvOptions.from_env()
     if args.json:
-        from irpe.atomic import refuse_same_file
-        refuse_same_file(args.json, args.file, args.checkpoint,
-                         args.source if args.source and os.path.isfile(args.source) else None)
+        check_outputs([args.json], [args.file, args.checkpoint, args.ops_library, args.images,
+                                    args.source if args.source and os.path.isfile(args.source)
+                                    else None])
     try:
         report = validate(args.file, args.source, args.checkpoint, num_inputs=args.num_inputs,
                           image_dir=args.images, atol=args.atol, rtol=args.rtol,
@@ -106,6 +107,10 @@ def cmd_build_engine(args: argparse.Namespace) -> int:
     from irpe.runtime.tensorrt.build import build_engine
     from irpe.runtime.tensorrt.common import EngineBuildError, TensorRTUnavailable
     output = args.output or str(args.onnx).rsplit(".", 1)[0] + ".engine"
+    # the engine and its sidecar (whatever the engine's name), the timing cache (read, then
+    # replaced: its own input, not another's)
+    from irpe.artifact.contract import sidecar_path
+    check_outputs([output, sidecar_path(output), args.timing_cache], [args.onnx, *args.plugin])
     try:
         side = build_engine(args.onnx, output, precision=args.precision, batch=args.batch,
                             height=args.height, width=args.width,

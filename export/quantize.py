@@ -31,8 +31,9 @@ from irpe.artifact.contract import (
     read_onnx_props,
     read_onnx_spec,
 )
-from irpe.atomic import atomic_path, refuse_same_file
+from irpe.atomic import atomic_path
 from irpe.errors import InvalidInput
+from irpe.outputs import check_outputs
 
 from .calibration import SHAPES, calibration_feeds
 
@@ -45,6 +46,7 @@ __all__ = ["QuantMode", "Target", "Activations", "CalibrationMethod", "QuantizeS
            "quantize", "check_settings", "weight_nodes", "calibration_feeds", "SHAPES"]
 
 QUANT_OPS = ("Conv", "Gemm", "MatMul")
+DEFAULT_BATCH = 8  # calibration images per ONNX Runtime run when --batch is not given
 
 
 class QuantMode(str, Enum):
@@ -92,7 +94,7 @@ class QuantizeSettings:
     mode: QuantMode = QuantMode.STATIC
     calibration: Optional[str] = SHAPES  # folder of images, or "shapes"; static only
     samples: int = 64  # calibration images
-    batch: int = 8  # calibration images per run
+    batch: Optional[int] = None  # calibration images per run (None: DEFAULT_BATCH; NNCF: 1)
     method: CalibrationMethod = CalibrationMethod.MINMAX
     per_channel: bool = True
     input_layers: bool = False  # quantise the layers reading the model's input (see weight_nodes)
@@ -100,6 +102,11 @@ class QuantizeSettings:
     activations: Activations = Activations.INT8  # static only
     seed: int = 0  # shapes set seed
     excluded: Sequence[str] = field(default_factory=tuple)  # more node names kept float
+
+    @property
+    def calibration_batch(self) -> int:
+        """The calibration images per ONNX Runtime run: ``batch``, else :data:`DEFAULT_BATCH`."""
+        return self.batch if self.batch is not None else DEFAULT_BATCH
 
     @property
     def activation_form(self) -> str:
@@ -118,6 +125,7 @@ class QuantizeSettings:
         fewer images than ``self.samples`` makes smaller)."""
         out = {k: (v.value if isinstance(v, Enum) else v) for k, v in asdict(self).items()}
         out["excluded"] = list(self.excluded)
+        out["batch"] = self.calibration_batch
         if samples is not None:
             out["samples"] = samples
         if self.mode is QuantMode.DYNAMIC:
@@ -145,15 +153,17 @@ def check_settings(settings: QuantizeSettings) -> None:
     if static and not settings.calibration:
         raise InvalidInput("static quantisation needs a calibration set (a folder of images or "
                          f"'{SHAPES}'); --mode dynamic needs none")
-    if settings.samples < 1 or settings.batch < 1:
+    if settings.samples < 1 or settings.calibration_batch < 1:
         raise InvalidInput(f"calibration samples and batch must be >= 1, got {settings.samples}, "
                          f"{settings.batch}")
     if settings.target is Target.OPENVINO and (
             not static or settings.activations is Activations.UINT8 or
-            settings.method is not CalibrationMethod.MINMAX or not settings.per_channel):
+            settings.method is not CalibrationMethod.MINMAX or not settings.per_channel or
+            settings.batch is not None):
         raise InvalidInput("--target openvino: NNCF picks activations, ranges and per-channel "
-                         "weights itself; --mode dynamic, --activations, --method and "
-                         "--per-tensor are for the ONNX Runtime and TensorRT targets")
+                         "weights itself and calibrates one image at a time; --mode dynamic, "
+                         "--activations, --method, --per-tensor and --batch are for the ONNX "
+                         "Runtime and TensorRT targets")
     empty = [name for name in settings.excluded if not name.strip()]
     if empty:
         raise InvalidInput("--exclude needs a node name, got an empty one")
@@ -264,12 +274,13 @@ def quantize(model_path: os.PathLike | str, output: os.PathLike | str,
     """Quantise an exported file to int8 and write it to ``output``; returns the metadata
     record (:func:`irpe.artifact.contract.quantization_metadata`).
 
-    Everything that can be refused is refused before any work (an output that is the input,
-    option combinations, unknown --exclude names, an unreadable calibration set); the file
-    appears at ``output`` only complete, its metadata included (irpe.atomic)."""
+    Everything that can be refused is refused before any work (an output the write rule
+    refuses: one of the input's files, an IR's .bin included, or a folder; option combinations,
+    unknown --exclude names, an unreadable calibration set); the file appears at ``output``
+    only complete, its metadata included (irpe.atomic)."""
     import onnx
     source, output = Path(model_path), Path(output)
-    refuse_same_file(output, source)
+    check_outputs([output], [source])
     check_settings(settings)
     props, spec = _read_source(source)
     if settings.target is Target.OPENVINO:
@@ -283,7 +294,7 @@ def quantize(model_path: os.PathLike | str, output: os.PathLike | str,
     feeds: List[Dict[str, np.ndarray]] = []
     if settings.mode is QuantMode.STATIC:
         feeds = calibration_feeds(spec, settings.calibration or SHAPES, settings.samples,
-                                  settings.batch, settings.seed)
+                                  settings.calibration_batch, settings.seed)
     used = sum(len(feed["images"]) for feed in feeds)
     settings = replace(settings, excluded=excluded)
     with tempfile.TemporaryDirectory() as tmp, atomic_path(output) as part:

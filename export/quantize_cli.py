@@ -1,4 +1,6 @@
-"""``irpe quantize``: an exported ONNX file -> an int8 ONNX file (export/quantize.py)."""
+"""``irpe quantize``: an exported ONNX file -> an int8 ONNX file for ONNX Runtime or TensorRT
+(export/quantize.py), or an int8 OpenVINO IR, ``.xml`` + ``.bin`` (``--target openvino``,
+export/quantize_openvino.py)."""
 from __future__ import annotations
 
 import argparse
@@ -9,11 +11,13 @@ import sys
 
 from irpe.argtypes import number
 from irpe.errors import CLIError
+from irpe.outputs import companions
 
 __all__ = ["add_parser", "cmd_quantize"]
 
 
 def _default_output(model: str, target: str = "onnxruntime") -> str:
+    """``<model>.int8.onnx``, or ``<model>.int8.xml`` (an IR) for ``--target openvino``."""
     stem = model[:-5] if model.endswith(".onnx") else model
     return stem + (".int8.xml" if target == "openvino" else ".int8.onnx")
 
@@ -25,11 +29,14 @@ def _from_onnxruntime(exc: Exception) -> bool:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
-    """Quantise the file; prints one summary line on stdout (what was quantised and how), and
-    nothing else there: ONNX Runtime's calibration chatter goes to stderr."""
+    """Quantise the file; prints one summary line on stdout (what was quantised and how, the
+    size of every file written), and nothing else there: the quantisers' chatter goes to
+    stderr. A missing input is named before any option is judged."""
+    from irpe.artifact.filecheck import check_file
 
     from .quantize import Activations as Acts
     from .quantize import CalibrationMethod, QuantizeSettings, QuantMode, Target, quantize
+    check_file(args.model, "onnx")
     mode = QuantMode(args.mode)
     if mode is QuantMode.STATIC and not args.calibration:
         raise CLIError("static quantisation needs --calibration DIR|shapes "
@@ -52,7 +59,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         text = str(exc).strip().splitlines()
         raise CLIError(f"quantisation failed: {text[0] if text else type(exc).__name__}") \
             from None
-    print(f"wrote {output} ({os.path.getsize(output) / 1e6:.1f} MB): int8 {mode.value} "
+    size = sum(os.path.getsize(part) for part in companions(output))  # an IR: .xml + .bin
+    print(f"wrote {output} ({size / 1e6:.1f} MB): int8 {mode.value} "
           f"{record['format']}, weights {record['weights']}, "
           f"activations {record['activations'].replace(' calibrated', '')}{_how(record, args)}; "
           f"{record['quantized_nodes']} layers quantised, {record['float_nodes']} kept float "
@@ -74,16 +82,20 @@ def _how(record: dict, args: argparse.Namespace) -> str:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``irpe quantize``."""
-    p = sub.add_parser("quantize", help="int8 post-training quantisation of an exported file "
-                                        "(ONNX Runtime; iRPE ops and attention stay float)")
+    p = sub.add_parser("quantize", help="int8 post-training quantisation of an exported file: "
+                       "an int8 ONNX file (ONNX Runtime, TensorRT) or OpenVINO IR (NNCF); iRPE "
+                       "ops and attention stay float")
     p.add_argument("model", help="ONNX file from `irpe export`")
-    p.add_argument("-o", "--output", help="file to write (default: <model>.int8.onnx)")
+    p.add_argument("-o", "--output", help="file to write (default: <model>.int8.onnx; "
+                   "--target openvino: <model>.int8.xml, its weights beside it as .bin); never "
+                   "one of the input's files nor a folder")
     p.add_argument("--calibration", help="folder of images (subfolders too) or 'shapes' (the "
                                          "synthetic set); static mode only")
     p.add_argument("--mode", choices=["static", "dynamic"], default="static",
                    help="static: calibrated QDQ (default); dynamic: weights only, no data")
     p.add_argument("--samples", type=number(int, 1), default=64, help="calibration images")
-    p.add_argument("--batch", type=number(int, 1), default=8, help="calibration batch size")
+    p.add_argument("--batch", type=number(int, 1), help="calibration batch size (default 8; "
+                   "not with --target openvino: NNCF calibrates one image at a time)")
     p.add_argument("--method", choices=["minmax", "percentile", "entropy"], default="minmax",
                    help="calibration method (default minmax)")
     p.add_argument("--per-tensor", action="store_true",

@@ -9,8 +9,9 @@ blocks then stay float32 ops of the IR, which reads back only with that library:
 ``nncf.quantize`` with ``ModelType.TRANSFORMER`` on images read through the model's own
 preprocessing (:func:`export.calibration.calibration_feeds`), and written as an IR
 (``.xml`` + ``.bin``) carrying the export contract's metadata in its ``rt_info``
-(:mod:`irpe.artifact.openvino_ir`). OpenVINO's CPU plugin runs the FakeQuantize layers NNCF
-inserts with its int8 kernels (VNNI where the CPU has it).
+(:mod:`irpe.artifact.openvino_ir`; its ``write_ir`` records the ``.bin``'s digest, so no
+reader pairs an ``.xml`` with another run's weights). OpenVINO's CPU plugin runs the
+FakeQuantize layers NNCF inserts with its int8 kernels (VNNI where the CPU has it).
 
 Why an IR and not a QDQ ONNX file: NNCF's OpenVINO backend places the quantisers for
 OpenVINO's fusions (its transformer patterns, SmoothQuant) and the IR loads without any
@@ -20,9 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Protocol, Sequence
 
@@ -86,17 +85,14 @@ def quantize_openvino(source: Path, output: Path, settings: "Settings",
                       props: Dict[str, str], spec: "ModelSpec") -> Dict:
     """Calibrate and quantise ``source`` for OpenVINO; write the IR to ``output`` (``.xml``,
     weights beside it) atomically; returns the metadata record."""
-    import openvino as ov
-
-    from irpe.runtime.openvino.session import OpenVINOUnavailable
+    from irpe.runtime.openvino.core import OpenVINOUnavailable
     try:
         import nncf
     except ImportError as exc:  # the runtime extra without the quantiser
         raise OpenVINOUnavailable(f"irpe quantize --target openvino needs NNCF ({exc}): pip "
                                   "install 'irpe-deploy[nncf]'") from None
 
-    from irpe.artifact.openvino_ir import set_ir_props, weights_path
-    from irpe.atomic import atomic_path
+    from irpe.artifact.openvino_ir import set_ir_props, write_ir
     from irpe.runtime.openvino.library import attention_precision, set_attention_precision
     from irpe.runtime.openvino.session import OvOptions, open_model
 
@@ -128,14 +124,7 @@ def quantize_openvino(source: Path, output: Path, settings: "Settings",
     if fused:
         record["attention_precision"] = attention_precision("int8")
     set_ir_props(quantized, dict(props, **quantization_metadata("int8", record)))
-    # staged in a hidden folder beside the output (OpenVINO names its files by the .xml);
-    # the weights move first, the .xml last (irpe.atomic): a reader finds its weights in place
-    with atomic_path(output) as part, \
-            tempfile.TemporaryDirectory(dir=part.parent, prefix=".ir-stage-") as stage:
-        staged = os.path.join(stage, "model.xml")
-        ov.save_model(quantized, staged, compress_to_fp16=False)
-        os.replace(weights_path(staged), weights_path(output))
-        os.replace(staged, part)
+    write_ir(quantized, output)  # .bin then .xml, the .xml recording its .bin's digest
     return record
 
 

@@ -20,6 +20,7 @@ from irpe.artifact.contract import ENGINE_SUFFIXES, read_onnx_props, read_sideca
 from irpe.artifact.triton_config import TensorInfo, model_config, onnx_io, pbtxt
 from irpe.atomic import atomic_dir
 from irpe.errors import InvalidInput
+from irpe.outputs import check_outputs
 from irpe.runtime.onnxruntime.session import default_library
 
 if TYPE_CHECKING:
@@ -67,7 +68,8 @@ def write_repository(repo: StrPath, artifacts: Sequence[str],
     Every artifact is resolved and checked before the first file is written; the model
     directories and README.md are built in a staging folder beside ``repo`` and moved in
     together (irpe.atomic.atomic_dir): an interrupted or failed run leaves ``repo`` as it was
-    (and creates no folder)."""
+    (and creates no folder). A model directory that holds one of the files read (an artifact,
+    an engine's sidecar, a library) is refused before anything moves (irpe.outputs)."""
     repo = Path(repo)
     _check_target(repo, options.force)
     _check_options(options, len(artifacts))
@@ -75,6 +77,9 @@ def write_repository(repo: StrPath, artifacts: Sequence[str],
         models = [_resolve(Path(a), options, Path(scratch) / str(i))
                   for i, a in enumerate(artifacts)]
         _check_names(models)
+        read = [Path(a) for a in artifacts if Path(a).is_file()]
+        read += [path for m in models for path in (m.artifact, *m.libraries)]
+        check_outputs([repo / "README.md"], read, [repo / m.name for m in models])
         with atomic_dir(repo, merge=True) as stage:
             staged = [_install(m, stage, options) for m in models]
             names = {m.name for m in models}

@@ -10,11 +10,16 @@ result, never a part of one, whatever stops the writer (an error, Ctrl-C, a full
   folders the write created: an output's missing folders exist only after success;
 - the move (and the clean-up) runs with SIGINT held, so a Ctrl-C lands before or after it,
   never half way; it is raised as KeyboardInterrupt once the step is done;
-- an output that is one of the inputs (same path, or the same file through a link) is refused
-  before any work (:func:`refuse_same_file`): a tool never destroys its own input.
+- an artifact of several files (an OpenVINO IR) is written by :func:`atomic_files`: all
+  temporaries complete first, then moved in the order given, SIGINT held across the moves;
+- a failure to write names the user's path, never the temporary (:class:`WriteFailed`).
+
+Which paths a command may write at all (never one of its inputs, never a folder) is
+:mod:`irpe.outputs`' part, checked before any work.
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -23,34 +28,25 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator, List, Optional, Sequence
 
-from .errors import InvalidInput
+from .errors import ResourceError
+from .outputs import OutputIsFolder, OutputRefused, check_outputs
 
-__all__ = ["SameFileError", "same_file", "refuse_same_file", "temp_name", "held_interrupts",
+__all__ = ["refuse_same_file", "WriteFailed", "temp_name", "held_interrupts", "atomic_files",
            "atomic_path", "atomic_open", "write_bytes", "write_text", "atomic_dir"]
 
+# errors of a write that carry no file name but are about the file written
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 
-class SameFileError(InvalidInput):
-    """The output names one of the inputs: writing it would destroy that input."""
 
-
-def same_file(a: os.PathLike | str, b: os.PathLike | str) -> bool:
-    """Whether ``a`` and ``b`` are the same path (after normalisation) or the same existing
-    file (hard or symbolic links, ``os.path.samefile``)."""
-    if os.path.abspath(a) == os.path.abspath(b):
-        return True
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them does not exist (yet): not the same file
-        return False
+class WriteFailed(ResourceError):
+    """The system refused to write an output (permissions, a full disk, a file system that
+    takes no new files): one line naming the output the user asked for."""
 
 
 def refuse_same_file(output: os.PathLike | str, *inputs: Optional[os.PathLike | str]) -> None:
-    """Raise :class:`SameFileError` when ``output`` is one of ``inputs`` (None ones skipped)."""
-    for source in inputs:
-        if source is not None and same_file(output, source):
-            raise SameFileError(f"the output {os.fspath(output)} is the input "
-                                f"{os.fspath(source)}: choose another output path (an input is "
-                                "never overwritten)")
+    """:func:`irpe.outputs.check_outputs` for one output (None inputs skipped); kept for the
+    writers that check one file."""
+    check_outputs([output], inputs)
 
 
 def temp_name(target: os.PathLike | str) -> Path:
@@ -138,29 +134,80 @@ def _discard(path: Path) -> None:
 
 
 @contextmanager
+def atomic_files(targets: Sequence[os.PathLike | str]) -> Iterator[List[Path]]:
+    """Yield a temporary path beside each of ``targets`` for the block to write completely;
+    then fsync them and move each over its target, in the order given, with SIGINT held across
+    all the moves. On any exception (KeyboardInterrupt too) the temporaries and the folders
+    created for them are removed and the targets not yet moved are untouched.
+
+    The moves are separate renames: a reader between two of them sees the new files moved so
+    far beside the old others. An artifact of several files therefore moves the file a reader
+    opens first last, and that file records what it expects of the others (an IR's ``.xml``
+    the size and digest of its ``.bin``: :func:`irpe.artifact.openvino_ir.write_ir`)."""
+    paths = [Path(target) for target in targets]
+    for path in paths:
+        if path.is_dir():
+            raise OutputIsFolder(f"the output {path} is a folder: name a file to write")
+    temps = [temp_name(path) for path in paths]
+    created: List[Path] = []
+    try:
+        with _naming(paths, temps):
+            for path in paths:
+                created += _make_parents(path.parent)
+            yield temps
+            for path, tmp in zip(paths, temps, strict=True):
+                if not tmp.is_file():
+                    raise FileNotFoundError(f"the writer of {path} wrote nothing to {tmp}")
+                _fsync(tmp)
+            with held_interrupts():
+                for path, tmp in zip(paths, temps, strict=True):
+                    os.replace(tmp, path)
+                for folder in dict.fromkeys(path.parent for path in paths):
+                    _fsync(folder, folder=True)
+    except BaseException:
+        with held_interrupts():
+            for tmp in temps:
+                _discard(tmp)
+            _remove_created(created)
+        raise
+
+
+@contextmanager
 def atomic_path(target: os.PathLike | str) -> Iterator[Path]:
     """Yield a temporary path beside ``target`` for the block to write completely (any writer
     that takes a path: ``onnx.save``, ``torch.save``, ONNX Runtime's quantiser); then fsync it
     and move it over ``target``. On any exception (KeyboardInterrupt too) the temporary and the
-    folders created for it are removed and ``target`` is untouched."""
-    target = Path(target)
-    if target.is_dir():
-        raise IsADirectoryError(f"{target} is a folder, not a file to write")
-    created = _make_parents(target.parent)
-    tmp = temp_name(target)
-    try:
+    folders created for it are removed and ``target`` is untouched (:func:`atomic_files`)."""
+    with atomic_files([target]) as (tmp,):
         yield tmp
-        if not tmp.is_file():
-            raise FileNotFoundError(f"the writer of {target} wrote nothing to {tmp}")
-        _fsync(tmp)
-        with held_interrupts():
-            os.replace(tmp, target)
-            _fsync(target.parent, folder=True)
-    except BaseException:
-        with held_interrupts():
-            _discard(tmp)
-            _remove_created(created)
-        raise
+
+
+@contextmanager
+def _naming(targets: Sequence[Path], temps: Sequence[Path]) -> Iterator[None]:
+    """Re-raise a system error about a temporary (or a folder made for a target, or a full
+    disk) as :class:`WriteFailed` naming the target: the user never chose the temporary."""
+    try:
+        yield
+    except OSError as exc:
+        target = _written(exc, targets, temps)
+        if target is None or isinstance(exc, ResourceError):
+            raise
+        raise WriteFailed(f"cannot write {target}: {exc.strerror or exc}") from exc
+
+
+def _written(exc: OSError, targets: Sequence[Path], temps: Sequence[Path]) -> Optional[Path]:
+    """The target ``exc`` is about, or None when it is about something else (an input)."""
+    names = [os.path.abspath(name) for name in (exc.filename, exc.filename2)
+             if isinstance(name, (str, os.PathLike))]
+    if not names:
+        return targets[-1] if exc.errno in _WRITE_ERRNOS else None
+    for target, tmp in zip(targets, temps, strict=True):
+        owned = [os.path.abspath(tmp), os.path.abspath(target)]
+        owned += [os.path.abspath(folder) for folder in target.parents]
+        for name in names:
+            if name in owned or name.startswith(owned[0] + os.sep):
+                return target
+    return None
 
 
 @contextmanager
@@ -202,21 +249,22 @@ def atomic_dir(target: os.PathLike | str, merge: bool = False) -> Iterator[Path]
     and the folders created for it are removed."""
     target = Path(target)
     if target.exists() and not target.is_dir():
-        raise NotADirectoryError(f"{target} exists and is not a folder")
+        raise OutputRefused(f"the output folder {target} exists and is not a folder")
     created = _make_parents(target.parent)
     stage = temp_name(target)
     _discard(stage)
     try:
-        stage.mkdir()
-        yield stage
-        with held_interrupts():
-            if merge and target.is_dir():
-                for entry in sorted(stage.iterdir()):
-                    _swap(entry, target / entry.name)
-                stage.rmdir()
-            else:
-                _swap(stage, target)
-            _fsync(target.parent, folder=True)
+        with _naming([target], [stage]):
+            stage.mkdir()
+            yield stage
+            with held_interrupts():
+                if merge and target.is_dir():
+                    for entry in sorted(stage.iterdir()):
+                        _swap(entry, target / entry.name)
+                    stage.rmdir()
+                else:
+                    _swap(stage, target)
+                _fsync(target.parent, folder=True)
     except BaseException:
         with held_interrupts():
             _discard(stage)

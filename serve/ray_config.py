@@ -6,21 +6,26 @@ RayService's ``serveConfigV2``): one application whose ``import_path`` is
 command. The replicas' options are not copied into it: the builder reads them from the
 repository's ``ray:`` section on the cluster, so the repository stays their one source (a
 ``deployments:`` entry added by hand wins, as Ray documents).
+
+The file is never written over anything the server reads (irpe.outputs): the repository file
+and every file its models name (the artifact with its companions, an IR's ``.bin``, an
+engine's sidecar; labels, metadata, libraries).
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional
 
 import yaml
 
-from irpe.atomic import refuse_same_file, write_text
+from irpe.atomic import write_text
+from irpe.outputs import check_outputs
 
 from .config import ServeSettings
 from .launch import Launch
 
-__all__ = ["BUILDER", "serve_config", "write_serve_config"]
+__all__ = ["BUILDER", "serve_config", "served_files", "write_serve_config"]
 
 BUILDER = "serve.ray_app:build"  # the import path the cluster's Python resolves
 
@@ -41,8 +46,24 @@ def serve_config(launch: Launch, settings: ServeSettings) -> Dict[str, Any]:
     }
 
 
+def served_files(settings: ServeSettings) -> List[Path]:
+    """The files the server reads for its models: each model's artifact, metadata, labels
+    file and libraries, and the server's default libraries (companions are added by
+    :func:`irpe.outputs.check_outputs`)."""
+    files: List[Optional[Path]] = [settings.repository, settings.ort_ops_library,
+                                   settings.ov_ops_library]
+    for model in settings.models:
+        labels = model.labels if isinstance(model.labels, Path) else None
+        files += [model.path, model.metadata, labels, model.ort_ops_library,
+                  model.ov_ops_library, *model.plugins]
+    return [path for path in files if path is not None]
+
+
 def write_serve_config(target: str, launch: Launch, settings: ServeSettings) -> int:
-    """Write :func:`serve_config` as YAML to ``target`` (atomically; ``-``: stdout)."""
+    """Write :func:`serve_config` as YAML to ``target`` (atomically; ``-``: stdout); refused
+    before anything is written where ``target`` is a file the server reads or a folder."""
+    if target != "-":
+        check_outputs([target], [launch.repository, *served_files(settings)])
     text = ("# Ray Serve config of irpe serve (irpe serve --ray-config); run it with\n"
             "#   serve run FILE   or   serve deploy FILE   (the cluster needs\n"
             "#   pip install 'irpe-deploy[ray]' and the model files at these paths)\n"
@@ -51,7 +72,6 @@ def write_serve_config(target: str, launch: Launch, settings: ServeSettings) -> 
         sys.stdout.write(text)
         return 0
     path = Path(target)
-    refuse_same_file(path, launch.repository)
     write_text(path, text)
     print(f"wrote {path} (serve run {path})")
     return 0

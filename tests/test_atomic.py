@@ -1,6 +1,7 @@
 """irpe.atomic, the one home of the atomic-write rule (docs/DECISIONS.md), and the writers that
-use it: a result appears complete or not at all, a failed or interrupted write leaves neither
-its temporary nor the folders it created, an output that is an input is refused."""
+use it: a result appears complete or not at all (several files: moved in order, SIGINT held),
+a failed or interrupted write leaves neither its temporary nor the folders it created, a write
+the system refuses names the target, an output that is an input is refused (irpe.outputs)."""
 from __future__ import annotations
 
 import os
@@ -12,17 +13,18 @@ from pathlib import Path
 import pytest
 
 from irpe.atomic import (
-    SameFileError,
+    WriteFailed,
     atomic_dir,
+    atomic_files,
     atomic_open,
     atomic_path,
     held_interrupts,
     refuse_same_file,
-    same_file,
     temp_name,
     write_bytes,
     write_text,
 )
+from irpe.outputs import SameFileError, same_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,6 +75,35 @@ def test_a_writer_that_wrote_nothing_or_a_folder_target_is_an_error(tmp_path):
     with pytest.raises(IsADirectoryError, match="is a folder"):
         write_bytes(tmp_path, b"x")
     assert _entries(tmp_path) == []
+
+
+def test_several_files_move_in_order_or_none_does(tmp_path, monkeypatch):
+    first, last = tmp_path / "m.bin", tmp_path / "m.xml"
+    with pytest.raises(RuntimeError):
+        with atomic_files([first, last]) as (a, b):
+            a.write_bytes(b"weights")
+            raise RuntimeError("before the moves")
+    assert _entries(tmp_path) == []
+    moved = []
+    real = os.replace
+
+    def replace(src, dst):
+        moved.append(Path(dst).name)
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with atomic_files([first, last]) as (a, b):
+        a.write_bytes(b"weights")
+        b.write_bytes(b"graph")
+    assert moved == ["m.bin", "m.xml"] and _entries(tmp_path) == ["m.bin", "m.xml"]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_a_refused_write_names_the_target_not_the_temporary(tmp_path):
+    for target in ("/proc/x.yaml", "/proc/sub/x.yaml"):
+        with pytest.raises(WriteFailed, match=f"^cannot write {target}: ") as caught:
+            write_text(target, "x")
+        assert ".tmp-" not in str(caught.value)
 
 
 def test_same_file_sees_paths_and_links(tmp_path):

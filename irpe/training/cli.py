@@ -39,7 +39,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     values.update(task=task, progress=not args.no_progress)
     if args.data != "shapes" and not os.path.isdir(args.data):
         raise CLIError(f"data directory not found: {args.data} (or use --data shapes)")
-    _check_output(args.output, args.resume, args.force)
+    _check_output(args.output, args.resume, args.force, args.init)
     record = train(TrainConfig(**values))
     if os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 reports
         return 0
@@ -48,11 +48,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_output(out: str, resume: Optional[str], force: bool) -> None:
+def _check_output(out: str, resume: Optional[str], force: bool,
+                  init: Optional[str] = None) -> None:
     """Refuse a non-empty run folder (a finished run would be overwritten and its log appended
-    to) unless the run resumes; ``--force`` removes only the files a run writes."""
+    to) unless the run resumes, and run files that are inputs (irpe.outputs: ``--init`` or
+    ``--resume`` naming them; a run's own ``last.pt`` resumed is the state it replaces and
+    stays allowed); ``--force`` removes only the files a run writes, after those checks."""
+    from ..outputs import check_outputs, same_file
     if os.path.exists(out) and not os.path.isdir(out):
         raise CLIError(f"{out} exists and is not a directory")
+    own_state = resume is not None and same_file(resume, os.path.join(out, "last.pt"))
+    check_outputs([os.path.join(out, name) for name in RUN_FILES],
+                  [init, None if own_state else resume])
     if resume or not os.path.isdir(out) or not os.listdir(out):
         return
     if not force:
@@ -139,8 +146,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from .distributed import ShardSampler, setup, teardown
     from .evaluate import evaluate_classification, evaluate_detection
-    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-        raise CLIError(f"--json {args.json}: folder {os.path.dirname(args.json)} not found")
+    if args.json:
+        from ..outputs import check_outputs
+        check_outputs([args.json], [path for path in (args.model, args.checkpoint, args.data)
+                                    if path and os.path.exists(path)])
+        if not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+            raise CLIError(f"--json {args.json}: folder {os.path.dirname(args.json)} not found")
     torch.set_num_threads(args.threads)
     dist, device = setup(args.device)
     ended_well = False
