@@ -11,9 +11,10 @@ from pathlib import PurePosixPath
 import pytest
 import yaml
 
-from serve.config import ServeSettings, read_repository
+from serve.config import ServeSettings
 from serve.launch import Launch
 from serve.ray_config import BUILDER
+from serve.repository import read_repository
 from tests.k8s_common import DEPLOY, round_trip
 
 SERVICE = yaml.safe_load((DEPLOY / "kuberay" / "rayservice.yaml").read_text())
