@@ -7,7 +7,7 @@ and padded H, W runs on the same compiled model; the precision is set explicitly
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -17,6 +17,11 @@ from irpe.runtime.base import Feeds, RuntimeFile
 from .session import OvOptions, compile_model, compiled_precision
 
 __all__ = ["OvFile"]
+
+
+def _dims(shape: Any) -> Tuple[Optional[int], ...]:
+    """An OpenVINO partial shape with its dynamic axes as None."""
+    return tuple(int(d.get_length()) if d.is_static else None for d in shape)
 
 
 class OvFile(RuntimeFile):
@@ -34,10 +39,8 @@ class OvFile(RuntimeFile):
         self.outputs = tuple(o.get_any_name() for o in self.compiled.outputs)
         self.precision = ("int8" if info.precision == "int8"
                           else compiled_precision(self.compiled))
-        shapes = {o.get_any_name(): tuple(d.get_length() if d.is_static else None
-                                          for d in o.get_partial_shape())
-                  for o in self.compiled.outputs}
-        self.check_contract(shapes)
+        self.check_contract({o.get_any_name(): _dims(o.get_partial_shape())
+                             for o in self.compiled.outputs})
 
     def run(self, feeds: Feeds, names: Optional[Sequence[str]] = None) -> Dict[str, np.ndarray]:
         # inputs shared (infer is synchronous), outputs copied: the request reuses its buffers
