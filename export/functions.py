@@ -19,16 +19,20 @@ import onnx
 import onnx.inliner
 from onnx import AttributeProto, FunctionProto, ModelProto, NodeProto, TensorProto, helper
 
+# the domain, op names and plugin fields: the one op table (irpe.artifact.ops), re-exported
+from irpe.artifact.ops import (
+    DOMAIN,
+    DOMAIN_VERSION,
+    GATHER,
+    PLUGIN_NAMESPACE,
+    PLUGIN_VERSION,
+    SCATTER,
+)
+
 __all__ = ["DOMAIN", "GATHER", "SCATTER", "PLUGIN_NAMESPACE", "PLUGIN_VERSION", "OP_ATTRIBUTES",
            "gather_function", "scatter_function", "attach_functions", "inline_functions",
            "rpe_nodes"]
 
-DOMAIN = "irpe"
-DOMAIN_VERSION = 1
-GATHER = "RPEGather"
-SCATTER = "RPEScatter"
-PLUGIN_NAMESPACE = "irpe"
-PLUGIN_VERSION = "1"
 # attributes every RPE node carries (the plugin creator's field names)
 OP_ATTRIBUTES = ["plugin_namespace", "plugin_version", "num_buckets"]
 

@@ -10,8 +10,7 @@ from typing import Any, List, Optional
 import torch
 
 from irpe.artifact.contract import MIN_OPSET
-
-from .functions import DOMAIN, GATHER, PLUGIN_NAMESPACE, PLUGIN_VERSION, SCATTER
+from irpe.artifact.ops import DOMAIN, GATHER, PLUGIN_NAMESPACE, PLUGIN_VERSION, SCATTER
 
 __all__ = ["register"]
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Tuple, Union
 
 from irpe.artifact.filecheck import check_file
+from irpe.artifact.ops import OPENVINO_OPSET
 from irpe.errors import InvalidInput, MissingFile
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ RT_INFO_NODE = "irpe"  # rt_info child that holds the metadata entries
 # the opset of the iRPE OpenVINO library's operations (plugins/openvino): an IR quantised where
 # the library was loaded stores its RPEAttention / RPEGather / RPEScatter layers under it, and
 # reads back only with that library
-LIBRARY_OPSET = "irpe"
+LIBRARY_OPSET = OPENVINO_OPSET
 FileName = Union[str, "os.PathLike[str]"]  # a file name as callers hold it
 # the rt_info entries in which write_ir records the IR's .bin (bytes, hex SHA-256)
 WEIGHTS_SIZE = "irpe.ir.weights_bytes"

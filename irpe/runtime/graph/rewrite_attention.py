@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from irpe.artifact.contract import DEFAULT_OPSET
-from irpe.runtime.onnxruntime.op_names import (
+from irpe.artifact.ops import (
     ATTENTION,
     BUCKET_MATMUL_ADD,
     DOMAIN,

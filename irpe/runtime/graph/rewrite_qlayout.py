@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
-from irpe.runtime.onnxruntime.op_names import DOMAIN, GATHER
+from irpe.artifact.ops import DOMAIN, GATHER
 
 if TYPE_CHECKING:  # onnx and numpy are imported when a model is rewritten
     import numpy as np

@@ -32,9 +32,7 @@ from typing import (
 )
 
 from irpe.artifact.contract import DEFAULT_OPSET
-from irpe.runtime.graph.rewrite_attention import fuse_attention
-from irpe.runtime.graph.rewrite_qlayout import relayout_q
-from irpe.runtime.onnxruntime.op_names import (
+from irpe.artifact.ops import (
     BUCKET_MATMUL_ADD,
     DOMAIN,
     GATHER,
@@ -44,6 +42,8 @@ from irpe.runtime.onnxruntime.op_names import (
     SCATTER_MATMUL_ADD,
     SOFTMAX_OPS,
 )
+from irpe.runtime.graph.rewrite_attention import fuse_attention
+from irpe.runtime.graph.rewrite_qlayout import relayout_q
 
 if TYPE_CHECKING:
     from onnx import GraphProto, ModelProto, NodeProto

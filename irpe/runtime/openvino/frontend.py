@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Any, List
 
 import numpy as np
 
+from irpe.artifact.ops import DOMAIN  # the exporter's node domain (re-exported)
+
 if TYPE_CHECKING:
     import openvino
 
 __all__ = ["DOMAIN", "LOWERING", "conversion_extensions", "add_irpe_ops"]
 
-DOMAIN = "irpe"  # export.functions.DOMAIN: the exporter's node domain
 # how the iRPE nodes run, for the one-line description of a compiled model
 LOWERING = "converted at load (Gather, ScatterElementsUpdate)"
 

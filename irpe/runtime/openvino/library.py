@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Tuple, Union
 
+from irpe.artifact.ops import ATTENTION, DOMAIN, OPENVINO_LIBRARY_OPS, SCATTER
 from irpe.errors import CLIError
 from irpe.plugin_files import BUILD_DIR
 from irpe.switch import Switch
@@ -34,15 +35,13 @@ from .core import core
 if TYPE_CHECKING:
     import openvino
 
-__all__ = ["LIBRARY", "LIBRARY_OPS", "BUILD_COMMAND", "OvLibraryError", "default_library",
-           "resolve_library", "library_source", "attention_precision", "set_attention_precision",
-           "attention_products"]
+__all__ = ["LIBRARY", "OPENVINO_LIBRARY_OPS", "BUILD_COMMAND", "OvLibraryError",
+           "default_library", "resolve_library", "library_source", "attention_precision",
+           "set_attention_precision", "attention_products"]
 
 log = logging.getLogger("irpe.runtime.openvino")
 
 LIBRARY = "libirpe_openvino.so"
-# the irpe-domain ops the library runs (plugins/openvino/rpe_ov_ops.hpp)
-LIBRARY_OPS = frozenset({"RPEGather", "RPEScatter", "RPEAttention"})
 BUILD_COMMAND = "make ov-ops"
 
 
@@ -90,8 +89,8 @@ def library_source(path: str, force: bool = False
                    ) -> Tuple[Optional[Union[str, bytes]], int]:
     """What the library reads of the exported file, where it wins, and how many attention
     blocks it fuses: the file's attention blocks rewritten to ``RPEAttention`` (bytes) when
-    every iRPE node left is one of :data:`LIBRARY_OPS`; else ``path`` itself when the file has
-    the V term (RPEScatter: the library's bucket sums against a reference
+    every iRPE node left is one of :data:`OPENVINO_LIBRARY_OPS`; else ``path`` itself when the
+    file has the V term (RPEScatter: the library's bucket sums against a reference
     ScatterElementsUpdate); else None: the frontend conversions. From measurement
     (docs/DECISIONS.md): without iRPE terms OpenVINO's own fused attention is as fast in fp32
     and faster in int8; a K/Q-only file that does not fuse runs OpenVINO's JIT Gather as fast
@@ -101,7 +100,6 @@ def library_source(path: str, force: bool = False
     import onnx
 
     from irpe.runtime.graph.rewrites import FuseCounts, fuse_proto
-    from irpe.runtime.onnxruntime.op_names import DOMAIN, SCATTER
     try:  # parsed once: the rewrite works on this proto in place
         model = onnx.load(path, load_external_data=False)
     except Exception:  # noqa: BLE001 - OpenVINO reads it next and names the problem
@@ -114,7 +112,8 @@ def library_source(path: str, force: bool = False
         counts = fuse_proto(model)
     except Exception:  # noqa: BLE001 - a graph the rewrite does not handle: read as it is
         counts = FuseCounts()
-    if counts.attention and not any(n.domain == DOMAIN and n.op_type not in LIBRARY_OPS
+    if counts.attention and not any(n.domain == DOMAIN
+                                    and n.op_type not in OPENVINO_LIBRARY_OPS
                                     for n in model.graph.node):
         return model.SerializeToString(), counts.attention
     return (path, 0) if v_term else (None, 0)
@@ -140,7 +139,6 @@ def set_attention_precision(model: "openvino.Model", precision: str) -> int:
 
 def _attention_ops(model: "openvino.Model") -> list:
     """The library's ``RPEAttention`` ops of ``model`` (opset ``irpe``)."""
-    from irpe.runtime.onnxruntime.op_names import ATTENTION
     return [op for op in model.get_ops()
             if op.get_type_name() == ATTENTION and op.get_type_info().version_id == "irpe"]
 
