@@ -55,6 +55,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from irpe.runtime.openvino.session import OvOptions
 
     from .validate import validate, write_report
+    _check_runtime_flags(args)
     ort_options = OrtOptions.from_env().with_(args.custom_ops, args.ops_library, args.rewrites)
     ov_options = OvOptions.from_env()
     if args.json:
@@ -72,6 +73,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
         write_report(report, args.json)
     _print_report(report)
     return 0 if report["passed"] else 1
+
+
+def _check_runtime_flags(args: argparse.Namespace) -> None:
+    """ONNX Runtime's flags name the runtime they need: given for a file that runs on another
+    (irpe.runtime.pick), a usage error of one line rather than flags silently unused."""
+    from irpe.runtime.pick import pick_runtime
+    given = [flag for flag, value in (("--custom-ops", args.custom_ops),
+                                      ("--ops-library", args.ops_library),
+                                      ("--rewrites", args.rewrites)) if value is not None]
+    runtime = pick_runtime(args.file, "cpu", args.runtime)
+    if given and runtime != "onnxruntime":
+        raise CLIError(f"{', '.join(given)}: ONNX Runtime's options, but {args.file} runs on "
+                       f"{runtime}; add --runtime onnxruntime to validate it there")
 
 
 def _print_report(report: dict) -> None:
@@ -170,10 +184,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate", help="compare an ONNX file, IR or engine with PyTorch")
     p.add_argument("file", help=".onnx file, OpenVINO IR .xml, or .engine/.plan (TensorRT, "
                    "needs a GPU)")
-    p.add_argument("--runtime", choices=["onnxruntime", "openvino"],
-                   help="what runs an .onnx file (default onnxruntime; an IR runs on openvino, "
-                        "an engine on TensorRT); openvino needs pip install "
-                        "'irpe-deploy[openvino]'")
+    p.add_argument("--runtime", choices=["auto", "onnxruntime", "openvino", "tensorrt"],
+                   help="what runs the file (default auto: the runtime irpe serve and irpe eval "
+                        "run it on: an .onnx on openvino on the CPU where installed, else "
+                        "onnxruntime; an IR on openvino; an engine on tensorrt)")
     p.add_argument("--source", help="model name / trained-model file (default: from metadata)")
     p.add_argument("--checkpoint", help="weights for --source or the file's model name")
     p.add_argument("-n", "--num-inputs", type=int, default=8, help="inputs in total")

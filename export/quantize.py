@@ -8,7 +8,7 @@ preprocessing (a folder of images, or the synthetic shapes set). Dynamic: ``quan
 Only the layers with weights are quantised: Conv, Gemm and every MatMul by a 2-D weight (the
 linear layers). The attention block's internals (q @ k^T, P @ v, the iRPE table products and
 the RPEGather / RPEScatter nodes) stay float, so the file keeps its iRPE nodes and their
-functions, and ``irpe.runtime.onnxruntime.rewrites`` fuses the block into one RPEAttention as in
+functions, and ``irpe.runtime.graph.rewrites`` fuses the block into one RPEAttention as in
 fp32.
 The quantisation is written into the file's metadata (irpe.artifact.contract), before the
 file appears: the output is written beside its path and moved there complete (irpe.atomic), so

@@ -54,7 +54,8 @@ def test_validate_bf16_has_its_own_tolerance(qkv, capsys):
 
 @needs_openvino
 def test_an_ir_validates_on_openvino_by_its_metadata(qkv, tmp_path, capsys):
-    from irpe.runtime.openvino.session import OvOptions, import_openvino, read_model
+    from irpe.runtime.openvino.core import import_openvino
+    from irpe.runtime.openvino.session import OvOptions, read_model
     ov = import_openvino()
     model = read_model(qkv, OvOptions(ops="off"))  # OpenVINO's own ops (the library's: its tests)
     set_ir_props(model, read_onnx_props(qkv))
@@ -70,10 +71,25 @@ def test_an_ir_validates_on_openvino_by_its_metadata(qkv, tmp_path, capsys):
 @pytest.mark.parametrize("extra,message", [
     (["--runtime", "openvino", "--precision", "fp16"], "precision fp16: openvino runs fp32 or "
      "bf16"),
-    (["--precision", "bf16"], "precision bf16 needs --runtime openvino"),
+    (["--runtime", "onnxruntime", "--precision", "bf16"],
+     "precision bf16 needs --runtime openvino"),
+    (["--custom-ops", "on"], "--custom-ops: ONNX Runtime's options, but"),
+    (["--runtime", "tensorrt"], "is an exported ONNX file: it runs on openvino or onnxruntime, "
+     "not on tensorrt (build an engine from it with irpe build-engine)"),
 ])
 def test_validate_refuses_what_cannot_run(qkv, capsys, extra, message):
     _one_line_error(capsys, ["validate", str(qkv), *extra], message)
+
+
+def test_validate_runs_the_runtime_that_serves(qkv, capsys):
+    """One picker: an .onnx validates on the runtime `backend: auto` serves it on (OpenVINO on
+    the CPU where installed), not on another."""
+    from irpe.runtime.pick import pick_runtime
+    from serve.config import ModelConfig
+    served = ModelConfig(name="m", path=qkv).backend
+    assert served == pick_runtime(qkv) == "openvino"
+    assert main(["validate", str(qkv), "-n", "2"]) == 0
+    assert f"on {served} " in capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +104,7 @@ def shapes_onnx(tmp_path_factory):
 def test_eval_on_openvino_equals_onnxruntime(shapes_onnx, tmp_path, capsys):
     argv = ["eval", shapes_onnx, "--shapes-val", "16", "--batch-size", "8", "--threads", "1"]
     metrics = []
-    for extra in ([], ["--runtime", "openvino"]):
+    for extra in (["--runtime", "onnxruntime"], ["--runtime", "openvino"]):
         out = tmp_path / f"m{len(extra)}.json"
         assert main([*argv, *extra, "--json", str(out)]) == 0
         metrics.append(json.loads(out.read_text()))
@@ -96,12 +112,15 @@ def test_eval_on_openvino_equals_onnxruntime(shapes_onnx, tmp_path, capsys):
     assert "16 images), openvino " in printed and "CPU: fp32, threads 1" in printed
     ort_m, ov_m = (m["metrics"] for m in metrics)
     assert ov_m["top1"] == ort_m["top1"] and abs(ov_m["loss"] - ort_m["loss"]) < 1e-5
-    assert metrics[1]["runtime"].startswith("openvino ") and "runtime" not in metrics[0]
+    assert metrics[1]["runtime"].startswith("openvino ")
+    assert metrics[0]["runtime"].startswith("onnxruntime ")
 
 
 def test_eval_refuses_openvino_options_it_cannot_use(shapes_onnx, capsys):
     _one_line_error(capsys, ["eval", "deit_shapes_irpe", "--runtime", "openvino"],
-                    "--runtime / --precision run an exported .onnx or an OpenVINO IR .xml")
+                    "--runtime / --precision run an exported .onnx, an OpenVINO IR .xml or an "
+                    "engine, not deit_shapes_irpe")
+    _one_line_error(capsys, ["eval", shapes_onnx.replace(".onnx", ".xml")], "file not found")
     _one_line_error(capsys, ["eval", shapes_onnx, "--runtime", "onnxruntime", "--precision",
                              "bf16"], "--precision is OpenVINO's")
 

@@ -199,14 +199,16 @@ def test_quantising_twice_or_a_non_onnx_file_is_refused(static, tmp_path):
 
 def test_validate_reports_the_quantised_file_against_pytorch_fp32(static, tmp_path):
     report = tmp_path / "r.json"
-    done = _cli("validate", str(static), "-n", "8", "--custom-ops", "off", "--json", str(report))
+    done = _cli("validate", str(static), "-n", "8", "--runtime", "onnxruntime", "--custom-ops",
+                "off", "--json", str(report))
     assert done.returncode == 0, done.stdout + done.stderr
     data = json.loads(report.read_text())
     assert data["precision"] == "int8" and data["atol"] == 0.5
     assert data["metrics"]["top1_agreement"] >= 7 / 8
     assert 0 < data["outputs"]["logits"]["max_abs"] < 0.5
     from export.validate import validate
-    strict = validate(static, num_inputs=4, custom_ops="off", precision="fp32")
+    strict = validate(static, num_inputs=4, custom_ops="off", precision="fp32",
+                      runtime="onnxruntime")
     assert not strict["passed"] and strict["failed_outputs"] == ["logits"]  # not fp32-exact
 
 
@@ -254,7 +256,7 @@ def test_detr_quantised_file_agrees_on_labels_and_boxes(tmp_path):
     detr = export_onnx(str(DEMO.with_name("detr_shapes_irpe.safetensors")), tmp_path / "d.onnx")
     out = tmp_path / "d.int8.onnx"
     quantize(detr, out, QuantizeSettings(samples=8, batch=4))
-    report = validate(out, num_inputs=4, custom_ops="off")
+    report = validate(out, num_inputs=4, custom_ops="off", runtime="onnxruntime")
     assert report["precision"] == "int8" and report["passed"], report["failed_metrics"]
     assert report["metrics"]["label_agreement"] >= 0.9
     assert 0 < report["metrics"]["box_l1_max"] <= 0.05

@@ -147,8 +147,8 @@ def test_cli_prepare_loads_and_warms_up(capsys, tmp_path, cls_file):
 def test_onnxruntime_providers_by_device():
     """GPU devices get irpe.runtime.onnxruntime.session.GPU_PROVIDERS (TensorRT EP, then CUDA
     EP: ORT's usual priority), those the build has, then the CPU EP."""
-    from irpe.runtime.onnxruntime.session import GPU_PROVIDERS
     from irpe.runtime.onnxruntime.file import providers_for
+    from irpe.runtime.onnxruntime.session import GPU_PROVIDERS
     assert GPU_PROVIDERS == ("TensorrtExecutionProvider", "CUDAExecutionProvider")
     gpu = ["CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"]
     assert providers_for(None, "cpu", gpu) == ["CPUExecutionProvider"]

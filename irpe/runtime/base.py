@@ -8,17 +8,40 @@ arrays, and one line describing how it runs. One implementation per runtime live
 """
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
-from typing import ClassVar, Dict, Mapping, Optional, Sequence, Tuple
+from dataclasses import replace
+from typing import Any, ClassVar, Collection, Dict, Mapping, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 
 from irpe.artifact.contract import input_names, output_names
 from irpe.artifact.files import FileInfo, check_classes
+from irpe.errors import InvalidInput
 
-__all__ = ["Feeds", "RuntimeFile"]
+__all__ = ["Feeds", "RuntimeFile", "options_from_env"]
 
 Feeds = Dict[str, np.ndarray]  # the export contract's inputs by name, host arrays
+Options = TypeVar("Options")
+
+
+def options_from_env(options: Options, variables: Mapping[str, str],
+                     blank_is_set: Collection[str] = ()) -> Options:
+    """A runtime's frozen options (a dataclass that checks itself) with each field of
+    ``variables`` (field -> environment variable) replaced by the variable's text where it is
+    set; a blank value counts as unset unless the field is in ``blank_is_set``. A bad value is
+    InvalidInput of one line naming the variable: the one way the runtimes read the
+    environment (OrtOptions.from_env, OvOptions.from_env)."""
+    for key, name in variables.items():
+        value = os.environ.get(name)
+        if value is None or (not value.strip() and key not in blank_is_set):
+            continue
+        change: Dict[str, Any] = {key: value}  # the setting's text: the options parse it
+        try:
+            options = replace(options, **change)  # type: ignore[type-var]
+        except InvalidInput as exc:
+            raise InvalidInput(f"{name}={value!r}: {exc}") from None
+    return options
 
 
 class RuntimeFile(ABC):

@@ -7,6 +7,7 @@ import os
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union, cast
 
 from ..argtypes import number, positive
+from ..artifact.files import file_kind
 from ..errors import CLIError
 
 if TYPE_CHECKING:  # imported inside the commands (`irpe` starts without them)
@@ -73,30 +74,18 @@ def _check_output(out: str, resume: Optional[str], force: bool,
 
 def load_for_eval(model: str, checkpoint: Optional[str] = None, runtime: Optional[str] = None,
                   precision: Optional[str] = None) -> Tuple["nn.Module", "ModelSpec"]:
-    """(model, spec) from a trained-model file, an exported/quantised .onnx (ONNX Runtime, or
-    OpenVINO with ``runtime="openvino"``), an OpenVINO IR .xml, or a registered name
+    """(model, spec) from a trained-model file, an exported/quantised .onnx or OpenVINO IR .xml
+    (on the runtime irpe.runtime.pick picks, or ``runtime``), or a registered name
     (+ checkpoint/bundled). ``precision`` (fp32 / bf16) is OpenVINO's."""
     from ..artifact.trained import default_spec, load_trained, read_spec
     from ..checkpoint import CheckpointError
     from ..models import create_model, model_info
     from ..models.registry import bundled_weights
-    chosen = _exported_runtime(model, runtime, precision)
-    if chosen == "openvino":
-        import torch
-
-        from ..runtime.openvino.session import OvOptions
-        from .evaluate import OpenVINOModel
-        ov_net = OpenVINOModel(model, OvOptions.from_env().with_(precision or "fp32",
-                                                                 torch.get_num_threads()))
-        return cast("nn.Module", ov_net), ov_net.spec  # called as a module by the eval loops
-    if chosen == "onnxruntime":  # exported or quantised file
-        import torch
-
-        from ..runtime.onnxruntime.session import OrtOptions
-        from .evaluate import OnnxModel
-        ort_net = OnnxModel(model, threads=torch.get_num_threads(),
-                            ort_options=OrtOptions.from_env())
-        return cast("nn.Module", ort_net), ort_net.spec  # called as a module by the eval loops
+    if file_kind(model) != "trained":  # an exported, quantised or compiled file
+        return _open_exported(model, runtime, precision)
+    if runtime or precision:
+        raise CLIError(f"--runtime / --precision run an exported .onnx, an OpenVINO IR .xml or "
+                       f"an engine, not {model}")
     if os.path.isfile(model):
         return load_trained(model)
     if os.sep in model or model.endswith((".safetensors", ".pth", ".pt", ".onnx", ".xml")):
@@ -116,24 +105,27 @@ def load_for_eval(model: str, checkpoint: Optional[str] = None, runtime: Optiona
     return net.eval(), spec
 
 
-def _exported_runtime(model: str, runtime: Optional[str], precision: Optional[str]
-                      ) -> Optional[str]:
-    """What runs ``model`` when it is an exported file: openvino for an IR, for --runtime
-    openvino or for a --precision (OpenVINO's), else onnxruntime; None for anything else
-    (where --runtime / --precision are a usage error)."""
-    from ..artifact.openvino_ir import is_ir
-    openvino = runtime == "openvino" or precision is not None or is_ir(model)
-    if not (os.path.isfile(model) and (model.endswith(".onnx") or is_ir(model))):
-        missing = not os.path.isfile(model) and (os.sep in model or "." in model)
-        if (runtime or precision) and not missing:  # a missing file: "file not found" later
-            raise CLIError(f"--runtime / --precision run an exported .onnx or an OpenVINO IR "
-                           f".xml, not {model}")
-        return None
-    if openvino and runtime == "onnxruntime":
-        raise CLIError(f"{model} is an OpenVINO IR: it runs on --runtime openvino" if
-                       is_ir(model) else "--precision is OpenVINO's: ONNX Runtime runs the "
-                       "file in the precision it was exported in")
-    return "openvino" if openvino else "onnxruntime"
+def _open_exported(model: str, runtime: Optional[str], precision: Optional[str]
+                   ) -> Tuple["nn.Module", "ModelSpec"]:
+    """An exported file opened on the runtime irpe.runtime.pick picks (the one that serves it)
+    or ``runtime``; ``precision`` (fp32 / bf16) is OpenVINO's."""
+    import torch
+
+    from ..runtime.onnxruntime.session import OrtOptions
+    from ..runtime.openvino.session import OvOptions
+    from ..runtime.pick import open_file, pick_runtime
+    from .evaluate import FileModel
+    if not os.path.isfile(model):
+        raise CLIError(f"file not found: {model}")
+    chosen = pick_runtime(model, "cpu", runtime)
+    if precision is not None and chosen != "openvino":
+        raise CLIError(f"--precision is OpenVINO's, but {model} runs on {chosen} (which runs "
+                       "the file in the precision it was exported in); add --runtime openvino")
+    threads = torch.get_num_threads()
+    file = open_file(model, chosen, ort=OrtOptions.from_env(), threads=threads,
+                     ov=OvOptions.from_env().with_(precision or "fp32", threads))
+    net = FileModel(file)
+    return cast("nn.Module", net), net.spec  # called as a module by the eval loops
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -258,12 +250,13 @@ def _add_eval(sub: Any) -> None:
     p.add_argument("model", help="trained-model .safetensors, exported/quantised .onnx (ONNX "
                                  "Runtime or OpenVINO, CPU), OpenVINO IR .xml, or a registered "
                                  "name")
-    p.add_argument("--runtime", choices=["onnxruntime", "openvino"],
-                   help="what runs an .onnx file (default onnxruntime; an .xml runs on "
-                        "openvino); openvino needs pip install 'irpe-deploy[openvino]'")
+    p.add_argument("--runtime", choices=["auto", "onnxruntime", "openvino", "tensorrt"],
+                   help="what runs an exported file (default auto: the runtime irpe serve and "
+                        "irpe validate run it on: an .onnx on openvino on the CPU where "
+                        "installed, else onnxruntime; an .xml on openvino)")
     p.add_argument("--precision", choices=["fp32", "bf16"],
                    help="OpenVINO's precision (default fp32, set explicitly; bf16 needs a CPU "
-                        "with BF16); implies --runtime openvino")
+                        "with BF16)")
     p.add_argument("--checkpoint", help="weights for a registered name (default: bundled)")
     p.add_argument("--data", default="shapes", help="dataset directory, or 'shapes'")
     p.add_argument("--split", default="val")

@@ -3,28 +3,24 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Union, overload
 
-import numpy as np
 import torch
 from torch import nn
 
 from ..errors import InvalidInput
 from ..models.detr import PostProcess
-from ..runtime.onnxruntime.session import OrtOptions
-from ..runtime.openvino.session import OvOptions
 from .distributed import SINGLE, Dist, ShardSampler
 
 if TYPE_CHECKING:  # the data sets are imported where they are read
     from ..data.datasets import CocoDetection, ShapesDetection
+    from ..runtime.base import RuntimeFile
 
 __all__ = ["topk_accuracy", "evaluate_classification", "coco_map", "detections_to_coco",
-           "evaluate_detection", "RuntimeModel", "OnnxModel", "OpenVINOModel"]
+           "evaluate_detection", "FileModel"]
 
 # what the loops evaluate: a torch model, or an exported file run by ONNX Runtime or OpenVINO
-Evaluated = Union[nn.Module, "RuntimeModel"]
+Evaluated = Union[nn.Module, "FileModel"]
 
 COCO_STATS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm",
               "ARl")
@@ -128,21 +124,21 @@ def evaluate_detection(model: Evaluated, dataset: Union[ShapesDetection, CocoDet
     return dist.broadcast(metrics)
 
 
-class RuntimeModel:
-    """A file run by an inference runtime, called where the evaluation loops call a PyTorch
-    model: ``model(images)`` -> logits, ``model(images, sizes)`` -> DETR outputs. Inputs are
-    read to the host whatever the device; subclasses run one batch of numpy feeds."""
+class FileModel:
+    """A file opened on its runtime (:class:`irpe.runtime.base.RuntimeFile`), called where the
+    evaluation loops call a PyTorch model: ``model(images)`` -> logits, ``model(images,
+    sizes)`` -> DETR outputs. Inputs are read to the host whatever the device."""
 
-    def eval(self) -> "RuntimeModel":
+    def __init__(self, file: "RuntimeFile") -> None:
+        self.file = file
+        self.spec, self.precision, self.description = file.spec, file.precision, file.description
+
+    def eval(self) -> "FileModel":
         return self
 
-    def to(self, device: Union[str, torch.device]) -> "RuntimeModel":
-        """The runtime runs on the CPU whatever the device: inputs are read to host."""
+    def to(self, device: Union[str, torch.device]) -> "FileModel":
+        """The runtime runs where it was opened whatever the device: inputs are read to host."""
         return self
-
-    def run(self, feeds: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        """The file's outputs by name for one batch of host inputs."""
-        raise NotImplementedError
 
     @overload
     def __call__(self, images: torch.Tensor, sizes: None = None) -> torch.Tensor: ...
@@ -152,48 +148,7 @@ class RuntimeModel:
 
     def __call__(self, images: torch.Tensor, sizes: Optional[torch.Tensor] = None
                  ) -> Union[torch.Tensor, Dict[str, torch.Tensor]]:
-        feeds = {"images": images.float().cpu().numpy()}
-        if sizes is not None:
-            feeds["sizes"] = sizes.cpu().numpy().astype("int64")
-        out = {k: torch.from_numpy(v) for k, v in self.run(feeds).items()}
+        feeds = self.file.feeds(images.float().cpu().numpy(),
+                                None if sizes is None else sizes.cpu().numpy())
+        out = {k: torch.from_numpy(v) for k, v in self.file.run(feeds).items()}
         return out["logits"] if "logits" in out else out
-
-
-class OnnxModel(RuntimeModel):
-    """An exported (or quantised) ONNX file run by ONNX Runtime (:class:`RuntimeModel`)."""
-
-    def __init__(self, path: str, threads: Optional[int] = None,
-                 ort_options: Optional[OrtOptions] = None) -> None:
-        from ..artifact.contract import onnx_precision, read_onnx_props, read_onnx_spec
-        from ..runtime.onnxruntime.session import create_session
-        self.spec = read_onnx_spec(path)
-        self.precision = onnx_precision(read_onnx_props(path))
-        self.session, self.ops = create_session(path, threads=threads, options=ort_options)
-        self.outputs = [o.name for o in self.session.get_outputs()]
-
-    def run(self, feeds: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        return dict(zip(self.outputs, self.session.run(None, feeds), strict=True))
-
-
-class OpenVINOModel(RuntimeModel):
-    """An exported .onnx or an OpenVINO IR (.xml) compiled by OpenVINO's CPU plugin
-    (irpe.runtime.openvino.session, :class:`RuntimeModel`); ``options`` set the precision
-    (fp32 / bf16) and threads."""
-
-    def __init__(self, path: Union[str, "os.PathLike[str]"],
-                 options: Optional[OvOptions] = None) -> None:
-        from ..artifact.contract import onnx_precision, read_onnx_props, read_onnx_spec
-        from ..artifact.openvino_ir import is_ir, read_ir_props, read_ir_spec
-        from ..runtime.openvino.session import compile_model, compiled_precision
-        path = Path(path)
-        ir = is_ir(path)
-        self.spec = read_ir_spec(path) if ir else read_onnx_spec(path)
-        file_precision = onnx_precision(read_ir_props(path) if ir else read_onnx_props(path))
-        self.compiled, self.description = compile_model(path, options)
-        self.precision = ("int8" if file_precision == "int8"
-                          else compiled_precision(self.compiled))
-        self.request = self.compiled.create_infer_request()
-
-    def run(self, feeds: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        got = self.request.infer(feeds, share_outputs=False)
-        return {o.get_any_name(): got[o] for o in self.compiled.outputs}

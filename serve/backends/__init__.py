@@ -18,13 +18,14 @@ import torch
 from irpe.artifact.contract import input_names, output_names  # the export contract
 from irpe.artifact.trained import ModelSpec
 from irpe.data.transforms import normalize
+from irpe.runtime.base import RuntimeFile
 
 from ..registry import backend_factory, backend_names, register_backend
 
 if TYPE_CHECKING:  # annotations only: the backends import without pydantic (tests/gpu on a bare
     from ..config import ModelConfig  # GPU image, where the serving stack is not installed)
 
-__all__ = ["Artifact", "Backend", "backend_names", "create_backend", "input_names",
+__all__ = ["Artifact", "Backend", "FileBackend", "backend_names", "create_backend", "input_names",
            "output_names", "register_backend"]
 
 
@@ -82,6 +83,24 @@ class Backend(ABC):
 
     def close(self) -> None:  # noqa: B027 - a default, not abstract: not every runtime holds any
         """Release the runtime's resources."""
+
+
+class FileBackend(Backend):
+    """A backend whose model is an exported file opened through the runtime layer
+    (:class:`irpe.runtime.base.RuntimeFile`): ``load`` sets ``file``; inference runs it on
+    host arrays."""
+
+    file: Optional[RuntimeFile] = None
+
+    def infer(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
+        if self.file is None:
+            raise RuntimeError(f"model {self.cfg.name}: the backend is closed")
+        return self.file.run(self.file.feeds(images, sizes), output_names(self.spec.task))
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        self.file = None
 
 
 def create_backend(cfg: ModelConfig, threads: int = 0) -> Backend:

@@ -7,28 +7,24 @@ server's (:meth:`serve.config.ModelConfig.ov_options`).
 from __future__ import annotations
 
 import logging
-from typing import Dict, Optional
-
-import numpy as np
 
 from irpe.artifact.files import read_file_info
 from irpe.errors import InvalidInput
 from irpe.runtime.openvino.core import check_precision, cpu_capabilities
 from irpe.runtime.openvino.file import OvFile
 
-from . import Artifact, Backend, output_names
+from . import Artifact, FileBackend
 
 __all__ = ["OpenVINOBackend"]
 
 log = logging.getLogger("irpe.serve")
 
 
-class OpenVINOBackend(Backend):
+class OpenVINOBackend(FileBackend):
     """A compiled OpenVINO model and one infer request (the model's inference thread is the
     only caller); tensor names as in the export contract."""
 
     platform = "openvino"  # Triton's name for its OpenVINO backend
-    file: Optional[OvFile] = None
 
     def read_artifact(self) -> Artifact:
         """The file's spec and precision (int8 for an NNCF IR, else the configured one); first
@@ -46,13 +42,3 @@ class OpenVINOBackend(Backend):
         self.file = OvFile(self.info, self.options)
         log.info("openvino model", extra={"model": self.cfg.name,
                                           "openvino": self.file.description})
-
-    def infer(self, images: np.ndarray, sizes: Optional[np.ndarray]) -> Dict[str, np.ndarray]:
-        if self.file is None:
-            raise RuntimeError(f"model {self.cfg.name}: the backend is closed")
-        return self.file.run(self.file.feeds(images, sizes), output_names(self.spec.task))
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-        self.file = None

@@ -24,7 +24,6 @@ them off, a set such as ``{"gather", "scatter"}`` keeps only those stages).
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import (
@@ -42,6 +41,7 @@ from typing import (
 
 from irpe.errors import InvalidInput, IrpeError
 from irpe.plugin_files import BUILD_DIR
+from irpe.runtime.base import options_from_env
 from irpe.runtime.graph.rewrites import STAGES, parse_stages
 from irpe.switch import Switch, parse_switch
 
@@ -138,19 +138,8 @@ class OrtOptions:
         """The options of ``$IRPE_ORT_CUSTOM_OPS``, ``$IRPE_ORT_OPS_LIBRARY`` and
         ``$IRPE_ORT_FUSE`` (unset: the defaults): the ONE place they are read; a bad value
         raises InvalidInput (a ValueError) naming the variable. Entry points call it once."""
-        given = {"custom_ops": os.environ.get(MODE_ENV), "library": os.environ.get(LIBRARY_ENV),
-                 "rewrites": os.environ.get(FUSE_ENV)}
-        names = {"custom_ops": MODE_ENV, "library": LIBRARY_ENV, "rewrites": FUSE_ENV}
-        options = cls()
-        for key, value in given.items():
-            if value is None or (key == "library" and not value.strip()):
-                continue
-            change: Dict[str, Any] = {key: value}  # a setting's text: __post_init__ parses it
-            try:
-                options = replace(options, **change)
-            except InvalidInput as exc:
-                raise InvalidInput(f"{names[key]}={value!r}: {exc}") from None
-        return options
+        return options_from_env(cls(), {"custom_ops": MODE_ENV, "library": LIBRARY_ENV,
+                                        "rewrites": FUSE_ENV}, ("custom_ops", "rewrites"))
 
     def with_(self, custom_ops: Optional[str] = None, library: Optional[StrPath] = None,
               rewrites: Optional[Union[str, Iterable[str]]] = None) -> "OrtOptions":

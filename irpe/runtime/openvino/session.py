@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
 
 from irpe.artifact.openvino_ir import is_ir, library_ops, weights_path
 from irpe.errors import InvalidInput
+from irpe.runtime.base import options_from_env
 from irpe.switch import parse_switch
 
 from .core import DEVICE, check_precision, core, cpu_capabilities, import_openvino
@@ -89,18 +90,7 @@ class OvOptions:
         """The options of ``$IRPE_OV_OPS`` and ``$IRPE_OV_OPS_LIBRARY`` (unset: the defaults):
         the one place they are read; a bad value is InvalidInput naming the variable. Entry
         points (``irpe validate`` / ``eval``, the benchmarks) call it once."""
-        given = {"ops": (OPS_ENV, os.environ.get(OPS_ENV)),
-                 "library": (LIBRARY_ENV, os.environ.get(LIBRARY_ENV))}
-        options = cls()
-        for key, (name, value) in given.items():
-            if value is None or not value.strip():
-                continue
-            change: Dict[str, Any] = {key: value}  # text: __post_init__ checks it
-            try:
-                options = replace(options, **change)
-            except InvalidInput as exc:
-                raise InvalidInput(f"{name}={value!r}: {exc}") from None
-        return options
+        return options_from_env(cls(), {"ops": OPS_ENV, "library": LIBRARY_ENV})
 
     def with_(self, precision: Optional[str] = None, threads: Optional[int] = None,
               streams: Optional[int] = None, performance_hint: Optional[str] = None,
