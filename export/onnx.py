@@ -17,7 +17,8 @@ from typing import Iterator, Optional, TextIO, Union
 
 from irpe.artifact.contract import DEFAULT_OPSET, check_opset
 from irpe.artifact.trained import ModelSpec
-from irpe.atomic import refuse_same_file, write_bytes
+from irpe.atomic import write_bytes
+from irpe.outputs import check_outputs
 
 from .source import SourceLike, load_source
 from .trace import Step, output_module, trace_model
@@ -55,7 +56,7 @@ def export_onnx(source: SourceLike, output: Union[str, os.PathLike],
     start, step = time.perf_counter(), _timer(progress)
     inputs = [f for f in (source, checkpoint)
               if isinstance(f, (str, os.PathLike)) and os.path.isfile(f)]
-    refuse_same_file(output, *inputs)
+    check_outputs([output], inputs)
     check_opset(opset)
     with step("load model"):
         src = load_source(source, checkpoint, spec)

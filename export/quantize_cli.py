@@ -10,8 +10,8 @@ import os
 import sys
 
 from irpe.argtypes import number
+from irpe.artifact.names import companions
 from irpe.errors import CLIError
-from irpe.outputs import companions
 
 __all__ = ["add_parser", "cmd_quantize"]
 

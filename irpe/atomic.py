@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import IO, Iterator, List, Optional, Sequence
 
 from .errors import ResourceError
-from .outputs import OutputIsFolder, OutputRefused, check_outputs
+from .outputs import OutputIsFolder, OutputRefused
 
-__all__ = ["refuse_same_file", "WriteFailed", "temp_name", "held_interrupts", "atomic_files",
+__all__ = ["WriteFailed", "temp_name", "held_interrupts", "atomic_files",
            "atomic_path", "atomic_open", "write_bytes", "write_text", "atomic_dir"]
 
 # errors of a write that carry no file name but are about the file written
@@ -41,12 +41,6 @@ _WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 class WriteFailed(ResourceError):
     """The system refused to write an output (permissions, a full disk, a file system that
     takes no new files): one line naming the output the user asked for."""
-
-
-def refuse_same_file(output: os.PathLike | str, *inputs: Optional[os.PathLike | str]) -> None:
-    """:func:`irpe.outputs.check_outputs` for one output (None inputs skipped); kept for the
-    writers that check one file."""
-    check_outputs([output], inputs)
 
 
 def temp_name(target: os.PathLike | str) -> Path:

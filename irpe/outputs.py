@@ -21,9 +21,10 @@ import os
 from pathlib import Path
 from typing import Iterable, List, Optional, Tuple, Union
 
+from .artifact.names import companions
 from .errors import InvalidInput
 
-__all__ = ["OutputRefused", "SameFileError", "OutputIsFolder", "same_file", "companions",
+__all__ = ["OutputRefused", "SameFileError", "OutputIsFolder", "same_file",
            "check_outputs"]
 
 PathArg = Union[str, "os.PathLike[str]"]
@@ -51,20 +52,6 @@ def same_file(a: PathArg, b: PathArg) -> bool:
         return os.path.samefile(a, b)
     except OSError:  # one of them does not exist (yet): not the same file
         return False
-
-
-def companions(path: PathArg) -> List[Path]:
-    """``path`` and the files that belong to the same artifact, which are written and read
-    with it: an OpenVINO IR's weights (``m.xml`` -> ``m.bin``), a TensorRT engine's sidecar
-    (``m.engine`` -> ``m.engine.json``)."""
-    from irpe.artifact.contract import ENGINE_SUFFIXES, sidecar_path
-    from irpe.artifact.openvino_ir import is_ir, weights_path
-    files = [Path(path)]
-    if is_ir(path):
-        files.append(Path(weights_path(path)))
-    elif os.fspath(path).lower().endswith(ENGINE_SUFFIXES):
-        files.append(sidecar_path(path))
-    return files
 
 
 def check_outputs(outputs: Iterable[Optional[PathArg]],

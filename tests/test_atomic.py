@@ -19,12 +19,11 @@ from irpe.atomic import (
     atomic_open,
     atomic_path,
     held_interrupts,
-    refuse_same_file,
     temp_name,
     write_bytes,
     write_text,
 )
-from irpe.outputs import SameFileError, same_file
+from irpe.outputs import SameFileError, check_outputs, same_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,9 +114,9 @@ def test_same_file_sees_paths_and_links(tmp_path):
                   tmp_path / "hard.onnx", os.path.relpath(source)):
         assert same_file(other, source)
         with pytest.raises(SameFileError, match="is the input"):
-            refuse_same_file(other, None, source)
+            check_outputs([other], [None, source])
     assert not same_file(tmp_path / "other.onnx", source)
-    refuse_same_file(tmp_path / "other.onnx", source, None)
+    check_outputs([tmp_path / "other.onnx"], [source, None])
 
 
 @pytest.fixture

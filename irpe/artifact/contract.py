@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from irpe.artifact.filecheck import check_file
+from irpe.artifact.names import ENGINE_SUFFIXES, sidecar_path
 from irpe.artifact.trained import ModelSpec, spec_from_metadata
 from irpe.checkpoint import CheckpointError
 from irpe.errors import InvalidInput, MissingFile
@@ -138,14 +139,6 @@ def onnx_spec(props: Dict[str, str], path: StrPath) -> "ModelSpec":
 def read_onnx_spec(path: StrPath) -> "ModelSpec":
     """The :class:`irpe.artifact.trained.ModelSpec` stored in an exported ONNX file."""
     return onnx_spec(read_onnx_props(path), path)
-
-
-ENGINE_SUFFIXES = (".engine", ".plan", ".trt")  # file names read as TensorRT engines
-
-
-def sidecar_path(engine_path: StrPath) -> Path:
-    """The JSON file next to an engine (``model.engine`` -> ``model.engine.json``)."""
-    return Path(f"{os.fspath(engine_path)}.json")
 
 
 def write_sidecar(engine_path: StrPath, sidecar: Dict) -> Path:

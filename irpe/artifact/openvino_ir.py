@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Tuple, Union
 
 from irpe.artifact.filecheck import check_file
+from irpe.artifact.names import IR_SUFFIX, is_ir, weights_path
 from irpe.artifact.ops import OPENVINO_OPSET
 from irpe.errors import InvalidInput, MissingFile
 
@@ -37,7 +38,6 @@ __all__ = ["IR_SUFFIX", "RT_INFO_NODE", "LIBRARY_OPSET", "WEIGHTS_SIZE", "WEIGHT
            "is_ir", "weights_path", "read_ir_props", "check_weights", "read_ir_spec",
            "set_ir_props", "write_ir", "library_ops"]
 
-IR_SUFFIX = ".xml"
 RT_INFO_NODE = "irpe"  # rt_info child that holds the metadata entries
 # the opset of the iRPE OpenVINO library's operations (plugins/openvino): an IR quantised where
 # the library was loaded stores its RPEAttention / RPEGather / RPEScatter layers under it, and
@@ -48,16 +48,6 @@ FileName = Union[str, "os.PathLike[str]"]  # a file name as callers hold it
 WEIGHTS_SIZE = "irpe.ir.weights_bytes"
 WEIGHTS_SHA256 = "irpe.ir.weights_sha256"
 _DIGESTS: Dict[Tuple[str, int, int, int], str] = {}  # (path, inode, size, mtime): digest
-
-
-def is_ir(path: FileName) -> bool:
-    """True for a file named as an OpenVINO IR (``.xml``)."""
-    return os.fspath(path).lower().endswith(IR_SUFFIX)
-
-
-def weights_path(xml_path: FileName) -> str:
-    """The IR's weights file: the same name with ``.bin``."""
-    return os.fspath(xml_path)[:-len(IR_SUFFIX)] + ".bin"
 
 
 def read_ir_props(path: FileName) -> Dict[str, str]:

@@ -15,8 +15,9 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from irpe.artifact.contract import read_onnx_props, write_sidecar
-from irpe.atomic import atomic_path, refuse_same_file, write_bytes
+from irpe.atomic import atomic_path, write_bytes
 from irpe.errors import InvalidInput
+from irpe.outputs import check_outputs
 from irpe.runtime.tensorrt.common import (
     EngineBuildError,
     import_tensorrt,
@@ -208,8 +209,7 @@ def build_engine(onnx_path: StrPath, engine_path: StrPath, *, precision: str = "
             plugins=list(plugins), plugin_override=plugin_override,
             compute_capability=compute_capability, module=module, progress=progress))
     onnx_path, engine_path = os.fspath(onnx_path), Path(engine_path)
-    refuse_same_file(engine_path, onnx_path)
-    refuse_same_file(f"{engine_path}.json", onnx_path)
+    check_outputs([engine_path], [onnx_path, *plugins])  # the engine and its sidecar
     props = read_onnx_props(onnx_path)
     check_parsable(props, onnx_path)
     _check_fixed_size(props, onnx_path, height, width)
