@@ -15,9 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional, TextIO, Union
 
-from irpe.artifact.contract import DEFAULT_OPSET, check_opset
+from irpe.artifact.contract import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET
 from irpe.artifact.trained import ModelSpec
 from irpe.atomic import write_bytes
+from irpe.errors import InvalidInput
 from irpe.outputs import check_outputs
 
 from .source import SourceLike, load_source
@@ -57,7 +58,8 @@ def export_onnx(source: SourceLike, output: Union[str, os.PathLike],
     inputs = [f for f in (source, checkpoint)
               if isinstance(f, (str, os.PathLike)) and os.path.isfile(f)]
     check_outputs([output], inputs)
-    check_opset(opset)
+    if not MIN_OPSET <= opset <= MAX_OPSET:  # the opsets the exporter writes (the contract's)
+        raise InvalidInput(f"opset {opset} is not supported; choose {MIN_OPSET}..{MAX_OPSET}")
     with step("load model"):
         src = load_source(source, checkpoint, spec)
     if progress:

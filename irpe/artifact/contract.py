@@ -22,7 +22,7 @@ from irpe.rpe import RPEConfig
 if TYPE_CHECKING:
     from _typeshed import StrPath
 
-__all__ = ["TASKS", "MIN_OPSET", "DEFAULT_OPSET", "MAX_OPSET", "check_opset", "input_names",
+__all__ = ["TASKS", "MIN_OPSET", "DEFAULT_OPSET", "MAX_OPSET", "input_names",
            "output_names", "dynamic_axes", "io_spec",
            "onnx_metadata", "read_onnx_props", "onnx_spec",
            "read_onnx_spec", "ENGINE_SUFFIXES", "sidecar_path", "write_sidecar", "read_sidecar",
@@ -41,13 +41,6 @@ TASKS = tuple(_INPUTS)
 MIN_OPSET = 17
 DEFAULT_OPSET = 18
 MAX_OPSET = 20
-
-
-def check_opset(opset: int) -> int:
-    """``opset`` when an export may have it, else InvalidInput (a ValueError) naming the range."""
-    if not MIN_OPSET <= opset <= MAX_OPSET:
-        raise InvalidInput(f"opset {opset} is not supported; choose {MIN_OPSET}..{MAX_OPSET}")
-    return opset
 
 
 def _task(task: str) -> str:
@@ -82,13 +75,10 @@ def io_spec(task: str) -> Tuple[List[str], List[str], Dict[str, Dict[int, str]]]
 def onnx_metadata(spec: "ModelSpec", rpe_config: Optional[RPEConfig], weights: str,
                   version: str) -> Dict[str, str]:
     """The contract's ``metadata_props`` of an exported file (the exporter adds its own keys)."""
-    meta = spec.metadata()
-    meta.update({
-        "irpe.rpe_config": json.dumps(rpe_config.to_dict() if rpe_config else None),
-        "irpe.weights": weights, "irpe.version": version,
-        "irpe.dynamic_axes": json.dumps(dynamic_axes(spec.task)),
-    })
-    return meta
+    axes = json.dumps(dynamic_axes(spec.task))
+    return {**spec.metadata(),
+            "irpe.rpe_config": json.dumps(rpe_config.to_dict() if rpe_config else None),
+            "irpe.weights": weights, "irpe.version": version, "irpe.dynamic_axes": axes}
 
 
 PRECISION_KEY = "irpe.precision"  # "int8" in a quantised file; absent (fp32) in an export

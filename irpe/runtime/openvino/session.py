@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
 
 from irpe.artifact.openvino_ir import is_ir, library_ops, weights_path
-from irpe.errors import InvalidInput
+from irpe.errors import InvalidInput, MissingFile
 from irpe.runtime.base import options_from_env
 from irpe.switch import parse_switch
 
@@ -135,7 +135,7 @@ def open_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOptions
     blocks = 0
     if is_ir(path):
         if not os.path.isfile(weights_path(path)):
-            raise FileNotFoundError(f"{path}: its weights file {weights_path(path)} is missing")
+            raise MissingFile(f"{path}: its weights file {weights_path(path)} is missing")
         needs = library_ops(path)
         if needs and library is None:
             raise OvLibraryError(f"{path} holds the iRPE OpenVINO library's ops ({', '.join(needs)}"
