@@ -31,6 +31,7 @@ from irpe.artifact.contract import (
     read_onnx_props,
     read_onnx_spec,
 )
+from irpe.artifact.ops import DOMAIN
 from irpe.atomic import atomic_path
 from irpe.errors import InvalidInput
 from irpe.outputs import check_outputs
@@ -325,8 +326,8 @@ def _finish(output: Path, float_model: ModelProto, props: Dict[str, str],
     quant = onnx.load(output)
     have = {(f.domain, f.name) for f in quant.functions}
     quant.functions.extend(f for f in float_model.functions if (f.domain, f.name) not in have)
-    if not any(o.domain == "irpe" for o in quant.opset_import):
-        quant.opset_import.extend(o for o in float_model.opset_import if o.domain == "irpe")
+    if not any(o.domain == DOMAIN for o in quant.opset_import):
+        quant.opset_import.extend(o for o in float_model.opset_import if o.domain == DOMAIN)
     quant.ir_version = max(float_model.ir_version, min(quant.ir_version, 10))
     kept = sum(1 for n in float_model.graph.node if n.op_type in QUANT_OPS and n.name not in nodes)
     record = settings.record(len(nodes), kept, props.get("irpe.weights", ""), samples)

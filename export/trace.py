@@ -20,6 +20,7 @@ from torch import nn
 
 import irpe
 from irpe.artifact.contract import io_spec, onnx_metadata
+from irpe.artifact.ops import DOMAIN, DOMAIN_VERSION
 from irpe.rpe import iRPE, set_traceable
 
 from . import symbolic
@@ -104,7 +105,7 @@ def _traceable(model: nn.Module, fixed_grid: bool) -> Iterator[None]:
 def _custom_opsets(model: nn.Module) -> Dict[str, int]:
     """{"irpe": 1} when the model has contextual iRPE (custom ops); else nothing to declare."""
     ctx = any(isinstance(m, iRPE) and m.mode == "contextual" for m in model.modules())
-    return {"irpe": 1} if ctx else {}
+    return {DOMAIN: DOMAIN_VERSION} if ctx else {}
 
 
 def _trace(src: Source, opset: int) -> onnx.ModelProto:

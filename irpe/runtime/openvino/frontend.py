@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, List
 
 import numpy as np
 
-from irpe.artifact.ops import DOMAIN  # the exporter's node domain (re-exported)
+from irpe.artifact.ops import DOMAIN, GATHER, SCATTER  # the exporter's node domain and ops
 
 if TYPE_CHECKING:
     import openvino
@@ -70,8 +70,8 @@ def _scatter(ctx: Any) -> List[Any]:
 def conversion_extensions() -> List[Any]:
     """OpenVINO ONNX-frontend extensions for the iRPE ops (add them to a Core before reading)."""
     from openvino.frontend.onnx import ConversionExtension
-    return [ConversionExtension("RPEGather", DOMAIN, _gather),
-            ConversionExtension("RPEScatter", DOMAIN, _scatter)]
+    return [ConversionExtension(GATHER, DOMAIN, _gather),
+            ConversionExtension(SCATTER, DOMAIN, _scatter)]
 
 
 def add_irpe_ops(core: "openvino.Core") -> "openvino.Core":

@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Tuple, Union
 
-from irpe.artifact.ops import ATTENTION, DOMAIN, OPENVINO_LIBRARY_OPS, SCATTER
+from irpe.artifact.ops import ATTENTION, DOMAIN, OPENVINO_LIBRARY_OPS, OPENVINO_OPSET, SCATTER
 from irpe.errors import CLIError
 from irpe.plugin_files import BUILD_DIR
 from irpe.switch import Switch
@@ -140,7 +140,7 @@ def set_attention_precision(model: "openvino.Model", precision: str) -> int:
 def _attention_ops(model: "openvino.Model") -> list:
     """The library's ``RPEAttention`` ops of ``model`` (opset ``irpe``)."""
     return [op for op in model.get_ops()
-            if op.get_type_name() == ATTENTION and op.get_type_info().version_id == "irpe"]
+            if op.get_type_name() == ATTENTION and op.get_type_info().version_id == OPENVINO_OPSET]
 
 
 def attention_products(model: "openvino.Model") -> Optional[str]:
