@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import openvino
 
 __all__ = ["DEVICE", "INSTALL", "OpenVINOUnavailable", "import_openvino", "core",
-           "cpu_capabilities", "check_precision"]
+           "cpu_capabilities", "check_precision", "ov_message", "read_checked"]
 
 DEVICE = "CPU"  # the plugin every function of this package uses
 INSTALL = "pip install 'irpe-deploy[openvino]'"
@@ -63,3 +63,39 @@ def check_precision(precision: str, capabilities: Sequence[str]) -> None:
         raise InvalidInput(f"precision bf16 needs a CPU with BF16 (AVX-512 BF16 or AMX): OpenVINO "
                          f"lists this CPU's capabilities as {', '.join(capabilities) or 'none'}, "
                          "without BF16; use precision fp32")
+
+
+def ov_message(exc: BaseException) -> str:
+    """OpenVINO's multi-line error without its source-location lines, as one line."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    kept = [line for line in lines if line and not line.startswith(("Exception from ",
+                                                                     "Check '"))]
+    return " ".join(kept) or type(exc).__name__
+
+
+def read_checked(library: Optional[str], source: Sequence[Any], path: str, precision: str
+                 ) -> Tuple["openvino.Model", "openvino.Core", Tuple[str, ...]]:
+    """The model read from ``source`` (read_model's arguments) by the Core of ``library``, that
+    Core and the CPU's capabilities; first ``precision`` checked against them
+    (:func:`check_precision`). An unreadable file is one line naming ``path``: the ONNX
+    parser's own reason for a corrupt ``.onnx``, else OpenVINO's."""
+    ov_core = core(library)
+    capabilities = cpu_capabilities(ov_core)
+    check_precision(precision, capabilities)
+    try:
+        return ov_core.read_model(*source), ov_core, capabilities
+    except RuntimeError as exc:
+        if path.lower().endswith(".onnx"):
+            _check_onnx(path)
+        raise InvalidInput(f"{path}: OpenVINO cannot read it: {ov_message(exc)}") from None
+
+
+def _check_onnx(path: str) -> None:
+    """InvalidInput naming why ``path`` is no ONNX model, when it is none (OpenVINO's frontends
+    only say that none of them could read it)."""
+    import onnx
+    try:
+        onnx.load(path, load_external_data=False)
+    except Exception as exc:  # protobuf DecodeError and friends
+        raise InvalidInput(f"{path} is not a readable ONNX file: {exc}") from None
+

@@ -22,22 +22,27 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple, Union
 
+from irpe.artifact.names import is_ir, weights_path
+from irpe.artifact.openvino_ir import library_ops
 from irpe.artifact.ops import ATTENTION, DOMAIN, OPENVINO_LIBRARY_OPS, OPENVINO_OPSET, SCATTER
-from irpe.errors import CLIError
+from irpe.errors import CLIError, MissingFile
 from irpe.plugin_files import BUILD_DIR
 from irpe.switch import Switch
 
 from .core import core
+from .frontend import LOWERING
 
 if TYPE_CHECKING:
     import openvino
 
 __all__ = ["LIBRARY", "OPENVINO_LIBRARY_OPS", "BUILD_COMMAND", "OvLibraryError",
            "default_library", "resolve_library", "library_source", "attention_precision",
-           "set_attention_precision", "attention_products"]
+           "set_attention_precision", "attention_products", "LibraryPlan", "plan_library",
+           "finish_library"]
 
 log = logging.getLogger("irpe.runtime.openvino")
 
@@ -148,3 +153,54 @@ def attention_products(model: "openvino.Model") -> Optional[str]:
     else ``f32``; None without such ops."""
     found = [str(op.get_attributes().get("precision", "f32")) for op in _attention_ops(model)]
     return None if not found else "bf16" if "bf16" in found else "f32"
+
+
+@dataclass(frozen=True)
+class LibraryPlan:
+    """How a file is read for the library mode asked: ``library`` the file to load (None: the
+    frontend conversions), ``source`` read_model's arguments, ``blocks`` the attention blocks
+    fused from an exported file, ``how`` the iRPE line where the library does not run it."""
+
+    library: Optional[str]
+    source: Tuple[Any, ...]
+    blocks: int = 0
+    how: str = ""
+
+
+def plan_library(path: str, mode: Switch, library: str = "") -> LibraryPlan:
+    """The :class:`LibraryPlan` of ``path`` (an exported ``.onnx`` or an IR) in ``mode``: an IR
+    is read as stored (one holding the library's ops needs the library: OvLibraryError); an
+    exported file through :func:`library_source` where the library wins."""
+    found, why = resolve_library(mode, library)
+    if is_ir(path):
+        weights = weights_path(path)
+        if not os.path.isfile(weights):
+            raise MissingFile(f"{path}: its weights file {weights} is missing")
+        needs = library_ops(path)
+        if needs and found is None:
+            raise OvLibraryError(f"{path} holds the iRPE OpenVINO library's ops ({', '.join(needs)}"
+                                 f"), which cannot load here: {why}; {BUILD_COMMAND} builds it")
+        return LibraryPlan(found, (path, weights), 0, "" if needs else "as stored in the IR")
+    read, blocks = library_source(path, force=mode == "on") if found else (None, 0)
+    if found and read is None:
+        found, why = None, "OpenVINO's own kernels win for this file"
+    source = (read, b"") if blocks else (path,)
+    return LibraryPlan(found, source, blocks, "" if found else f"{LOWERING} ({why})")
+
+
+def finish_library(model: "openvino.Model", plan: LibraryPlan, precision: str,
+                   capabilities: Sequence[str]) -> str:
+    """The fused blocks of ``model`` set to ``precision`` (:func:`set_attention_precision`) and
+    the line saying how its iRPE nodes run: the library's file, the blocks fused, and the
+    precision of the attention products where they are bf16 (which needs BF16 here)."""
+    if plan.blocks:
+        set_attention_precision(model, precision)
+    if plan.how:
+        return plan.how
+    details = [f"{plan.blocks} attention blocks fused"] if plan.blocks else []
+    if attention_products(model) == "bf16":
+        details.append("products in bf16" if "BF16" in capabilities
+                       else "products in float32: no BF16 on this CPU")
+    return f"library {os.path.basename(str(plan.library))}" + (
+        f" ({', '.join(details)})" if details else "")
+

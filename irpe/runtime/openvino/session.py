@@ -22,20 +22,14 @@ import os
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
 
-from irpe.artifact.openvino_ir import is_ir, library_ops, weights_path
-from irpe.errors import InvalidInput, MissingFile
+from irpe.artifact.filecheck import check_file
+from irpe.artifact.names import is_ir
+from irpe.errors import InvalidInput
 from irpe.runtime.base import options_from_env
 from irpe.switch import parse_switch
 
-from .core import DEVICE, check_precision, core, cpu_capabilities, import_openvino
-from .library import (
-    BUILD_COMMAND,
-    OvLibraryError,
-    attention_products,
-    library_source,
-    resolve_library,
-    set_attention_precision,
-)
+from .core import DEVICE, import_openvino, ov_message, read_checked
+from .library import finish_library, plan_library
 
 if TYPE_CHECKING:
     import openvino
@@ -112,81 +106,26 @@ class OvOptions:
         return out
 
 
-def _ov_message(exc: BaseException) -> str:
-    """OpenVINO's multi-line error without its source-location lines, as one line."""
-    lines = [line.strip() for line in str(exc).splitlines()]
-    kept = [line for line in lines if line and not line.startswith(("Exception from ",
-                                                                     "Check '"))]
-    return " ".join(kept) or type(exc).__name__
-
-
 def open_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOptions] = None
                ) -> Tuple["openvino.Model", "openvino.Core", str]:
     """The model in ``path`` (an exported ``.onnx`` or an IR ``.xml`` with its ``.bin``), the
     Core that read it (compile with that one) and how its iRPE nodes run, per ``options``'
-    library mode. A missing or unreadable file is one line (ValueError / FileNotFoundError);
-    an IR holding the library's ops without the library is an OvLibraryError."""
-    from irpe.artifact.filecheck import check_file
-    from irpe.runtime.openvino.frontend import LOWERING
+    library mode and precision (bf16 on a CPU without BF16 is refused here). A missing or
+    unreadable file is one line (InvalidInput / MissingFile); an IR holding the library's ops
+    without the library is an OvLibraryError."""
     options = options or OvOptions()
     path = os.fspath(path)
     check_file(path, "ir" if is_ir(path) else "onnx")
-    library, why = resolve_library(options.ops, options.library)  # type: ignore[arg-type]
-    blocks = 0
-    if is_ir(path):
-        if not os.path.isfile(weights_path(path)):
-            raise MissingFile(f"{path}: its weights file {weights_path(path)} is missing")
-        needs = library_ops(path)
-        if needs and library is None:
-            raise OvLibraryError(f"{path} holds the iRPE OpenVINO library's ops ({', '.join(needs)}"
-                                 f"), which cannot load here: {why}; {BUILD_COMMAND} builds it")
-        source: Any = (path, weights_path(path))
-        how = "" if needs else "as stored in the IR"
-    else:
-        read, blocks = (library_source(path, force=options.ops == "on")
-                        if library else (None, 0))
-        if library and read is None:
-            library, why = None, "OpenVINO's own kernels win for this file"
-        source = (read, b"") if blocks else (path,)
-        how = "" if library else f"{LOWERING} ({why})"
-    ov_core = core(library)
-    try:
-        model = ov_core.read_model(*source)
-    except RuntimeError as exc:
-        if not is_ir(path):
-            _check_onnx(path)  # a corrupt ONNX file: the parser's own reason
-        raise InvalidInput(f"{path}: OpenVINO cannot read it: {_ov_message(exc)}") from None
-    if blocks:
-        set_attention_precision(model, options.precision)
-    return model, ov_core, how or _library_line(str(library), blocks, model, ov_core)
-
-
-def _library_line(library: str, blocks: int, model: "openvino.Model",
-                  ov_core: "openvino.Core") -> str:
-    """How the library runs ``model``: its file, the blocks fused from an exported file, and
-    the precision of the attention products where they are bf16 (which needs BF16 here)."""
-    details = [f"{blocks} attention blocks fused"] if blocks else []
-    if attention_products(model) == "bf16":
-        details.append("products in bf16" if "BF16" in cpu_capabilities(ov_core)
-                       else "products in float32: no BF16 on this CPU")
-    return f"library {os.path.basename(library)}" + (f" ({', '.join(details)})" if details
-                                                      else "")
+    plan = plan_library(path, options.ops, options.library)  # type: ignore[arg-type]
+    model, ov_core, capabilities = read_checked(plan.library, plan.source, path,
+                                                options.precision)
+    return model, ov_core, finish_library(model, plan, options.precision, capabilities)
 
 
 def read_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOptions] = None
                ) -> "openvino.Model":
     """The model in ``path`` as :func:`open_model` reads it."""
     return open_model(path, options)[0]
-
-
-def _check_onnx(path: str) -> None:
-    """ValueError naming why ``path`` is no ONNX model, when it is none (OpenVINO's frontends
-    only say that none of them could read it)."""
-    import onnx
-    try:
-        onnx.load(path, load_external_data=False)
-    except Exception as exc:  # protobuf DecodeError and friends
-        raise InvalidInput(f"{path} is not a readable ONNX file: {exc}") from None
 
 
 def compiled_precision(compiled: "openvino.CompiledModel") -> str:
@@ -207,7 +146,6 @@ def compile_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOpti
     shape, which OpenVINO then plans for); default: the file's dynamic axes."""
     ov = import_openvino()
     options = options or OvOptions()
-    check_precision(options.precision, cpu_capabilities())
     model, ov_core, irpe_path = open_model(path, options)
     if shapes:
         model.reshape({name: list(shape) for name, shape in shapes.items()})
@@ -215,7 +153,7 @@ def compile_model(path: Union[str, "os.PathLike[str]"], options: Optional[OvOpti
         compiled = ov_core.compile_model(model, DEVICE, options.config())
     except RuntimeError as exc:
         raise InvalidInput(f"{os.fspath(path)}: OpenVINO cannot compile it: "
-                         f"{_ov_message(exc)}") from None
+                         f"{ov_message(exc)}") from None
     precision = compiled_precision(compiled)
     if precision != options.precision:
         raise InvalidInput(f"{os.fspath(path)}: OpenVINO compiled it in {precision}, not in "
