@@ -12,6 +12,8 @@ the file's folder. The ONNX Runtime switches (``ort_custom_ops``, ``ort_ops_libr
 """
 from __future__ import annotations
 
+import json
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Type, Union
@@ -29,8 +31,15 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
+from irpe.errors import InvalidInput
 from irpe.runtime.graph.rewrites import STAGES, parse_stages
 from irpe.runtime.onnxruntime.session import OrtOptions
 from irpe.runtime.openvino.session import OvOptions
@@ -66,7 +75,21 @@ def _rewrites(value: str) -> str:
     return ",".join(s for s in STAGES if s in stages) or "0"
 
 
+def _origins(value: Any) -> Any:
+    """CORS origins from the environment: a JSON list (``["https://a.example"]``) or, as
+    users write it, a plain comma list (``https://a.example,https://b.example``)."""
+    if not isinstance(value, str):
+        return value
+    if value.lstrip().startswith("["):
+        try:
+            return json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"not a JSON list ({exc})") from None
+    return [origin.strip() for origin in value.split(",") if origin.strip()]
+
+
 SwitchSetting = Annotated[Switch, BeforeValidator(_switch)]
+Origins = Annotated[List[str], NoDecode, BeforeValidator(_origins)]
 Rewrites = Annotated[str, AfterValidator(_rewrites)]
 
 
@@ -239,7 +262,8 @@ class ServeSettings(BaseSettings):
     auth_token: Optional[SecretStr] = Field(None, description="bearer token for inference")
     max_body_bytes: int = Field(32 << 20, ge=1024)
     max_images: int = Field(32, ge=1, description="images per request")
-    cors_origins: List[str] = Field(default_factory=list, description="empty: CORS off")
+    cors_origins: Origins = Field(default_factory=list, description="empty: CORS off; "
+                                  "IRPE_SERVE_CORS_ORIGINS: a JSON list or a comma list")
     threads: int = Field(0, ge=0, description="torch / onnxruntime / openvino CPU threads; "
                          "0 = default (a model's ov_threads wins for openvino)")
     ort_thread_pool: Literal["shared", "per_model"] = Field(
@@ -353,12 +377,47 @@ class FieldNames(PydanticBaseSettingsSource):
         return None, field_name, False
 
     def __call__(self) -> Dict[str, Any]:
-        data = self.source()
+        try:
+            data = self.source()
+        except SettingsError as exc:  # a JSON field whose variable is not JSON
+            raise InvalidInput(self.undecodable(exc)) from None
         for name, field in self.settings_cls.model_fields.items():
             choices = getattr(field.validation_alias, "choices", None)
             if choices and choices[0] in data:  # the source names any match by the first
                 data[name] = data.pop(choices[0])
         return data
+
+
+    def undecodable(self, exc: SettingsError) -> str:
+        """One line for a variable the environment source could not decode: its name, its
+        value (shortened) and what it should be."""
+        found = re.search(r'field "(\w+)"', str(exc))
+        name = found.group(1) if found else ""
+        variable = env_variable(name) if name else "an IRPE_SERVE_* variable"
+        value = os.environ.get(variable, "")
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        why = exc.__cause__ or exc
+        return f"invalid settings: {variable}={shown!r} is not JSON ({why}); it takes " \
+               f"{JSON_SHAPES.get(name, 'a JSON value')}"
+
+
+JSON_SHAPES = {"models": 'a JSON list of models: [{"name": ..., "path": ...}]',
+               "ray": 'a JSON object: {"num_replicas": 2, ...}'}
+
+
+def env_variable(field_name: str) -> str:
+    """The ``IRPE_SERVE_*`` variable of a ServeSettings field."""
+    return f"IRPE_SERVE_{field_name.upper()}"
+
+
+def env_variable_set(field_name: str) -> Optional[str]:
+    """The variable of the environment that gives this ServeSettings field its value (its
+    ``IRPE_SERVE_*`` name, else an older one), or None where none is set."""
+    field = ServeSettings.model_fields.get(field_name)
+    if field is None:
+        return None
+    choices = getattr(field.validation_alias, "choices", None) or [env_variable(field_name)]
+    return next((str(c) for c in choices if str(c) in os.environ), None)
 
 
 class RepositorySource(PydanticBaseSettingsSource):

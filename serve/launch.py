@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from irpe.errors import CLIError
 
-from .config import ModelConfig, ServeSettings
+from .config import ModelConfig, ServeSettings, env_variable_set
 from .errors import validation_message
 
 __all__ = ["Launch"]
@@ -74,4 +74,9 @@ def _validated(cls: Any, **values: Any) -> Any:
     try:
         return cls(**values)
     except ValidationError as exc:
-        raise CLIError(f"invalid settings: {validation_message(exc.errors())}") from None
+        errors = exc.errors()
+        fields = {str(e["loc"][0]) for e in errors if e.get("loc")} if cls is ServeSettings \
+            else set()
+        named = sorted(filter(None, map(env_variable_set, fields)))
+        where = f" (from {', '.join(named)})" if named else ""
+        raise CLIError(f"invalid settings: {validation_message(errors)}{where}") from None

@@ -189,3 +189,36 @@ def test_fused_attention_setting_applies_at_app_start(clean_env, files):
         assert fused_mode() == "off"
     finally:
         set_fused_attention(None)
+
+
+@pytest.mark.parametrize("flags", [["--prepare"], ["--ray-config", "-"], ["--ray"]])
+@pytest.mark.parametrize("variable, value, message", [
+    ("IRPE_SERVE_MODELS", '[{"name": "m",', "IRPE_SERVE_MODELS='[{\"name\": \"m\",' is not JSON"),
+    ("IRPE_SERVE_RAY", "{num_cpus: 1}", "IRPE_SERVE_RAY='{num_cpus: 1}' is not JSON"),
+    ("IRPE_SERVE_CORS_ORIGINS", "[https://a", "cors_origins: Value error, not a JSON list"),
+    ("IRPE_SERVE_RAY", '{"num_cpus": 0}', "ray.num_cpus: Input should be greater than 0"),
+])
+def test_bad_json_from_the_environment_is_one_line_naming_it(clean_env, tmp_path, flags,
+                                                             variable, value, message):
+    """Issue 50, defect 4: a variable that is not JSON (or not valid) is one line naming it,
+    exit 2, in a real `irpe serve` process, before anything starts (--ray: before Ray)."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("IRPE_SERVE")}
+    run = subprocess.run([sys.executable, "-m", "irpe", "serve", "--port", "0", *flags],
+                         cwd=ROOT, env={**env, variable: value}, capture_output=True, text=True,
+                         timeout=120)
+    err = run.stderr.strip()
+    assert run.returncode == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("irpe serve: error: invalid settings: ") and message in err, err
+    assert variable in err
+
+
+def test_cors_origins_take_a_comma_list_or_json(clean_env):
+    """IRPE_SERVE_CORS_ORIGINS as users write it (a comma list), or as a JSON list."""
+    clean_env.setenv("IRPE_SERVE_CORS_ORIGINS", "https://a.example, https://b.example")
+    assert ServeSettings().cors_origins == ["https://a.example", "https://b.example"]
+    clean_env.setenv("IRPE_SERVE_CORS_ORIGINS", '["https://c.example"]')
+    assert ServeSettings().cors_origins == ["https://c.example"]
