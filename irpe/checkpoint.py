@@ -7,6 +7,7 @@ or a bare state_dict. Training checkpoints that also carry an ``argparse.Namespa
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pickle
 from typing import Any, Dict
@@ -17,7 +18,7 @@ from torch import nn
 from .errors import IrpeError
 
 __all__ = ["CheckpointError", "read_state_dict", "load_torch_file", "load_checkpoint",
-           "save_checkpoint"]
+           "save_checkpoint", "canonical_safetensors"]
 
 
 class CheckpointError(IrpeError, RuntimeError):
@@ -87,9 +88,26 @@ def load_checkpoint(model: nn.Module, path: str, strict: bool = True) -> nn.Modu
 
 
 def save_checkpoint(model: nn.Module, path: str, metadata: Dict[str, str] | None = None) -> None:
-    """Write the model's state_dict as safetensors (the format this project ships)."""
+    """Write the model's state_dict as safetensors (the format this project ships); equal
+    weights and metadata give equal bytes (:func:`canonical_safetensors`)."""
     from safetensors.torch import save
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     from irpe.atomic import write_bytes
     data = save(state, metadata=metadata)  # bytes: save_file creates its file mode 0600
-    write_bytes(path, data)  # an ordinary file (umask), complete or absent (irpe.atomic)
+    write_bytes(path, canonical_safetensors(data))  # an ordinary file (umask), complete or
+    # absent (irpe.atomic)
+
+
+def canonical_safetensors(data: bytes) -> bytes:
+    """``data`` (a safetensors file) with its metadata keys sorted. safetensors writes them in
+    the order of a Rust HashMap, which changes from one process to the next, so two saves of
+    the same model differed in their header; the tensors and their offsets are untouched (the
+    offsets count from the end of the header). The header is padded with spaces to a multiple
+    of 8 bytes, as safetensors pads it."""
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    meta = header.pop("__metadata__", None)
+    ordered = ({"__metadata__": dict(sorted(meta.items()))} if meta else {}) | header
+    text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + data[8 + size:]

@@ -44,9 +44,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     record = train(TrainConfig(**values))
     if os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 reports
         return 0
-    print(f"done: best {record['best']:.4g} after {record.get('epoch', 0)} epochs "
-          f"({record['train_seconds']:.0f} s) -> {os.path.join(args.output, 'model.safetensors')}")
+    print(_outcome(record, args), flush=True)
     return 0
+
+
+def _outcome(record: Dict, args: argparse.Namespace) -> str:
+    """The last line of ``irpe train``: the best completed epoch; a run stopped before one
+    completed (``--max-steps``); or a resumed run that had nothing left to train (exit 0,
+    nothing written: docs/training.md)."""
+    model = os.path.join(args.output, "model.safetensors")
+    if record.get("finished"):
+        return (f"done: nothing to train: {args.resume} already completed {record['epoch']} "
+                f"epochs (--epochs {args.epochs or record['epoch']}); its best "
+                f"{record['best']:.4g} is in {model}; raise --epochs to train on")
+    if record["best"] == float("-inf"):  # stopped (--max-steps) inside the first epoch
+        return (f"done: stopped after {record['step']} steps, before epoch 1 completed "
+                f"({record['train_seconds']:.0f} s) -> {model} (provisional: the weights at "
+                "the stop; the first completed epoch replaces it)")
+    done = record["epoch"] - (1 if record.get("partial") else 0)
+    stop = f", stopped at step {record['step']} (--max-steps)" if record.get("partial") else ""
+    return (f"done: best {record['best']:.4g} after {done} epochs{stop} "
+            f"({record['train_seconds']:.0f} s) -> {model}")
 
 
 def _check_output(out: str, resume: Optional[str], force: bool,

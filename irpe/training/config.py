@@ -4,12 +4,12 @@ Its own module, below the tasks and the trainer that both read it (no import cyc
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Optional
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Dict, Optional
 
 from ..errors import InvalidInput
 
-__all__ = ["TASK_NAMES", "TrainConfig", "CONFIG_FIELDS"]
+__all__ = ["TASK_NAMES", "TrainConfig", "CONFIG_FIELDS", "RUN_CONTROL", "recipe"]
 
 TASK_NAMES = ("classification", "detection")  # the keys of irpe.training.tasks.TASKS
 
@@ -63,3 +63,14 @@ class TrainConfig:
 
 
 CONFIG_FIELDS = {f.name for f in fields(TrainConfig)}
+# how a run is driven, not what it computes: where it writes, where it stops (--max-steps), what
+# it resumed from, threads, progress; left out of the files a run writes, so a run interrupted
+# and resumed writes the same bytes as the run straight through (docs/training.md)
+RUN_CONTROL = ("output", "resume", "max_steps", "progress", "threads", "workers",
+               "dist_timeout")
+
+
+def recipe(cfg: TrainConfig) -> Dict[str, Any]:
+    """The settings that decide the weights (all but :data:`RUN_CONTROL`), as saved in
+    ``last.pt`` and in ``model.safetensors``' metadata."""
+    return {k: v for k, v in asdict(cfg).items() if k not in RUN_CONTROL}

@@ -7,14 +7,16 @@ on every rank) and each rank's global torch RNG (drop-path, mixup), gathered to 
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional
+import sys
+from typing import Any, Dict, List, Optional
 
 import torch
 
 from ..checkpoint import CheckpointError, load_torch_file
 from .distributed import Dist
 
-__all__ = ["rng_snapshot", "restore_rng", "read_last", "check_fits", "resume_step"]
+__all__ = ["rng_snapshot", "restore_rng", "read_last", "check_fits", "resume_step",
+           "canonical_tree"]
 
 
 def rng_snapshot(d: Dist, flip: torch.Generator) -> Optional[Dict]:
@@ -84,8 +86,35 @@ def resume_step(state: Dict, global_batch: int, path: str) -> int:
         raise CheckpointError(
             f"{path} stopped {consumed} samples into epoch {state['epoch'] + 1}, not a multiple "
             f"of this run's global batch {global_batch}: resume with the global batch "
-            f"{state.get('global_batch')} (batch size x processes) or from an epoch boundary")
+            f"{state.get('global_batch')} (--batch-size x processes x --grad-accum-steps"
+            f"{_saved_split(state)}) or from an epoch boundary")
     return consumed // global_batch
+
+
+def _saved_split(state: Dict) -> str:
+    """", it ran 4 x 1 x 2" from the saved config and process count ("" when not saved)."""
+    config = state.get("config") or {}
+    if "batch_size" not in config or "processes" not in state:
+        return ""
+    return (f"; it ran {config['batch_size']} x {state['processes']} x "
+            f"{config.get('grad_accum_steps', 1)}")
+
+
+def canonical_tree(obj: Any) -> Any:
+    """``obj`` rebuilt for a byte-stable ``torch.save``: new dicts, lists and tuples, and every
+    string interned. Pickle writes a second reference to one object as a back-reference; which
+    equal strings were one object differed between a run straight through (an optimiser group's
+    parameter names are the model's) and a resumed one (read back from ``last.pt``), and so did
+    the bytes of equal states. Interned, equal strings are one object in every run."""
+    if isinstance(obj, str):
+        return sys.intern(obj)
+    if isinstance(obj, dict):
+        return {canonical_tree(k): canonical_tree(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [canonical_tree(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(canonical_tree(v) for v in obj)
+    return obj
 
 
 def _few(names: List[str]) -> str:

@@ -2,7 +2,9 @@
 
 Every epoch: train with AdamW + warmup-cosine (+ grad clipping, AMP on CUDA), write ``last.pt``
 (resume state), evaluate on the validation split, append a JSON line to ``log.jsonl`` and,
-when the main metric improves, write ``model.safetensors`` (weights + ModelSpec metadata).
+when the main metric of a completed epoch improves, write ``model.safetensors`` (weights +
+ModelSpec metadata). The best is chosen over completed epochs only: a run stopped mid-epoch
+(``--max-steps``) and resumed then writes the same bytes as the run straight through.
 Under torchrun every process trains its share of each global batch (DDP); rank 0 writes.
 """
 from __future__ import annotations
@@ -12,7 +14,6 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict
 from typing import (
     TYPE_CHECKING,
     ContextManager,
@@ -30,10 +31,17 @@ import torch
 from ..artifact.trained import save_trained
 from ..checkpoint import CheckpointError
 from ..errors import InvalidInput
-from .config import CONFIG_FIELDS, TrainConfig
+from .config import CONFIG_FIELDS, TrainConfig, recipe
 from .distributed import ResumableSampler, setup, teardown
 from .optim import param_groups, warmup_cosine
-from .state import check_fits, read_last, restore_rng, resume_step, rng_snapshot
+from .state import (
+    canonical_tree,
+    check_fits,
+    read_last,
+    restore_rng,
+    resume_step,
+    rng_snapshot,
+)
 from .tasks import TASKS, Batch
 
 if TYPE_CHECKING:
@@ -72,7 +80,7 @@ class Trainer:
         self.global_batch = cfg.batch_size * self.dist.world * self.accum
         if self.steps_per_epoch == 0:
             raise InvalidInput(f"training set has fewer images than one global batch "
-                               f"({self.global_batch})")
+                               f"({self.global_batch} = {self.split})")
         total = cfg.epochs * self.steps_per_epoch
         warmup = int(cfg.warmup_epochs * self.steps_per_epoch)
         groups = param_groups(self.model, cfg.weight_decay, cfg.lr, cfg.lr_backbone or None)
@@ -107,6 +115,17 @@ class Trainer:
         ids = [self.dist.local_rank] if self.device.startswith("cuda") else None
         return DistributedDataParallel(model, device_ids=ids)
 
+    @property
+    def split(self) -> str:
+        """How the global batch is made: "8 (batch size) x 1 (processes) x 2 (accumulated)"."""
+        return (f"{self.cfg.batch_size} (--batch-size) x {self.dist.world} (processes) x "
+                f"{self.accum} (--grad-accum-steps)")
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run (resumed) has already completed all of ``--epochs``."""
+        return self.epoch >= self.cfg.epochs
+
     def _say_setup(self) -> None:
         d = self.dist
         if not self.main:
@@ -130,7 +149,7 @@ class Trainer:
                 "epoch": self.epoch, "step": self.step, "epoch_step": self.epoch_step,
                 "global_batch": self.global_batch, "processes": self.dist.world,
                 "best": self.best, "rng": rng, "classes": list(self.task.spec.class_names),
-                "config": asdict(self.cfg)}
+                "config": recipe(self.cfg)}
 
     def load_state(self, path: str) -> None:
         """Continue an interrupted run from its ``last.pt`` (any number of processes)."""
@@ -144,7 +163,8 @@ class Trainer:
         note = restore_rng(state.get("rng"), self.dist, self.task.gen, self.cfg.seed, self.epoch)
         if state.get("global_batch", self.global_batch) != self.global_batch:
             note += (f"{'; ' if note else ''}global batch was {state['global_batch']}, now "
-                     f"{self.global_batch}: the lr schedule goes on in steps of the new batch")
+                     f"{self.global_batch} = {self.split}: the lr schedule goes on in steps "
+                     "of the new batch")
         if note and self.main:
             print(f"resume: {note}", flush=True)
 
@@ -220,14 +240,21 @@ class Trainer:
         return cast("DistributedDataParallel", self.net).no_sync()  # _wrap: DDP when world > 1
 
     def run(self) -> Dict:
-        """Train the remaining epochs; returns the last log record (with the best metric)."""
-        record, start = {}, time.perf_counter()
+        """Train the remaining epochs; returns the last log record (with the best metric).
+        A resumed run that already completed ``--epochs`` trains and writes nothing: its record
+        says ``finished`` (the CLI says so in one line)."""
+        record: Dict = {}
+        start = time.perf_counter()
+        if self.finished:
+            return {"finished": True, "epoch": self.epoch, "step": self.step, "best": self.best,
+                    "train_seconds": 0.0}
         while self.epoch < self.cfg.epochs:
             t0 = time.perf_counter()
             record = self.train_epoch()
             rng = rng_snapshot(self.dist, self.task.gen)  # before eval: nothing else drawn
             self.write_last(rng)  # an evaluation error never loses the epoch's training
-            metrics = self.task.evaluate(self.model, self.val_loader, self.device)
+            with self._no_draws():
+                metrics = self.task.evaluate(self.model, self.val_loader, self.device)
             record.update({f"val_{k}": v for k, v in metrics.items()})
             record.update(epoch=self.epoch + (1 if self.epoch_step else 0), step=self.step,
                           global_batch=self.global_batch, processes=self.dist.world,
@@ -241,32 +268,56 @@ class Trainer:
         record["best"] = self.best
         return record
 
+    def _no_draws(self) -> ContextManager:
+        """Evaluation leaves the torch RNG streams as it found them: a DataLoader made to
+        evaluate draws its seed from the global stream, which a run that stops at the epoch's
+        end and is resumed (from the state saved before evaluating) would not see."""
+        devices = [torch.device(self.device).index or 0] if self.device.startswith("cuda") \
+            else []
+        return torch.random.fork_rng(devices=devices)
+
     def save(self, record: Dict, metric: float, rng: Optional[Dict]) -> None:
-        """Rank 0: log line; when the metric improves, model.safetensors and last.pt (its
-        new best: otherwise the last.pt run() wrote before evaluating is already this state)."""
-        improved = metric > self.best
-        self.best = max(self.best, metric)
+        """Rank 0: log line; when a completed epoch improves the best (a tie keeps the earlier
+        one), model.safetensors and last.pt (its new best: otherwise the last.pt run() wrote
+        before evaluating is already this state).
+
+        A partial epoch (``--max-steps``) is evaluated and logged but never the best: resumed,
+        it completes, and the file is then what the run straight through writes. Before any
+        epoch has completed, the partial epoch's weights are written as a provisional model
+        (metadata ``irpe.train.partial``) so a short run still leaves one; the first completed
+        epoch always replaces it."""
+        partial = bool(record.get("partial"))
+        improved = not partial and (metric > self.best or self.best == -math.inf)
+        provisional = partial and self.best == -math.inf
+        if improved:
+            self.best = metric
         if not self.main:
             return
         with open(os.path.join(self.cfg.output, "log.jsonl"), "a") as fh:
             fh.write(json.dumps(record) + "\n")
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in record.items()), flush=True)
-        if improved:
+        if improved or provisional:
             extra = {"irpe.train.epoch": str(record["epoch"]),
                      f"irpe.train.val_{self.task.main_metric}": f"{metric:.4f}",
-                     "irpe.train.config": json.dumps(asdict(self.cfg))}
+                     "irpe.train.config": json.dumps(recipe(self.cfg))}
+            if provisional:
+                extra["irpe.train.partial"] = (f"{self.epoch_step} of {self.steps_per_epoch} "
+                                               "steps")
             save_trained(self.model, os.path.join(self.cfg.output, "model.safetensors"),
                          self.task.spec, extra)
+        if improved:
             self.write_last(rng)
 
     def write_last(self, rng: Optional[Dict]) -> None:
-        """Rank 0 replaces ``last.pt`` atomically."""
+        """Rank 0 replaces ``last.pt`` atomically; equal states give equal bytes: saved through
+        a file object (torch.save names the archive inside after a path it is given, here the
+        temporary's, with a pid) and as a canonical tree (:func:`.state.canonical_tree`)."""
         if not self.main:
             return
-        from irpe.atomic import atomic_path
-        with atomic_path(os.path.join(self.cfg.output, "last.pt")) as tmp:
-            torch.save(self.state(rng), tmp)
+        from irpe.atomic import atomic_open
+        with atomic_open(os.path.join(self.cfg.output, "last.pt"), "wb") as fh:
+            torch.save(canonical_tree(self.state(rng)), fh)
 
 
 def _steps(loader: Iterable, accum: int) -> Iterator[List]:
