@@ -98,14 +98,16 @@ def _ray_runner() -> Callable[[Launch, ServeSettings], int]:
 
 
 def _launch(args: argparse.Namespace) -> Launch:
-    """The Launch of these arguments: the repository as an absolute path, so that a Ray
-    replica, started in another folder, reads the same file."""
+    """The Launch of these arguments and of the IRPE_SERVE_* variables: the repository as an
+    absolute path, so that a Ray replica, started in another folder or machine, reads the
+    same file and serves the same models (issue 50: --ray-config once dropped the variables)."""
     from .launch import Launch
     overrides = {"host": args.host, "port": args.port, "threads": args.threads,
                  "log_format": args.log_format, "log_level": args.log_level}
     repository = str(Path(args.repository).absolute()) if args.repository else None
-    return Launch(repository=repository, overrides=overrides, demo=args.demo,
-                  backend=args.backend, device=args.device, precision=args.precision)
+    launch = Launch(repository=repository, overrides=overrides, demo=args.demo,
+                    backend=args.backend, device=args.device, precision=args.precision)
+    return launch.with_environment()
 
 
 def _share_ort_pool(settings: ServeSettings) -> None:

@@ -49,7 +49,7 @@ from .ray_settings import RaySettings
 from .registry import AUTO, auto_backend, backend_names, check_backend
 from .repository import read_repository
 
-__all__ = ["ModelConfig", "ServeSettings", "read_repository"]
+__all__ = ["FieldNames", "ModelConfig", "ServeSettings", "env_variable", "read_repository"]
 
 OV_STREAMS = 1  # the server's default OpenVINO streams (ServeSettings.ov_streams)
 # settings that only one backend reads: set on a model of another backend, they are refused
@@ -408,16 +408,6 @@ JSON_SHAPES = {"models": 'a JSON list of models: [{"name": ..., "path": ...}]',
 def env_variable(field_name: str) -> str:
     """The ``IRPE_SERVE_*`` variable of a ServeSettings field."""
     return f"IRPE_SERVE_{field_name.upper()}"
-
-
-def env_variable_set(field_name: str) -> Optional[str]:
-    """The variable of the environment that gives this ServeSettings field its value (its
-    ``IRPE_SERVE_*`` name, else an older one), or None where none is set."""
-    field = ServeSettings.model_fields.get(field_name)
-    if field is None:
-        return None
-    choices = getattr(field.validation_alias, "choices", None) or [env_variable(field_name)]
-    return next((str(c) for c in choices if str(c) in os.environ), None)
 
 
 class RepositorySource(PydanticBaseSettingsSource):

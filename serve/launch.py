@@ -13,8 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from irpe.errors import CLIError
 
-from .config import ModelConfig, ServeSettings, env_variable_set
+from .config import ModelConfig, ServeSettings
 from .errors import validation_message
+from .settings_env import env_variable_set, environment_values
 
 __all__ = ["Launch"]
 
@@ -26,6 +27,11 @@ class Launch(BaseModel):
     repository: Optional[str] = Field(None, description="model repository file (.yaml/.toml)")
     overrides: Dict[str, Any] = Field(default_factory=dict, description="ServeSettings "
                                       "fields given on the command line (highest priority)")
+    environment: Dict[str, Any] = Field(
+        default_factory=dict, description="settings from the IRPE_SERVE_* variables where irpe "
+        "serve ran (with_environment): a replica elsewhere, or serve run / serve deploy of "
+        "the --ray-config file, serves them whatever its own environment says; below "
+        "overrides")
     demo: bool = Field(False, description="also serve the demo models (they are served "
                        "anyway when nothing else is configured)")
     backend: Literal["auto", "onnxruntime", "torch", "openvino"] = Field(
@@ -34,10 +40,16 @@ class Launch(BaseModel):
     precision: Optional[Literal["fp32", "fp16", "bf16"]] = Field(
         None, description="every torch- and openvino-backend model at this precision")
 
+    def with_environment(self) -> "Launch":
+        """This Launch carrying this process's IRPE_SERVE_* settings (config.environment_values),
+        so the models resolved here are the ones served wherever it is resolved again."""
+        return self.model_copy(update={"environment": environment_values()})
+
     def base_settings(self, default_threads: int = 0) -> ServeSettings:
         """The settings from the overrides, IRPE_SERVE_* and the repository file; ``threads``
         is ``default_threads`` where none of them sets it (a Ray replica: its CPUs)."""
-        given = {k: v for k, v in self.overrides.items() if v is not None}
+        given = {**self.environment,
+                 **{k: v for k, v in self.overrides.items() if v is not None}}
         if self.repository is not None:
             given["repository"] = self.repository
         settings = _validated(ServeSettings, **given)

@@ -5,7 +5,10 @@ RayService's ``serveConfigV2``): one application whose ``import_path`` is
 :func:`serve.ray_app.build` and whose ``args`` are the :class:`serve.launch.Launch` of this
 command. The replicas' options are not copied into it: the builder reads them from the
 repository's ``ray:`` section on the cluster, so the repository stays their one source (a
-``deployments:`` entry added by hand wins, as Ray documents).
+``deployments:`` entry added by hand wins, as Ray documents). Settings from ``IRPE_SERVE_*``
+variables (models included) are written into ``args`` (:meth:`Launch.with_environment`), so the
+file serves what this command resolved wherever it runs; the bearer token is not (a secret): the
+cluster sets its own ``IRPE_SERVE_AUTH_TOKEN``, and the file says so.
 
 The file is never written over anything the server reads (irpe.outputs): the repository file
 and every file its models name (the artifact with its companions, an IR's ``.bin``, an
@@ -24,6 +27,7 @@ from irpe.outputs import check_outputs
 
 from .config import ServeSettings
 from .launch import Launch
+from .settings_env import env_variable_set
 
 __all__ = ["BUILDER", "serve_config", "served_files", "write_serve_config"]
 
@@ -59,6 +63,15 @@ def served_files(settings: ServeSettings) -> List[Path]:
     return [path for path in files if path is not None]
 
 
+def _token_note() -> str:
+    """A comment where the bearer token came from a variable, which the file does not hold."""
+    variable = env_variable_set("auth_token")
+    if variable is None:
+        return ""
+    return (f"# {variable} is set where this was written but not written here (a secret):\n"
+            f"#   set {variable} on the cluster (e.g. runtime_env env_vars)\n")
+
+
 def write_serve_config(target: str, launch: Launch, settings: ServeSettings) -> int:
     """Write :func:`serve_config` as YAML to ``target`` (atomically; ``-``: stdout); refused
     before anything is written where ``target`` is a file the server reads or a folder."""
@@ -67,7 +80,7 @@ def write_serve_config(target: str, launch: Launch, settings: ServeSettings) -> 
     text = ("# Ray Serve config of irpe serve (irpe serve --ray-config); run it with\n"
             "#   serve run FILE   or   serve deploy FILE   (the cluster needs\n"
             "#   pip install 'irpe-deploy[ray]' and the model files at these paths)\n"
-            + yaml.safe_dump(serve_config(launch, settings), sort_keys=False))
+            + _token_note() + yaml.safe_dump(serve_config(launch, settings), sort_keys=False))
     if target == "-":
         sys.stdout.write(text)
         return 0

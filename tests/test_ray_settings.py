@@ -4,6 +4,7 @@ ServeDeploySchema, its builder importable), bad input refused in one line with n
 written; `--ray` without Ray installed says how to install it."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -169,3 +170,27 @@ def test_ray_on_a_port_in_use_is_one_line_before_ray_starts(tmp_path):
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert line.endswith(f"cannot listen on 127.0.0.1:{port}: Address already in use")
+
+
+def test_ray_config_carries_the_models_of_the_environment(tmp_path):
+    """Issue 50, defect 5: IRPE_SERVE_MODELS / IRPE_SERVE_RAY given to --ray-config are in the
+    file; Ray's builder, run where the variables are unset (another folder, a clean
+    environment), resolves those models (relative paths made absolute), not the demo ones;
+    the bearer token is not written, and the file says so."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("IRPE_SERVE")}
+    models = [{"name": "envcls", "path": os.path.relpath(DEMO, tmp_path)}]
+    env = {**clean, "IRPE_SERVE_MODELS": json.dumps(models), "IRPE_SERVE_AUTH_TOKEN": "s3cret",
+           "IRPE_SERVE_RAY": '{"num_replicas": 3}'}
+    out = tmp_path / "serve.yaml"
+    done = irpe("serve", "--ray-config", str(out), env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    text = out.read_text()
+    assert "s3cret" not in text and "IRPE_SERVE_AUTH_TOKEN is set" in text
+    check = ("import sys, yaml; from serve.launch import Launch\n"
+             "args = yaml.safe_load(open(sys.argv[1]))['applications'][0]['args']\n"
+             "s = Launch.model_validate(args).settings()\n"
+             "print(s.model_names(), s.ray.num_replicas, s.models[0].path)")
+    resolved = subprocess.run([sys.executable, "-c", check, str(out)], cwd=ROOT, env=clean,
+                              capture_output=True, text=True, timeout=120)
+    assert resolved.returncode == 0, resolved.stderr
+    assert resolved.stdout.split() == ["['envcls']", "3", str(DEMO)]
