@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
     from .config import ServeSettings
     from .launch import Launch
+    from .ray_settings import RaySettings
 
 __all__ = ["add_parser", "cmd_serve"]
 
@@ -71,8 +72,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = launch.base_settings()
     setup_logging(settings.log_level, settings.log_format)
     if args.ray_address is not None:
-        settings = settings.model_copy(update={"ray": settings.ray.model_copy(
-            update={"address": args.ray_address})})
+        settings = settings.model_copy(update={"ray": _with_address(settings, args.ray_address)})
     if args.ray_config:
         from .ray_config import write_serve_config
         return write_serve_config(args.ray_config, launch, settings)
@@ -86,10 +86,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return _run(app, settings)
 
 
-def _ray_runner() -> Callable[[Launch, ServeSettings], int]:
-    """serve.ray_app.run_on_ray, or one line saying how to install Ray Serve."""
+def _with_address(settings: ServeSettings, address: str) -> RaySettings:
+    """The ``ray:`` settings with ``--ray-address`` (checked: one line, exit 2)."""
+    from irpe.errors import InvalidInput
+
+    from .ray_address import check_address
     try:
-        from .ray_app import run_on_ray
+        check_address(address)
+    except ValueError as exc:
+        raise InvalidInput(f"--ray-address: {exc}") from None
+    return settings.ray.model_copy(update={"address": address})
+
+
+def _ray_runner() -> Callable[[Launch, ServeSettings], int]:
+    """serve.ray_run.run_on_ray, or one line saying how to install Ray Serve."""
+    try:
+        from .ray_run import run_on_ray
     except ImportError as exc:
         from irpe.errors import CLIError
         raise CLIError(f"irpe serve --ray needs Ray Serve ({exc}): pip install "

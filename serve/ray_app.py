@@ -13,15 +13,13 @@ the Open Inference Protocol through Ray's HTTP proxy). In Ray's terms:
 - Every response names its replica (``X-Irpe-Replica: NODE/REPLICA``): which node answered.
 
 Entry points: :func:`build` (the ``import_path`` of ``irpe serve --ray-config``'s file, for
-``serve run`` / ``serve deploy`` / KubeRay) and :func:`run_on_ray` (``irpe serve --ray``).
+``serve run`` / ``serve deploy`` / KubeRay) and :func:`deploy` (``irpe serve --ray``:
+:mod:`serve.ray_run`).
 Needs ``pip install 'irpe-deploy[ray]'``; docs/deploy.md ("Ray Serve").
 """
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import threading
 from typing import Any, Dict, cast
 
 import ray
@@ -31,15 +29,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from irpe.errors import CLIError, ResourceError
 
-from .app import build_models, create_app
+from .app import create_app
 from .config import ServeSettings
 from .launch import Launch
 from .logs import setup_logging
-from .metrics import Metrics
-from .net import listen_socket
 
 __all__ = ["IrpeReplica", "REPLICA", "REPLICA_HEADER", "application", "build", "deploy",
-           "run_on_ray"]
+           "deployment_reason"]
 
 log = logging.getLogger("irpe.serve")
 
@@ -116,40 +112,6 @@ def build(args: Dict[str, Any]) -> Application:
     return application(launch, launch.settings())
 
 
-def run_on_ray(launch: Launch, settings: ServeSettings) -> int:
-    """``irpe serve --ray``: deploy to Ray Serve (a local Ray when no address is set) and stay
-    until SIGINT / SIGTERM, then delete the application (its replicas drain) and stop the Ray
-    this command started."""
-    build_models(settings, Metrics())  # files, metadata, names: one line before Ray starts
-    address = os.environ.get("RAY_ADDRESS") or settings.ray.address
-    if address is None:  # Ray's proxy does not report a port in use: one line here instead
-        listen_socket(settings.host, settings.port).close()
-    if address is None:  # the ingress of a Ray this command starts (inherited by its nodes)
-        os.environ.update(settings.ray.ingress_env())
-    stop = threading.Event()
-    # "local": a new Ray for this command, never one an earlier run left on record here
-    ray.init(address=address or "local", include_dashboard=False,
-             logging_level=logging.WARNING)
-    previous = _stop_on_signals(stop)  # after ray.init, which sets its own (exit at once)
-    name = settings.ray.application
-    try:
-        serve.start(proxy_location=settings.ray.proxy_location,
-                    http_options={"host": settings.host, "port": settings.port})
-        deploy(launch, settings)
-        while not stop.wait(0.5):
-            pass
-        log.info("draining", extra={"application": name})
-        serve.delete(name)
-    finally:
-        if address is None:
-            serve.shutdown()
-        ray.shutdown()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    log.info("stopped; replicas drained")
-    return 0
-
-
 def deploy(launch: Launch, settings: ServeSettings) -> None:
     """Deploy the application to the Ray this process is connected to (Serve started there,
     or started by this call with Ray's defaults); "serving" is logged once every replica
@@ -166,19 +128,20 @@ def deploy(launch: Launch, settings: ServeSettings) -> None:
         "ray": ray.get_runtime_context().gcs_address, "models": settings.model_names()})
 
 
-def _stop_on_signals(stop: threading.Event) -> Dict[int, Any]:
-    """SIGINT and SIGTERM set ``stop``; returns the handlers they had."""
-    return {sig: signal.signal(sig, lambda *_: stop.set())
-            for sig in (signal.SIGINT, signal.SIGTERM)}
-
-
-def _reason(name: str, exc: BaseException) -> str:
-    """Why the deployment failed: the last line of its status message (a replica's own
-    error, e.g. the health check's "models not ready: ..."), else the exception's first."""
+def deployment_reason(name: str) -> str:
+    """The last line of the deployment's status message (a replica's own error, e.g. the
+    health check's "models not ready: ...", or Ray's "taken more than 30s to be scheduled
+    ... Resources required for each replica ..."), or "" where it has none."""
     try:
         message = serve.status().applications[name].deployments[name].message
     except (KeyError, RuntimeError):
         message = ""
-    lines = [line.strip() for line in (message or str(exc)).splitlines() if line.strip()]
-    return lines[-1] if lines else type(exc).__name__
+    lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _reason(name: str, exc: BaseException) -> str:
+    """Why the deployment failed: :func:`deployment_reason`, else the exception's last line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return deployment_reason(name) or (lines[-1] if lines else type(exc).__name__)
 

@@ -10,9 +10,11 @@ import os
 import shutil
 from typing import Any, Dict, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from irpe.errors import MissingFile
+
+from .ray_address import check_address
 
 __all__ = ["RETRY_ON", "RayAutoscaling", "RaySettings"]
 
@@ -81,9 +83,19 @@ class RaySettings(BaseModel):
         "lost mid-way is replayed on another, since every route is idempotent; but Ray's "
         "HAProxy also listens on all interfaces for its stats and metrics, :8404 and :9101; "
         "docs/deploy.md). An existing cluster's ingress is set where it starts (ingress_env)")
+    deploy_timeout_s: float = Field(
+        300.0, gt=0, le=86400, description="irpe serve --ray: seconds the deployment may take "
+        "to run (replicas scheduled, models loaded); longer fails with Ray's reason in one line "
+        "and deletes it (a Ray the command starts is checked for the replicas' CPUs and GPUs "
+        "before)")
     health_check_period_s: float = Field(2.0, gt=0, description="how often Ray asks a replica "
                                          "whether every model is ready")
     health_check_timeout_s: float = Field(10.0, gt=0)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: Optional[str]) -> Optional[str]:
+        return check_address(value)
 
     @model_validator(mode="after")
     def _replicas(self) -> "RaySettings":

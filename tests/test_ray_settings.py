@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -194,3 +195,33 @@ def test_ray_config_carries_the_models_of_the_environment(tmp_path):
                               capture_output=True, text=True, timeout=120)
     assert resolved.returncode == 0, resolved.stderr
     assert resolved.stdout.split() == ["['envcls']", "3", str(DEMO)]
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--ray-address", "notahost:99999"], {}, "--ray-address: 'notahost:99999' is not a Ray"),
+    ([], {"RAY_ADDRESS": "ray://h:0"}, "RAY_ADDRESS: 'ray://h:0' is not a Ray address"),
+    (["--ray-address", "ray://127.0.0.1:1"], {}, "the Ray cluster at ray://127.0.0.1:1"),
+    (["--ray-address", "auto"], {}, "auto: no Ray cluster runs on this machine"),
+    ([], {"RAY_ADDRESS": "auto"}, "RAY_ADDRESS auto: no Ray cluster runs on this machine"),
+])
+def test_bad_or_unreachable_ray_addresses_are_one_line(tmp_path, args, env, message):
+    """Issue 50, defect 3: an invalid address (once a hang), `auto` with no cluster (once a
+    ConnectionError traceback) and an unreachable ray:// address (once 33 s and a traceback)
+    are one line, exit 2, within seconds (the bound here is generous: 2 shared cores)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("IRPE_SERVE", "RAY_"))}
+    repo = repository(tmp_path, {})
+    started = time.monotonic()
+    done = irpe("serve", repo, "--ray", "--port", "0", *args,
+                env={**clean, "RAY_TMPDIR": str(tmp_path), **env})
+    took = time.monotonic() - started
+    err = done.stderr.strip()
+    assert done.returncode == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("irpe serve: error: ") and message in err, err
+    assert took < 30, took
+
+
+def test_the_ray_address_setting_is_checked():
+    assert RaySettings(address="ray://head.example:10001").address == "ray://head.example:10001"
+    assert RaySettings(address="10.0.0.2:6379").address == "10.0.0.2:6379"
+    with pytest.raises(ValidationError, match="is not a Ray address"):
+        RaySettings(address="head:70000")
