@@ -166,13 +166,22 @@ def _deploy_within(launch: Launch, settings: ServeSettings) -> None:
         deploy(launch, settings)
     except DeployTimeout:
         name = settings.ray.application
-        reason = deployment_reason(name) or "its replicas were not running"
+        reason = deployment_reason(name) or _unplaced(settings)
         serve.delete(name)
         raise ResourceError(f"Ray Serve did not start {name} within ray.deploy_timeout_s "
                             f"{timeout:g} s: {reason}") from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _unplaced(settings: ServeSettings) -> str:
+    """What a replica asks for beside what the cluster has free (Ray's own message comes only
+    after 30 s of waiting)."""
+    free = {k: round(v, 2) for k, v in ray.available_resources().items()
+            if k in ("CPU", "GPU")}
+    return (f"its replicas were not running (each needs CPU {settings.ray.num_cpus:g}, GPU "
+            f"{settings.ray.num_gpus:g}; the cluster has free {free})")
 
 
 def _clean_up(address: Optional[str], name: str) -> None:

@@ -1,0 +1,178 @@
+"""`irpe serve --ray` answers SIGINT / SIGTERM at every stage, with real Ray and real signals
+(issue 50, defect 1): stopped while Ray starts or while the deployment starts, the command and
+every process it started (Ray's GCS, raylet, workers, replicas) are gone within 10 s, with one
+line and a non-zero exit; replicas asking for more CPUs than the local Ray has are refused in
+one line; on a cluster, a deploy that cannot be scheduled fails within ray.deploy_timeout_s
+with the reason in one line. The serving stage (SIGTERM drains, exit 0) is
+tests/test_ray_serve.py's first test."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List, Set
+
+import pytest
+import yaml
+
+pytest.importorskip("ray.serve")
+
+from benchmarks.ray_serve import free_port  # noqa: E402 (after the importorskip)
+from tests.helpers import ROOT  # noqa: E402
+
+pytestmark = pytest.mark.timeout(240)
+GONE_WITHIN_S = 10.0  # the goal of the issue
+
+
+def _children() -> dict:
+    """pid -> parent pid of every process on this machine."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                table[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1]
+                                             .split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    return table
+
+
+def descendants(pid: int) -> Set[int]:
+    """The processes below ``pid`` now (children, theirs, ...)."""
+    table, found, frontier = _children(), set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in table.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pids: Set[int]) -> Set[int]:
+    """Those of ``pids`` still running (a zombie counts as gone)."""
+    left = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            left.add(pid)
+    return left
+
+
+def start(tmp_path, ray: dict, *args: str) -> subprocess.Popen:
+    repo = tmp_path / "repo.yaml"
+    demo = ROOT / "irpe" / "demo" / "deit_shapes_irpe.safetensors"
+    repo.write_text(yaml.safe_dump({"models": [{"name": "cls", "path": str(demo)}],
+                                    "ray": ray, "threads": 1}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("IRPE_SERVE", "RAY_"))}
+    return subprocess.Popen([sys.executable, "-m", "irpe", "serve", str(repo), "--ray",
+                             "--port", str(free_port()), *args], cwd=ROOT, env=env,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def stop_and_check(proc: subprocess.Popen, sig: int, seen: Set[int]) -> List[str]:
+    """Send ``sig``; the command and everything it started gone within GONE_WITHIN_S; its
+    stderr lines (after killing what is left, so that the test cleans up)."""
+    seen |= descendants(proc.pid)
+    proc.send_signal(sig)
+    sent = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=GONE_WITHIN_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    finally:
+        deadline = sent + GONE_WITHIN_S
+        while alive(seen) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = alive(seen)
+        for pid in left:  # only what this test's command started
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"still running {time.monotonic() - sent:.1f} s after the signal: {left}"
+    return err.splitlines()
+
+
+def wait_for(proc: subprocess.Popen, needle: str, seen: Set[int]) -> List[str]:
+    """stderr lines read until one contains ``needle`` (processes started noted meanwhile)."""
+    lines = []
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        lines.append(line)
+        seen |= descendants(proc.pid)
+        if needle in line:
+            return lines
+    raise AssertionError(f"exited {proc.wait()} before {needle!r}: {''.join(lines)}")
+
+
+def one_error_line(lines: List[str], *words: str) -> str:
+    errors = [line for line in lines if line.startswith("irpe serve: error: ")]
+    assert len(errors) == 1 and not any("Traceback" in line for line in lines), lines
+    assert all(w in errors[0] for w in words), errors[0]
+    return errors[0]
+
+
+def test_sigint_while_ray_starts(tmp_path):
+    proc, seen = start(tmp_path, {}), set()
+    try:
+        deadline = time.monotonic() + 120
+        while not any("gcs_server" in _cmd(p) for p in descendants(proc.pid)):
+            assert proc.poll() is None and time.monotonic() < deadline, "Ray never started"
+            time.sleep(0.05)
+        lines = stop_and_check(proc, signal.SIGINT, seen)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    one_error_line(lines, "stopped by SIGINT while")
+
+
+def test_sigterm_while_the_deployment_starts(tmp_path):
+    proc, seen = start(tmp_path, {}), set()
+    try:
+        before = wait_for(proc, "Deploying new version", seen)
+        lines = stop_and_check(proc, signal.SIGTERM, seen)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2
+    assert not any('"serving"' in line for line in before + lines)
+    one_error_line(lines, "stopped by SIGTERM while deploying irpe")
+
+
+def test_replicas_larger_than_the_local_ray_are_one_line(tmp_path):
+    """`ray: num_cpus: 64` on a local Ray: once a wait forever, now one line, exit 2, and the
+    Ray this command started is gone."""
+    proc, seen = start(tmp_path, {"num_cpus": 64}), set()
+    try:
+        err = proc.communicate(timeout=120)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2
+    one_error_line(err.splitlines(), "num_cpus 64 need 64 CPU", "the local Ray")
+    assert not alive(seen | descendants(proc.pid))
+
+
+def test_a_cluster_deploy_that_cannot_be_scheduled_times_out(tmp_path):
+    from ray.cluster_utils import Cluster
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1,
+                                                            "include_dashboard": False})
+    try:
+        proc = start(tmp_path, {"num_cpus": 2, "deploy_timeout_s": 5},
+                     "--ray-address", cluster.address)
+        err = proc.communicate(timeout=120)[1]
+    finally:
+        cluster.shutdown()
+    assert proc.returncode == 2, err
+    one_error_line(err.splitlines(), "did not start irpe within ray.deploy_timeout_s 5 s",
+                   "CPU 2")
+
+
+def _cmd(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
