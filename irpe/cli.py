@@ -5,7 +5,9 @@ import argparse
 import importlib
 import importlib.util
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
@@ -20,6 +22,7 @@ from .models import list_models, model_info
 
 DEFAULT_CHECK_MODEL = "deit_tiny_patch16_224_ctx_product_50_shared_k"
 DEBUG_ENV = "IRPE_DEBUG"  # 1 (true, yes): every error with its traceback, as --debug
+INTERRUPTED = 130  # the exit status of a command stopped by Ctrl-C (128 + SIGINT)
 
 
 # Subcommands defined next to the code they drive; each module has ``add_parser(subparsers)``
@@ -216,8 +219,24 @@ def _foreign_package(top: str) -> Optional[str]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``irpe`` console script. A user error (:class:`irpe.errors.IrpeError`)
     is one line and exit status 2; any other exception propagates with its traceback (a bug's
-    traceback is what its report needs). ``--debug`` or ``IRPE_DEBUG=1``: user errors too."""
-    args = build_parser().parse_args(argv)
+    traceback is what its report needs). ``--debug`` or ``IRPE_DEBUG=1``: user errors too.
+
+    Ctrl-C (SIGINT as KeyboardInterrupt) anywhere: one line ``irpe COMMAND: interrupted`` and
+    exit status 130, with ``--debug`` too (an interrupt is no bug). The writes it stopped left
+    nothing behind (irpe.atomic), and no "wrote" or "done" line follows it: a file moved into
+    place while the Ctrl-C was held is complete and kept, but the command reports it as
+    interrupted, not as done (docs/DECISIONS.md, "Ctrl-C")."""
+    command: Optional[str] = None
+    try:
+        args = build_parser().parse_args(argv)
+        command = args.command
+        return _run(args)
+    except KeyboardInterrupt:
+        return _interrupted(command)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the parsed command; user errors become one line and exit 2 (see :func:`main`)."""
     debug = args.debug or os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes")
     try:
         return args.func(args)
@@ -237,6 +256,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if debug or exc.filename is None:
             raise
         return _user_error(args.command, exc)
+
+
+def _interrupted(command: Optional[str]) -> int:
+    """The one line of a Ctrl-C, and 130 (128 + SIGINT, what a shell reports for one). More
+    Ctrl-Cs (a key held down) are ignored from here on: the command has already stopped, and
+    one arriving while this line is printed or the interpreter exits would print a traceback."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print(f"irpe{' ' + command if command else ''}: interrupted", file=sys.stderr, flush=True)
+    return INTERRUPTED
 
 
 def _user_error(command: str, exc: Exception) -> int:

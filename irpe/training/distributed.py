@@ -10,16 +10,28 @@ import datetime
 import itertools
 import os
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data import Sampler
 
 from ..errors import InvalidInput
 
-__all__ = ["Dist", "SINGLE", "setup", "resolve_device", "ShardSampler", "ResumableSampler"]
+__all__ = ["Dist", "SINGLE", "setup", "resolve_device", "ShardSampler", "ResumableSampler",
+           "batches"]
 
 DEFAULT_TIMEOUT_S = 600.0  # a collective waiting longer than this (a dead peer) fails the job
+
+
+def batches(loader: Iterable) -> Iterator:
+    """``iter(loader)`` with Ctrl-C held while it starts (irpe.atomic.held_interrupts): a
+    DataLoader with workers forks them there, and a KeyboardInterrupt raised in the middle was
+    swallowed by a fork hook (training went on) or left a half-made iterator whose clean-up
+    printed an AttributeError. Held, the Ctrl-C arrives once the workers run, and they (forked
+    while it is held) leave it to this process, which stops them as it unwinds."""
+    from ..atomic import held_interrupts
+    with held_interrupts():
+        return iter(loader)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..errors import InvalidInput
 from ..models.detr import PostProcess
-from .distributed import SINGLE, Dist, ShardSampler
+from .distributed import SINGLE, Dist, ShardSampler, batches
 
 if TYPE_CHECKING:  # the data sets are imported where they are read
     from ..data.datasets import CocoDetection, ShapesDetection
@@ -44,7 +44,7 @@ def evaluate_classification(model: Evaluated, loader: Iterable, device: str = "c
     model.eval()
     total: float  # a count; the sum over ranks below comes back as a float
     hits, total, loss = {1: 0, 5: 0}, 0, 0.0
-    for images, labels in loader:
+    for images, labels in batches(loader):
         logits = model(images.to(device)).float().cpu()
         loss += float(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"))
         for k, n in topk_accuracy(logits, labels).items():

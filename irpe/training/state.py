@@ -6,6 +6,7 @@ on every rank) and each rank's global torch RNG (drop-path, mixup), gathered to 
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Any, Dict, List, Optional
@@ -16,7 +17,7 @@ from ..checkpoint import CheckpointError, load_torch_file
 from .distributed import Dist
 
 __all__ = ["rng_snapshot", "restore_rng", "read_last", "check_fits", "resume_step",
-           "canonical_tree"]
+           "canonical_tree", "logged"]
 
 
 def rng_snapshot(d: Dist, flip: torch.Generator) -> Optional[Dict]:
@@ -115,6 +116,19 @@ def canonical_tree(obj: Any) -> Any:
     if isinstance(obj, tuple):
         return tuple(canonical_tree(v) for v in obj)
     return obj
+
+
+def logged(output: str, epoch: int, step: int) -> bool:
+    """Whether ``output``'s log.jsonl ends with the evaluation of completed epoch ``epoch``
+    at ``step`` (the trainer logs an epoch after writing its files)."""
+    try:
+        with open(os.path.join(output, "log.jsonl"), encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+        last = json.loads(lines[-1]) if lines else {}
+    except (OSError, ValueError):
+        return False
+    return (isinstance(last, dict) and last.get("epoch") == epoch and last.get("step") == step
+            and not last.get("partial"))
 
 
 def _few(names: List[str]) -> str:

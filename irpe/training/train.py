@@ -32,11 +32,12 @@ from ..artifact.trained import save_trained
 from ..checkpoint import CheckpointError
 from ..errors import InvalidInput
 from .config import CONFIG_FIELDS, TrainConfig, recipe
-from .distributed import ResumableSampler, setup, teardown
+from .distributed import ResumableSampler, batches, setup, teardown
 from .optim import param_groups, warmup_cosine
 from .state import (
     canonical_tree,
     check_fits,
+    logged,
     read_last,
     restore_rng,
     resume_step,
@@ -92,6 +93,7 @@ class Trainer:
             else torch.float16
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
         self.epoch, self.step, self.epoch_step, self.best = 0, 0, 0, -math.inf
+        self.pending_eval = False  # a resumed completed epoch not evaluated yet (load_state)
         if self.main:
             os.makedirs(cfg.output, exist_ok=True)
         if cfg.resume:
@@ -160,6 +162,7 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.epoch, self.step, self.best = state["epoch"], state["step"], state["best"]
         self.epoch_step = resume_step(state, self.global_batch, path)
+        self.pending_eval = self._unevaluated()
         note = restore_rng(state.get("rng"), self.dist, self.task.gen, self.cfg.seed, self.epoch)
         if state.get("global_batch", self.global_batch) != self.global_batch:
             note += (f"{'; ' if note else ''}global batch was {state['global_batch']}, now "
@@ -245,7 +248,9 @@ class Trainer:
         says ``finished`` (the CLI says so in one line)."""
         record: Dict = {}
         start = time.perf_counter()
-        if self.finished:
+        if self.pending_eval:  # stopped after last.pt, before the epoch's evaluation ended
+            record = self.evaluate({}, rng_snapshot(self.dist, self.task.gen), start)
+        elif self.finished:
             return {"finished": True, "epoch": self.epoch, "step": self.step, "best": self.best,
                     "train_seconds": 0.0}
         while self.epoch < self.cfg.epochs:
@@ -253,20 +258,35 @@ class Trainer:
             record = self.train_epoch()
             rng = rng_snapshot(self.dist, self.task.gen)  # before eval: nothing else drawn
             self.write_last(rng)  # an evaluation error never loses the epoch's training
-            with self._no_draws():
-                metrics = self.task.evaluate(self.model, self.val_loader, self.device)
-            record.update({f"val_{k}": v for k, v in metrics.items()})
-            record.update(epoch=self.epoch + (1 if self.epoch_step else 0), step=self.step,
-                          global_batch=self.global_batch, processes=self.dist.world,
-                          seconds=time.perf_counter() - t0)
-            if self.epoch_step:
-                record["partial"] = True
-            self.save(record, metrics[self.task.main_metric], rng)
+            record = self.evaluate(record, rng, t0)
             if self._stop():
                 break
         record["train_seconds"] = time.perf_counter() - start
         record["best"] = self.best
         return record
+
+    def evaluate(self, record: Dict, rng: Optional[Dict], t0: float) -> Dict:
+        """Evaluate the weights as they stand, complete the epoch's record and save it."""
+        with self._no_draws():
+            metrics = self.task.evaluate(self.model, self.val_loader, self.device)
+        record.update({f"val_{k}": v for k, v in metrics.items()})
+        record.update(epoch=self.epoch + (1 if self.epoch_step else 0), step=self.step,
+                      global_batch=self.global_batch, processes=self.dist.world,
+                      seconds=time.perf_counter() - t0)
+        if self.epoch_step:
+            record["partial"] = True
+        self.save(record, metrics[self.task.main_metric], rng)
+        return record
+
+    def _unevaluated(self) -> bool:
+        """Whether the resumed state is a completed epoch whose evaluation did not reach its
+        log line (a Ctrl-C or an error between last.pt and the end of the evaluation): the
+        resumed run evaluates it first, as the run straight through did, so a best epoch is
+        never skipped. Rank 0 reads the log; every rank follows its answer."""
+        mine = 0.0
+        if self.main and self.epoch and not self.epoch_step:
+            mine = 0.0 if logged(self.cfg.output, self.epoch, self.step) else 1.0
+        return self.dist.all_sum([mine])[0] > 0
 
     def _no_draws(self) -> ContextManager:
         """Evaluation leaves the torch RNG streams as it found them: a DataLoader made to
@@ -293,21 +313,30 @@ class Trainer:
             self.best = metric
         if not self.main:
             return
+        if improved or provisional:  # first: a logged epoch has its files (_unevaluated)
+            self._write_model(record, metric, rng, improved)
         with open(os.path.join(self.cfg.output, "log.jsonl"), "a") as fh:
             fh.write(json.dumps(record) + "\n")
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in record.items()), flush=True)
-        if improved or provisional:
+
+    def _write_model(self, record: Dict, metric: float, rng: Optional[Dict],
+                     best: bool) -> None:
+        """model.safetensors, and for a new best its last.pt, with Ctrl-C held across both
+        (irpe.atomic.held_interrupts): a Ctrl-C lands before or after the pair, so last.pt's
+        best always describes the model.safetensors beside it."""
+        from irpe.atomic import held_interrupts
+        with held_interrupts():
             extra = {"irpe.train.epoch": str(record["epoch"]),
                      f"irpe.train.val_{self.task.main_metric}": f"{metric:.4f}",
                      "irpe.train.config": json.dumps(recipe(self.cfg))}
-            if provisional:
+            if not best:
                 extra["irpe.train.partial"] = (f"{self.epoch_step} of {self.steps_per_epoch} "
                                                "steps")
             save_trained(self.model, os.path.join(self.cfg.output, "model.safetensors"),
                          self.task.spec, extra)
-        if improved:
-            self.write_last(rng)
+            if best:
+                self.write_last(rng)
 
     def write_last(self, rng: Optional[Dict]) -> None:
         """Rank 0 replaces ``last.pt`` atomically; equal states give equal bytes: saved through
@@ -323,7 +352,7 @@ class Trainer:
 def _steps(loader: Iterable, accum: int) -> Iterator[List]:
     """The loader's micro-batches in lists of ``accum`` (one optimiser step each)."""
     micro: List = []
-    for batch in loader:
+    for batch in batches(loader):
         micro.append(batch)
         if len(micro) == accum:
             yield micro
