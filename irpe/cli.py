@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Callable, List, Optional, Sequence
 
 import torch
@@ -227,12 +228,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     place while the Ctrl-C was held is complete and kept, but the command reports it as
     interrupted, not as done (docs/DECISIONS.md, "Ctrl-C")."""
     command: Optional[str] = None
+    previous = _defer_interrupts_in_imports()
     try:
         args = build_parser().parse_args(argv)
         command = args.command
         return _run(args)
     except KeyboardInterrupt:
         return _interrupted(command)
+    finally:  # main() called in a process that goes on (tests): its handler back
+        if previous is not None and signal.getsignal(signal.SIGINT) is _on_sigint:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -256,6 +261,40 @@ def _run(args: argparse.Namespace) -> int:
         if debug or exc.filename is None:
             raise
         return _user_error(args.command, exc)
+
+
+def _defer_interrupts_in_imports() -> Optional[Callable]:
+    """Ctrl-C raises KeyboardInterrupt as Python's own handler does, except inside an import:
+    there it is sent again 50 ms later, until the import has finished. Libraries import lazily
+    from C++ callbacks (torch.onnx export imports triton in one), and a KeyboardInterrupt
+    raised into C++ code that cannot pass it on aborted the process (exit 134, "terminate
+    called after throwing an instance of 'nanobind::python_error'"). A SIGINT that Python does
+    not handle (ignored in a background job) is left as it is. Returns the handler replaced
+    (None when none was)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.default_int_handler:
+        return None
+    signal.signal(signal.SIGINT, _on_sigint)
+    return previous
+
+
+def _on_sigint(signum: int, frame: Optional[FrameType]) -> None:
+    if not _importing(frame):
+        raise KeyboardInterrupt
+    later = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
+    later.daemon = True
+    later.start()
+
+
+def _importing(frame: Optional[FrameType]) -> bool:
+    """Whether ``frame`` runs inside an import (importlib's frames are on its stack)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _interrupted(command: Optional[str]) -> int:
