@@ -55,7 +55,7 @@ def _outcome(record: Dict, args: argparse.Namespace) -> str:
     model = os.path.join(args.output, "model.safetensors")
     if record.get("finished"):
         return (f"done: nothing to train: {args.resume} already completed {record['epoch']} "
-                f"epochs (--epochs {args.epochs or record['epoch']}); its best "
+                f"epochs (--epochs {record['epochs']}); its best "
                 f"{record['best']:.4g} is in {model}; raise --epochs to train on")
     if record["best"] == float("-inf"):  # stopped (--max-steps) inside the first epoch
         return (f"done: stopped after {record['step']} steps, before epoch 1 completed "

@@ -251,8 +251,8 @@ class Trainer:
         if self.pending_eval:  # stopped after last.pt, before the epoch's evaluation ended
             record = self.evaluate({}, rng_snapshot(self.dist, self.task.gen), start)
         elif self.finished:
-            return {"finished": True, "epoch": self.epoch, "step": self.step, "best": self.best,
-                    "train_seconds": 0.0}
+            return {"finished": True, "epoch": self.epoch, "epochs": self.cfg.epochs,
+                    "step": self.step, "best": self.best, "train_seconds": 0.0}
         while self.epoch < self.cfg.epochs:
             t0 = time.perf_counter()
             record = self.train_epoch()
