@@ -19,8 +19,10 @@ Needs ``pip install 'irpe-deploy[ray]'``; docs/deploy.md ("Ray Serve").
 """
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Any, Dict, cast
+import threading
+from typing import Any, Dict, Optional, Tuple, cast
 
 import ray
 from ray import serve
@@ -31,11 +33,12 @@ from irpe.errors import CLIError, ResourceError
 
 from .app import create_app
 from .config import ServeSettings
+from .drain import CloseWhileDraining
 from .launch import Launch
 from .logs import setup_logging
 
-__all__ = ["IrpeReplica", "REPLICA", "REPLICA_HEADER", "application", "build", "deploy",
-           "deployment_reason"]
+__all__ = ["DrainFlag", "IrpeReplica", "REPLICA", "REPLICA_HEADER", "application", "build",
+           "deploy", "deployment_reason"]
 
 log = logging.getLogger("irpe.serve")
 
@@ -68,7 +71,8 @@ class IrpeReplica:
     """One replica: the app of ``irpe serve`` for the models of ``launch`` (its models load in
     the app's lifespan, which Ray runs after this constructor)."""
 
-    def __init__(self, launch: Dict[str, Any], default_threads: int) -> None:
+    def __init__(self, launch: Dict[str, Any], default_threads: int,
+                 drain_flag: Optional[Tuple[str, str]] = None) -> None:
         resolved = Launch.model_validate(launch)
         settings = resolved.settings(default_threads)
         setup_logging(settings.log_level, settings.log_format)
@@ -76,15 +80,48 @@ class IrpeReplica:
         context = serve.get_replica_context()
         node = ray.get_runtime_context().get_node_id()[:12]
         self._app.add_middleware(ReplicaHeader, value=f"{node}/{context.replica_id.unique_id}")
+        if drain_flag is not None:  # irpe serve --ray: its SIGTERM drains every replica
+            threading.Thread(target=self._watch, args=drain_flag, daemon=True,
+                             name="irpe-drain-flag").start()
 
     def __serve_build_asgi_app__(self) -> ASGIApp:
-        return self._app
+        state = self._app.state.irpe
+        return CloseWhileDraining(self._app, lambda: state.draining)
+
+    def _watch(self, name: str, namespace: str) -> None:
+        """Wait on the command's DrainFlag; once set, this replica drains as irpe serve does
+        (readiness 503, every answer ``Connection: close``) while it still serves."""
+        try:
+            ray.get(ray.get_actor(name, namespace=namespace).wait.remote())
+        except Exception as exc:  # noqa: BLE001 (the command is gone: Ray stops this replica)
+            log.info("drain flag lost", extra={"error": str(exc)})
+            return
+        self._app.state.irpe.draining = True
 
     async def check_health(self) -> None:
-        """Ray's health check: unhealthy while any model is not ready (or while stopping)."""
-        why = self._app.state.irpe.not_ready()
+        """Ray's health check: unhealthy while any model is not ready (or while stopping);
+        draining is healthy (Ray would replace the replica while it finishes its requests)."""
+        state = self._app.state.irpe
+        why = None if state.draining else state.not_ready()
         if why is not None:
             raise RuntimeError(why)
+
+
+@ray.remote(num_cpus=0)
+class DrainFlag:
+    """One named actor of ``irpe serve --ray``: every replica waits on :meth:`wait` (one
+    call each, no polling); the command's SIGTERM calls :meth:`set` and all of them drain."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    async def wait(self) -> bool:
+        await self.event.wait()
+        return True
+
+    def set(self) -> bool:
+        self.event.set()
+        return True
 
 
 # the Serve deployment (options: application()); typed by hand, as serve.ingress returns an
@@ -92,9 +129,11 @@ class IrpeReplica:
 REPLICA = cast(Deployment, serve.deployment(IrpeReplica))
 
 
-def application(launch: Launch, settings: ServeSettings) -> Application:
+def application(launch: Launch, settings: ServeSettings,
+                drain_flag: Optional[Tuple[str, str]] = None) -> Application:
     """The Serve application of ``launch``: one deployment with the ``ray:`` section's
-    replicas, resources, autoscaling and health checks."""
+    replicas, resources, autoscaling and health checks; its replicas drain when the
+    DrainFlag named ``drain_flag`` (name, namespace) is set."""
     ray_settings = settings.ray
     on_cuda = [m.name for m in settings.models if m.device.startswith("cuda")]
     if on_cuda and ray_settings.num_gpus == 0:
@@ -102,7 +141,7 @@ def application(launch: Launch, settings: ServeSettings) -> Application:
                        "fraction shares one GPU between replicas)")
     options = ray_settings.deployment_options(settings.shutdown_timeout_s)
     deployment = REPLICA.options(name=ray_settings.application, **options)
-    return deployment.bind(launch.model_dump(), ray_settings.replica_threads())
+    return deployment.bind(launch.model_dump(), ray_settings.replica_threads(), drain_flag)
 
 
 def build(args: Dict[str, Any]) -> Application:
@@ -112,13 +151,14 @@ def build(args: Dict[str, Any]) -> Application:
     return application(launch, launch.settings())
 
 
-def deploy(launch: Launch, settings: ServeSettings) -> None:
+def deploy(launch: Launch, settings: ServeSettings,
+           drain_flag: Optional[Tuple[str, str]] = None) -> None:
     """Deploy the application to the Ray this process is connected to (Serve started there,
     or started by this call with Ray's defaults); "serving" is logged once every replica
     runs (models loaded). A replica that fails to start is a ResourceError (one line)."""
     name = settings.ray.application
     try:
-        serve.run(application(launch, settings), name=name,
+        serve.run(application(launch, settings, drain_flag), name=name,
                   route_prefix=settings.ray.route_prefix)
     except RuntimeError as exc:  # replicas failed to start: the last line of Ray's reason
         raise ResourceError(f"Ray Serve could not start {name}: {_reason(name, exc)} (replica "

@@ -15,7 +15,7 @@ import os
 import signal
 import threading
 from types import FrameType
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import ray
 from ray import serve
@@ -28,7 +28,7 @@ from .launch import Launch
 from .metrics import Metrics
 from .net import listen_socket
 from .ray_address import probe
-from .ray_app import deploy, deployment_reason
+from .ray_app import DrainFlag, deploy, deployment_reason
 
 __all__ = ["StopRequested", "run_on_ray"]
 
@@ -46,6 +46,7 @@ class Foreground:
 
     def __init__(self) -> None:
         self.stop = threading.Event()
+        self.again = threading.Event()  # a second signal: the drain's grace ends at once
         self.serving = False
         self.stage = "starting Ray"
         self.signal_name = ""
@@ -65,6 +66,8 @@ class Foreground:
     def handle(self, signum: int, frame: Optional[FrameType]) -> None:
         if not self.signal_name:
             self.signal_name = signal.Signals(signum).name
+        if self.stop.is_set():
+            self.again.set()
         self.stop.set()
         if not self.serving and self.stage != "cleaning up":
             raise StopRequested(self.signal_name)
@@ -83,12 +86,11 @@ def run_on_ray(launch: Launch, settings: ServeSettings) -> int:
     fg.install()
     name = settings.ray.application
     try:
-        _start(fg, address, source, launch, settings)
+        flag = _start(fg, address, source, launch, settings)
         fg.serving = True
         while not fg.stop.wait(0.5):
             pass
-        log.info("draining", extra={"application": name, "signal": fg.signal_name})
-        serve.delete(name)
+        _drain(fg, flag, settings)
     except (StopRequested, SystemExit) as exc:  # SystemExit: Ray's own SIGTERM handler
         fg.stage, what = "cleaning up", fg.stage
         _clean_up(address, name)
@@ -115,9 +117,10 @@ def _address(settings: ServeSettings) -> tuple[Optional[str], str]:
 
 
 def _start(fg: Foreground, address: Optional[str], source: str, launch: Launch,
-           settings: ServeSettings) -> None:
+           settings: ServeSettings) -> Any:
     """Ray (a new local one, never one an earlier run left on record, or ``address``), Serve,
-    the resource check of a local Ray, then the deployment within ``deploy_timeout_s``."""
+    the resource check of a local Ray, then the deployment within ``deploy_timeout_s``, its
+    replicas waiting on a DrainFlag (returned) that this command sets when it drains."""
     try:
         ray.init(address=address or "local", include_dashboard=False,
                  logging_level=logging.WARNING)
@@ -130,7 +133,23 @@ def _start(fg: Foreground, address: Optional[str], source: str, launch: Launch,
     if address is None:
         check_resources(settings)
     fg.stage = f"deploying {settings.ray.application}"
-    _deploy_within(launch, settings)
+    name = f"irpe-drain-{settings.ray.application}"  # in this driver's own namespace
+    flag = DrainFlag.options(name=name).remote()  # type: ignore[attr-defined]
+    _deploy_within(launch, settings, (name, ray.get_runtime_context().namespace))
+    return flag
+
+
+def _drain(fg: Foreground, flag: Any, settings: ServeSettings) -> None:
+    """The drain of ``irpe serve`` on every replica: readiness 503 and ``Connection: close``
+    at once (the DrainFlag), requests served for ``drain_grace_s`` (SIGTERM; SIGINT or a
+    second signal skip it) so load balancers notice, then the application deleted: Ray routes
+    nothing more to the replicas and gives requests in flight ``shutdown_timeout_s``."""
+    name = settings.ray.application
+    log.info("draining", extra={"application": name, "signal": fg.signal_name})
+    ray.get(flag.set.remote(), timeout=30)
+    if fg.signal_name == "SIGTERM":
+        fg.again.wait(settings.drain_grace_s)
+    serve.delete(name)
 
 
 def check_resources(settings: ServeSettings) -> None:
@@ -152,7 +171,8 @@ class DeployTimeout(BaseException):
     """SIGALRM: the deployment did not run within ``ray.deploy_timeout_s``."""
 
 
-def _deploy_within(launch: Launch, settings: ServeSettings) -> None:
+def _deploy_within(launch: Launch, settings: ServeSettings,
+                   drain_flag: Tuple[str, str]) -> None:
     """:func:`serve.ray_app.deploy`, abandoned after ``ray.deploy_timeout_s`` with Ray's
     reason (replicas not scheduled: what they need, what the cluster has) in one line."""
     timeout = settings.ray.deploy_timeout_s
@@ -163,7 +183,7 @@ def _deploy_within(launch: Launch, settings: ServeSettings) -> None:
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
-        deploy(launch, settings)
+        deploy(launch, settings, drain_flag)
     except DeployTimeout:
         name = settings.ray.application
         reason = deployment_reason(name) or _unplaced(settings)
