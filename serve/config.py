@@ -13,7 +13,6 @@ the file's folder. The ONNX Runtime switches (``ort_custom_ops``, ``ort_ops_libr
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Type, Union
@@ -394,7 +393,7 @@ class FieldNames(PydanticBaseSettingsSource):
         found = re.search(r'field "(\w+)"', str(exc))
         name = found.group(1) if found else ""
         variable = env_variable(name) if name else "an IRPE_SERVE_* variable"
-        value = os.environ.get(variable, "")
+        value = str(getattr(self.source, "env_vars", {}).get(variable.lower(), ""))
         shown = value if len(value) <= 60 else value[:57] + "..."
         why = exc.__cause__ or exc
         return f"invalid settings: {variable}={shown!r} is not JSON ({why}); it takes " \

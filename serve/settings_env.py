@@ -48,4 +48,5 @@ def env_variable_set(field_name: str) -> Optional[str]:
     if field is None:
         return None
     choices = getattr(field.validation_alias, "choices", None) or [env_variable(field_name)]
-    return next((str(c) for c in choices if str(c) in os.environ), None)
+    given = EnvSettingsSource(ServeSettings).env_vars  # names lower-cased (case-insensitive)
+    return next((str(c) for c in choices if str(c).lower() in given), None)
