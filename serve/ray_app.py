@@ -9,7 +9,9 @@ the Open Inference Protocol through Ray's HTTP proxy). In Ray's terms:
   is not ready, and Ray replaces it.
 - **Drained** by Ray when it stops (scale-down, redeploy, ``serve delete``): routed nothing
   more, requests in flight get ``shutdown_timeout_s``, then the app's lifespan stops the models
-  (queued batches first), as ``irpe serve`` does after SIGTERM.
+  (queued batches first), as ``irpe serve`` does after SIGTERM. Under ``irpe serve --ray``,
+  its SIGTERM first sets a :class:`DrainFlag` every replica waits on: readiness 503 and
+  ``Connection: close`` for ``drain_grace_s`` (serve.drain), then the delete.
 - Every response names its replica (``X-Irpe-Replica: NODE/REPLICA``): which node answered.
 
 Entry points: :func:`build` (the ``import_path`` of ``irpe serve --ray-config``'s file, for

@@ -157,6 +157,8 @@ def test_replicas_larger_than_the_local_ray_are_one_line(tmp_path):
 
 
 def test_a_cluster_deploy_that_cannot_be_scheduled_times_out(tmp_path):
+    """On a cluster (here one of 1 CPU; no pre-check: a cluster may autoscale) replicas of 2
+    CPUs fail after ray.deploy_timeout_s with the reason, and the application is deleted."""
     from ray.cluster_utils import Cluster
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1,
                                                             "include_dashboard": False})
@@ -164,11 +166,26 @@ def test_a_cluster_deploy_that_cannot_be_scheduled_times_out(tmp_path):
         proc = start(tmp_path, {"num_cpus": 2, "deploy_timeout_s": 5},
                      "--ray-address", cluster.address)
         err = proc.communicate(timeout=120)[1]
+        left = _applications(cluster.address)
     finally:
+        if proc.poll() is None:
+            proc.kill()
         cluster.shutdown()
+    assert left == [], left  # what the command deployed was deleted
     assert proc.returncode == 2, err
     one_error_line(err.splitlines(), "did not start irpe within ray.deploy_timeout_s 5 s",
                    "CPU 2")
+
+
+def _applications(address: str) -> list:
+    """The Serve applications on the cluster at ``address`` (a driver of its own, ended)."""
+    import ray
+    from ray import serve
+    ray.init(address=address, log_to_driver=False)
+    try:
+        return sorted(serve.status().applications)
+    finally:
+        ray.shutdown()
 
 
 def _cmd(pid: int) -> str:
