@@ -8,7 +8,6 @@ arrays, and one line describing how it runs. One implementation per runtime live
 """
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from dataclasses import replace
 from typing import Any, ClassVar, Collection, Dict, Mapping, Optional, Sequence, Tuple, TypeVar
@@ -25,15 +24,14 @@ Feeds = Dict[str, np.ndarray]  # the export contract's inputs by name, host arra
 Options = TypeVar("Options")
 
 
-def options_from_env(options: Options, variables: Mapping[str, str],
+def options_from_env(options: Options, given: Mapping[str, Tuple[str, Optional[str]]],
                      blank_is_set: Collection[str] = ()) -> Options:
-    """A runtime's frozen options (a dataclass that checks itself) with each field of
-    ``variables`` (field -> environment variable) replaced by the variable's text where it is
-    set; a blank value counts as unset unless the field is in ``blank_is_set``. A bad value is
-    InvalidInput of one line naming the variable: the one way the runtimes read the
-    environment (OrtOptions.from_env, OvOptions.from_env)."""
-    for key, name in variables.items():
-        value = os.environ.get(name)
+    """A runtime's frozen options (a dataclass that checks itself) with each field of ``given``
+    (field -> (environment variable, its value as the caller read it)) replaced by the value
+    where it is set; a blank value counts as unset unless the field is in ``blank_is_set``. A
+    bad value is InvalidInput of one line naming the variable: the one way the runtimes apply
+    the environment (OrtOptions.from_env, OvOptions.from_env, which read it by name)."""
+    for key, (name, value) in given.items():
         if value is None or (not value.strip() and key not in blank_is_set):
             continue
         change: Dict[str, Any] = {key: value}  # the setting's text: the options parse it

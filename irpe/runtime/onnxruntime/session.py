@@ -24,6 +24,7 @@ them off, a set such as ``{"gather", "scatter"}`` keeps only those stages).
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import (
@@ -138,8 +139,10 @@ class OrtOptions:
         """The options of ``$IRPE_ORT_CUSTOM_OPS``, ``$IRPE_ORT_OPS_LIBRARY`` and
         ``$IRPE_ORT_FUSE`` (unset: the defaults): the ONE place they are read; a bad value
         raises InvalidInput (a ValueError) naming the variable. Entry points call it once."""
-        return options_from_env(cls(), {"custom_ops": MODE_ENV, "library": LIBRARY_ENV,
-                                        "rewrites": FUSE_ENV}, ("custom_ops", "rewrites"))
+        return options_from_env(cls(), {
+            "custom_ops": (MODE_ENV, os.environ.get(MODE_ENV)),
+            "library": (LIBRARY_ENV, os.environ.get(LIBRARY_ENV)),
+            "rewrites": (FUSE_ENV, os.environ.get(FUSE_ENV))}, ("custom_ops", "rewrites"))
 
     def with_(self, custom_ops: Optional[str] = None, library: Optional[StrPath] = None,
               rewrites: Optional[Union[str, Iterable[str]]] = None) -> "OrtOptions":

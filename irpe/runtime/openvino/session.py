@@ -84,7 +84,8 @@ class OvOptions:
         """The options of ``$IRPE_OV_OPS`` and ``$IRPE_OV_OPS_LIBRARY`` (unset: the defaults):
         the one place they are read; a bad value is InvalidInput naming the variable. Entry
         points (``irpe validate`` / ``eval``, the benchmarks) call it once."""
-        return options_from_env(cls(), {"ops": OPS_ENV, "library": LIBRARY_ENV})
+        return options_from_env(cls(), {"ops": (OPS_ENV, os.environ.get(OPS_ENV)),
+                                        "library": (LIBRARY_ENV, os.environ.get(LIBRARY_ENV))})
 
     def with_(self, precision: Optional[str] = None, threads: Optional[int] = None,
               streams: Optional[int] = None, performance_hint: Optional[str] = None,
