@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Type, Union
+from typing import Annotated, Any, List, Literal, Optional, Tuple, Type, Union
 
 from pydantic import (
     AfterValidator,
@@ -28,17 +28,14 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    SettingsError,
 )
 
-from irpe.errors import InvalidInput
 from irpe.runtime.graph.rewrites import STAGES, parse_stages
 from irpe.runtime.onnxruntime.session import OrtOptions
 from irpe.runtime.openvino.session import OvOptions
@@ -47,8 +44,9 @@ from irpe.switch import Switch, normalize_switch
 from .ray_settings import RaySettings
 from .registry import AUTO, auto_backend, backend_names, check_backend
 from .repository import read_repository
+from .settings_sources import FieldNames, RepositorySource
 
-__all__ = ["FieldNames", "ModelConfig", "ServeSettings", "env_variable", "read_repository"]
+__all__ = ["ModelConfig", "ServeSettings", "read_repository"]
 
 OV_STREAMS = 1  # the server's default OpenVINO streams (ServeSettings.ov_streams)
 # settings that only one backend reads: set on a model of another backend, they are refused
@@ -360,61 +358,3 @@ class ServeSettings(BaseSettings):
     def model_names(self) -> List[str]:
         """Names of the configured models, in order."""
         return [m.name for m in self.models]
-
-
-class FieldNames(PydanticBaseSettingsSource):
-    """The environment source with its values keyed by field name, as the repository file's
-    are: a field read from ``IRPE_SERVE_X`` or an older variable then replaces the file's
-    value instead of sitting beside it (an extra key to pydantic)."""
-
-    def __init__(self, settings_cls: Type[BaseSettings],
-                 source: PydanticBaseSettingsSource) -> None:
-        super().__init__(settings_cls)
-        self.source = source
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> Tuple[Any, str, bool]:
-        return None, field_name, False
-
-    def __call__(self) -> Dict[str, Any]:
-        try:
-            data = self.source()
-        except SettingsError as exc:  # a JSON field whose variable is not JSON
-            raise InvalidInput(self.undecodable(exc)) from None
-        for name, field in self.settings_cls.model_fields.items():
-            choices = getattr(field.validation_alias, "choices", None)
-            if choices and choices[0] in data:  # the source names any match by the first
-                data[name] = data.pop(choices[0])
-        return data
-
-
-    def undecodable(self, exc: SettingsError) -> str:
-        """One line for a variable the environment source could not decode: its name, its
-        value (shortened) and what it should be."""
-        found = re.search(r'field "(\w+)"', str(exc))
-        name = found.group(1) if found else ""
-        variable = env_variable(name) if name else "an IRPE_SERVE_* variable"
-        value = str(getattr(self.source, "env_vars", {}).get(variable.lower(), ""))
-        shown = value if len(value) <= 60 else value[:57] + "..."
-        why = exc.__cause__ or exc
-        return f"invalid settings: {variable}={shown!r} is not JSON ({why}); it takes " \
-               f"{JSON_SHAPES.get(name, 'a JSON value')}"
-
-
-JSON_SHAPES = {"models": 'a JSON list of models: [{"name": ..., "path": ...}]',
-               "ray": 'a JSON object: {"num_replicas": 2, ...}'}
-
-
-def env_variable(field_name: str) -> str:
-    """The ``IRPE_SERVE_*`` variable of a ServeSettings field."""
-    return f"IRPE_SERVE_{field_name.upper()}"
-
-
-class RepositorySource(PydanticBaseSettingsSource):
-    """Lowest-priority source: the repository file named by a higher-priority source."""
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> Tuple[Any, str, bool]:
-        return None, field_name, False
-
-    def __call__(self) -> Dict[str, Any]:
-        path = self.current_state.get("repository")
-        return read_repository(Path(path)) if path else {}

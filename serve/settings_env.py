@@ -9,7 +9,8 @@ from typing import Any, Dict, Optional
 
 from pydantic_settings import EnvSettingsSource
 
-from .config import FieldNames, ServeSettings, env_variable
+from .config import ServeSettings
+from .settings_sources import FieldNames, env_variable
 
 __all__ = ["env_variable_set", "environment_values"]
 
