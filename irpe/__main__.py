@@ -2,7 +2,7 @@
 import os
 import sys
 
-from .cli import main
+from .console import main
 
 code = main()
 if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:

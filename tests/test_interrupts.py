@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import List
 
@@ -131,3 +132,32 @@ def test_ctrl_c_held_during_export_and_quantize_writes(tmp_path):
     assert "wrote" not in done.stdout
     onnx.checker.check_model(onnx.load(str(int8)))
     _no_temporaries(tmp_path)
+
+
+def _importing_torch(pid: int) -> bool:
+    """Whether process ``pid`` has begun importing torch (its C++ library is mapped): past
+    Python's own start, inside the seconds the `irpe` command spends importing."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_ctrl_c_while_the_command_starts_is_one_line(tmp_path):
+    """A Ctrl-C while `irpe` still imports its command line and torch (a second or more, from
+    the moment torch's library is mapped): one line, exit 130, no traceback, nothing
+    written. (A Ctrl-C in Python's own first milliseconds, while it imports `site`, is
+    Python's to report.)"""
+    proc = subprocess.Popen([sys.executable, "-m", "irpe", "export", "deit_shapes_irpe", "-o",
+                             str(tmp_path / "m.onnx"), "-q"], cwd=ROOT, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(30000):  # torch is mapped within a second or two of the start
+            if proc.poll() is not None or _importing_torch(proc.pid):
+                break
+            threading.Event().wait(0.001)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    lines = err.strip().splitlines()
+    assert proc.returncode == 130 and len(lines) == 1, (proc.returncode, err[-3000:])
+    assert lines[0] in ("irpe: interrupted", LINE.format("export")), err
+    assert "Traceback" not in err and os.listdir(tmp_path) == []
