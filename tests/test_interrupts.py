@@ -137,7 +137,10 @@ def test_ctrl_c_held_during_export_and_quantize_writes(tmp_path):
 def _importing_torch(pid: int) -> bool:
     """Whether process ``pid`` has begun importing torch (its C++ library is mapped): past
     Python's own start, inside the seconds the `irpe` command spends importing."""
-    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    try:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:  # it has exited since the poll: the signal's answer will say how
+        return True
 
 
 def test_ctrl_c_while_the_command_starts_is_one_line(tmp_path):
@@ -145,9 +148,15 @@ def test_ctrl_c_while_the_command_starts_is_one_line(tmp_path):
     the moment torch's library is mapped): one line, exit 130, no traceback, nothing
     written. (A Ctrl-C in Python's own first milliseconds, while it imports `site`, is
     Python's to report.)"""
-    proc = subprocess.Popen([sys.executable, "-m", "irpe", "export", "deit_shapes_irpe", "-o",
-                             str(tmp_path / "m.onnx"), "-q"], cwd=ROOT, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the child must see SIGINT's default action even where this run ignores it (a CI job in
+    # the background): exec resets a handler to the default, an ignored signal stays ignored
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "irpe", "export", "deit_shapes_irpe",
+                                 "-o", str(tmp_path / "m.onnx"), "-q"], cwd=ROOT, env=_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         for _ in range(30000):  # torch is mapped within a second or two of the start
             if proc.poll() is not None or _importing_torch(proc.pid):
