@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from irpe.artifact.contract import onnx_precision, sidecar_path
-from irpe.artifact.files import FileInfo, file_kind, read_file_info, read_props
+from irpe.artifact.files import FileInfo, file_kind, read_props
 from irpe.artifact.trained import spec_from_metadata
 from irpe.atomic import write_text
 from irpe.errors import InvalidInput, MissingFile
@@ -144,26 +144,24 @@ def _detection_metrics(got: Dict[str, np.ndarray], exp: Dict[str, np.ndarray]) -
             "box_l1_mean": float(box_l1.mean()), "box_l1_max": float(box_l1.max())}
 
 
-def _resolve(path: str, source: Optional[SourceLike], checkpoint: Optional[str], runtime: str,
-             ort_options: OrtOptions, ov_options: OvOptions) -> Tuple[Runner, Source, str]:
-    """The file's runner on ``runtime``, the PyTorch reference (from metadata unless given)
-    and a label."""
+def _resolve(path: str, props: Dict[str, str], source: Optional[SourceLike],
+             checkpoint: Optional[str], runtime: str, ort_options: OrtOptions,
+             ov_options: OvOptions) -> Tuple[Runner, Source, str]:
+    """The file's runner on ``runtime``, the PyTorch reference (from the file's metadata
+    ``props`` unless given) and a label."""
     if source is not None:
         src = load_source(source, checkpoint)
-        props = ({} if file_kind(path) == "engine" and not sidecar_path(path).is_file()
-                 else read_props(path))
         check_pair(path, props, src, os.fspath(source)
                    if isinstance(source, (str, os.PathLike)) else type(source).__name__)
-        info = FileInfo(path, file_kind(path), props, src.spec, onnx_precision(props))
+        spec = src.spec
     else:
-        props = read_props(path)
         if "irpe.weights" not in props:
             raise InvalidInput(f"{path} does not say which weights it was exported from; "
                                "pass the source model (and checkpoint)")
         spec = spec_from_metadata(props)
         src = (load_source(spec.model_name, checkpoint, spec) if checkpoint is not None
                else weights_from_metadata(props["irpe.weights"], spec))
-        info = read_file_info(path, spec)
+    info = FileInfo(path, file_kind(path), props, spec, onnx_precision(props))
     run, label = _open(info, runtime, ort_options, ov_options)
     return run, src, label
 
@@ -225,8 +223,9 @@ def validate(onnx_or_engine_path: StrPath, source: Optional[SourceLike] = None,
     if custom_ops is not None and runtime != "onnxruntime":
         raise InvalidInput(f"custom_ops is ONNX Runtime's option, but {path} runs on {runtime}: "
                            "pass runtime='onnxruntime'")
-    if precision is None:
-        precision = _file_precision(path)
+    props = _file_props(path, source is not None)  # read once: an ONNX file's whole protobuf
+    if precision is None:  # the file's: int8 when quantised (an engine: its build's, fp32)
+        precision = "fp32" if file_kind(path) == "engine" else onnx_precision(props)
     _check_precision(precision, runtime)
     ov_options = (ov_options or OvOptions()).with_(
         precision="bf16" if precision == "bf16" else "fp32")
@@ -235,7 +234,8 @@ def validate(onnx_or_engine_path: StrPath, source: Optional[SourceLike] = None,
     atol = TOLERANCES[precision][0] if atol is None else atol
     rtol = TOLERANCES[precision][1] if rtol is None else rtol
     start = time.perf_counter()
-    run, src, label = _resolve(path, source, checkpoint, runtime, ort_options, ov_options)
+    run, src, label = _resolve(path, props, source, checkpoint, runtime, ort_options,
+                               ov_options)
     if sizes and src.spec.task != "detection":
         raise InvalidInput("sizes apply to detection models only")
     img = getattr(getattr(src.model, "patch_embed", None), "img_size", None)
@@ -269,11 +269,15 @@ def _missed_limits(metrics: Dict) -> List[str]:
     return out
 
 
-def _file_precision(path: str) -> str:
-    """int8 for a quantised ONNX file or IR (irpe.artifact.contract), else fp32."""
-    if file_kind(path) == "engine" or not os.path.isfile(path):
-        return "fp32"
-    return onnx_precision(read_props(path))
+def _file_props(path: str, has_source: bool) -> Dict[str, str]:
+    """The file's metadata (irpe.artifact.files.read_props), read once for the whole
+    validation; {} for a missing file (refused after the usage checks) and for an engine
+    without its sidecar when the source model is given (it describes the model)."""
+    if not os.path.isfile(path):
+        return {}
+    if has_source and file_kind(path) == "engine" and not sidecar_path(path).is_file():
+        return {}
+    return read_props(path)
 
 
 def write_report(report: Dict, path: StrPath) -> Path:
