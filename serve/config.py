@@ -261,6 +261,9 @@ class ServeSettings(BaseSettings):
     max_images: int = Field(32, ge=1, description="images per request")
     cors_origins: Origins = Field(default_factory=list, description="empty: CORS off; "
                                   "IRPE_SERVE_CORS_ORIGINS: a JSON list or a comma list")
+    ui: bool = Field(True, description="the playground page /ui (docs/ui.md): static files "
+                     "that call the public /v1 routes like any client (the API key too); "
+                     "false: no /ui routes")
     threads: int = Field(0, ge=0, description="torch / onnxruntime / openvino CPU threads; "
                          "0 = default (a model's ov_threads wins for openvino)")
     ort_thread_pool: Literal["shared", "per_model"] = Field(
