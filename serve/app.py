@@ -26,6 +26,8 @@ from .model import ServedModel
 from .preprocess_pool import set_decode_threads
 from .rest import router as rest_router
 from .state import AppState, app_state
+from .tracing import setup_tracing
+from .ui import install_ui
 from .v2 import router as v2_router
 from .v2codec import InferRequest
 
@@ -92,6 +94,7 @@ def create_app(settings: ServeSettings, load_before_serving: bool = False) -> Fa
     gets traffic, only once its models are loaded and warmed up."""
     metrics = Metrics()
     state = AppState(settings, build_models(settings, metrics), metrics)
+    tracing = setup_tracing(settings)  # None unless traces are asked for
     if settings.bucket_cache_mib is not None:  # one cache per process (irpe.idcache)
         BUCKET_IDS.set_limit(int(settings.bucket_cache_mib * (1 << 20)))
     set_decode_threads(settings.decode_threads)  # process-wide too
@@ -108,6 +111,8 @@ def create_app(settings: ServeSettings, load_before_serving: bool = False) -> Fa
         await asyncio.gather(*loading)
         await asyncio.gather(*(m.stop() for m in state.models.values()))
         log.info("stopped; queued requests drained")
+        if tracing is not None:  # after the models: their last spans are exported
+            await asyncio.to_thread(tracing.shutdown)
 
     app = FastAPI(title="irpe-serve", version=irpe.__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None,  # install_docs: offline assets
@@ -116,13 +121,14 @@ def create_app(settings: ServeSettings, load_before_serving: bool = False) -> Fa
     app.state.irpe = state
     install_handlers(app)
     install_docs(app)
+    install_ui(app, settings)
     app.include_router(rest_router)
     app.include_router(v2_router)
     app.add_api_route("/metrics", _metrics, methods=["GET"], tags=["Operations"],
                       response_class=Response, summary="Prometheus metrics", responses={
                           200: {"content": {CONTENT_TYPE.split(";")[0]: {}}}})
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
-    app.add_middleware(ObserveMiddleware, metrics=metrics)
+    app.add_middleware(ObserveMiddleware, metrics=metrics, tracing=tracing)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
                            allow_methods=["GET", "POST"], allow_headers=["*"])
