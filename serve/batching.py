@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Deque, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Awaitable, Callable, Deque, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from .errors import ServeError, unavailable
 from .metrics import Metrics
+from .tracing import RequestTrace, current, record_batch
 
 __all__ = ["Batcher"]
 
@@ -35,6 +37,7 @@ class _Item:
     key: Hashable
     future: asyncio.Future
     enqueued: float
+    trace: Optional[RequestTrace] = None  # the request's, when it is traced
 
 
 class Batcher:
@@ -54,6 +57,7 @@ class Batcher:
         self._wake = asyncio.Event()
         self._closing = False
         self._tasks: List[asyncio.Task] = []
+        self.span_attributes: Dict[str, Any] = {}  # of its batch spans (serve.model)
 
     def start(self) -> None:
         """Start one worker task per instance (call from the event loop)."""
@@ -86,8 +90,11 @@ class Batcher:
             self._held -= count
         if self._closing:  # began shutting down while the inputs were made
             raise unavailable(f"model {self.name} is shutting down")
-        loop = asyncio.get_running_loop()
-        items = [_Item(p, self.key_of(p), loop.create_future(), loop.time()) for p in payloads]
+        loop, trace = asyncio.get_running_loop(), current()
+        items = [_Item(p, self.key_of(p), loop.create_future(), loop.time(), trace)
+                 for p in payloads]
+        if trace is not None:
+            trace.model, trace.enqueued_ns = self.name, time.time_ns()
         self._items.extend(items)
         self._changed()
         try:
@@ -100,6 +107,8 @@ class Batcher:
             for item in items:
                 if not item.future.done():
                     item.future.cancel()  # the worker skips cancelled items
+        if trace is not None:
+            trace.result_ns = time.time_ns()
         return payloads, list(results)
 
     async def close(self) -> None:
@@ -170,7 +179,8 @@ class Batcher:
 
     async def _run(self, batch: List[_Item], instance: int) -> None:
         loop = asyncio.get_running_loop()
-        start = loop.time()
+        start, start_ns = loop.time(), time.time_ns()
+        traces = [i.trace for i in batch if i.trace is not None]
         for item in batch:
             self.metrics.queue_time.labels(self.name).observe(start - item.enqueued)
         try:
@@ -183,11 +193,22 @@ class Batcher:
             for item in batch:
                 if not item.future.done():
                     item.future.set_exception(error)
+            self._traced(traces, start_ns, instance, len(batch), error.message)
             return
+        end_ns = time.time_ns()
         self._finish(batch, start, "success")
         for item, result in zip(batch, results, strict=True):
             if not item.future.done():
                 item.future.set_result(result)
+        self._traced(traces, start_ns, instance, len(batch), end_ns=end_ns)
+
+    def _traced(self, traces: List[RequestTrace], start_ns: int, instance: int, size: int,
+                error: Optional[str] = None, end_ns: int = 0) -> None:
+        """The batch's spans (serve.tracing.record_batch) when a traced request was in it."""
+        if traces:
+            record_batch(traces, start_ns, end_ns or time.time_ns(), {
+                **self.span_attributes, "irpe.batch_size": size, "irpe.instance": instance},
+                error)
 
     def _finish(self, batch: List[_Item], start: float, outcome: str) -> None:
         self.metrics.compute_time.labels(self.name).observe(

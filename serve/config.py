@@ -320,6 +320,17 @@ class ServeSettings(BaseSettings):
     bucket_cache_mib: Optional[float] = Field(
         None, ge=0, description="torch backend: bucket-id cache limit in MiB, process-wide LRU "
         "(default: $IRPE_BUCKET_CACHE_MIB or 64)")
+    tracing: SwitchSetting = Field(
+        "auto", description="OpenTelemetry traces (docs/tracing.md; pip install "
+        "'irpe-deploy[trace]'): auto: on when otlp_endpoint is set or OTEL_TRACES_EXPORTER names "
+        "an exporter; on; off: never, whatever the OTEL_* variables say")
+    otlp_endpoint: Optional[str] = Field(
+        None, pattern=r"^https?://\S+$", description="OTLP/HTTP traces URL, used as is (e.g. "
+        "http://127.0.0.1:4318/v1/traces); setting it turns tracing on; default: the OTEL_* "
+        "endpoint variables, else http://localhost:4318/v1/traces")
+    trace_sample_ratio: Optional[float] = Field(
+        None, ge=0, le=1, description="share of requests traced, by trace id; a traceparent's "
+        "sampled flag wins (parent-based); default: OTEL_TRACES_SAMPLER(_ARG), else every one")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: Type[BaseSettings],

@@ -7,6 +7,8 @@ import logging
 import time
 from typing import Optional
 
+from .tracing import log_ids
+
 __all__ = ["request_id", "setup_logging", "JsonFormatter"]
 
 request_id: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("request_id",
@@ -16,7 +18,8 @@ _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message
 
 
 class JsonFormatter(logging.Formatter):
-    """time, level, logger, message, request_id and every ``extra=`` field."""
+    """time, level, logger, message, request_id, trace_id / span_id (a traced request:
+    serve.tracing) and every ``extra=`` field."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
@@ -25,6 +28,9 @@ class JsonFormatter(logging.Formatter):
         rid = request_id.get()
         if rid is not None:
             entry["request_id"] = rid
+            ids = log_ids()
+            if ids is not None:
+                entry.update(ids)
         entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
@@ -43,10 +49,10 @@ class _TextFormatter(logging.Formatter):
 
 def setup_logging(level: str = "info", fmt: str = "json") -> None:
     """Send irpe and uvicorn logs to stderr in one format (uvicorn's access log is replaced by
-    the server's own request log)."""
+    the server's own request log; OpenTelemetry's own warnings, such as a failed export, too)."""
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else _TextFormatter())
-    for name in ("irpe", "uvicorn", "uvicorn.error"):
+    for name in ("irpe", "uvicorn", "uvicorn.error", "opentelemetry"):
         logger = logging.getLogger(name)
         logger.handlers[:] = [handler]
         logger.setLevel(level.upper())

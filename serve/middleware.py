@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .errors import CLIENT_CLOSED_REQUEST, ServeError
 from .logs import request_id
 from .metrics import Metrics
+from .tracing import RequestTrace, Tracing
 
 __all__ = ["ObserveMiddleware", "BodyLimitMiddleware", "BodyTooLarge"]
 
@@ -28,8 +29,9 @@ class BodyTooLarge(ServeError):
 class ObserveMiddleware:
     """Assign X-Request-ID, log each request, count it by route template and status."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app, self.metrics = app, metrics
+    def __init__(self, app: ASGIApp, metrics: Metrics, tracing: Optional[Tracing] = None
+                 ) -> None:
+        self.app, self.metrics, self.tracing = app, metrics, tracing  # None: not traced
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -38,6 +40,9 @@ class ObserveMiddleware:
         rid = given if _ID.match(given) else uuid.uuid4().hex
         token = request_id.set(rid)
         status, start = 500, time.perf_counter()
+        trace = None if self.tracing is None else self.tracing.begin(scope)
+        if trace is not None:
+            receive, send = traced_receive(trace, receive), traced_send(trace, send)
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
@@ -52,10 +57,12 @@ class ObserveMiddleware:
             await self.app(scope, receive, send_with_id)
         finally:
             self.metrics.in_flight.dec()
-            self._record(scope, status, time.perf_counter() - start)
+            route = self._record(scope, status, time.perf_counter() - start)
+            if trace is not None:
+                trace.finish(scope["method"], route, status)
             request_id.reset(token)
 
-    def _record(self, scope: Scope, status: int, seconds: float) -> None:
+    def _record(self, scope: Scope, status: int, seconds: float) -> str:
         route = getattr(scope.get("route"), "path", None) or "unmatched"
         self.metrics.requests.labels(route, scope["method"], str(status)).inc()
         if status == CLIENT_CLOSED_REQUEST:
@@ -65,6 +72,28 @@ class ObserveMiddleware:
                                    "route": route, "status": status,
                                    "duration_ms": round(seconds * 1000, 2),
                                    "client": (scope.get("client") or ("-",))[0]})
+        return route
+
+
+def traced_receive(trace: RequestTrace, receive: Receive) -> Receive:
+    """``receive`` counting the request body's bytes into ``trace``."""
+    async def counted() -> Message:
+        message = await receive()
+        trace.bytes_in += len(message.get("body", b""))
+        return message
+    return counted
+
+
+def traced_send(trace: RequestTrace, send: Send) -> Send:
+    """``send`` counting the response body's bytes into ``trace``; its last body message ends
+    the request's ``encode_response`` span."""
+    async def counted(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            trace.bytes_out += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                trace.body_sent(time.time_ns())
+        await send(message)
+    return counted
 
 
 class BodyLimitMiddleware:

@@ -26,6 +26,7 @@ from .metrics import Metrics
 from .nvjpeg import available as nvjpeg_available
 from .nvjpeg import decode_on_device
 from .preprocess_pool import decode_numbered, map_images_fifo
+from .tracing import span
 
 __all__ = ["ServedModel", "Input", "check_count"]
 
@@ -100,6 +101,9 @@ class ServedModel:
             return
         self.output_shapes = {k: tuple(v.shape) for k, v in out.items()}
         frozen = freeze_loaded() if self.gc_freeze else 0
+        self.batcher.span_attributes = {"irpe.model": self.name, "irpe.backend": self.cfg.backend,
+                                        "irpe.precision": self.precision,
+                                        "irpe.device": self.cfg.device}
         self.state = "ready"
         log.info("model ready", extra={"model": self.name, "backend": self.cfg.backend,
                                        "task": self.task, "instances": len(self.backends),
@@ -157,14 +161,15 @@ class ServedModel:
         """Decode and resize a request's images (the artifact's Preprocess, minus normalisation)
         to uint8: JPEGs on the GPU (serve.nvjpeg, in a worker thread) on CUDA with torchvision;
         otherwise, or when one image is not a plain JPEG, each image a task of the shared FIFO
-        decode pool (requests are not overtaken in a pool of their own)."""
-        if self.gpu_decode:
-            on_device = await asyncio.to_thread(decode_on_device, blobs, self.preprocess,
-                                                self.cfg.device)
-            if on_device is not None:
-                return [Input(*d) for d in on_device]
-        decode = functools.partial(decode_numbered, self.preprocess, len(blobs))
-        return [Input(*d) for d in await map_images_fifo(decode, blobs)]
+        decode pool (requests are not overtaken in a pool of their own); traced: ``decode``."""
+        with span("decode"):
+            if self.gpu_decode:
+                on_device = await asyncio.to_thread(decode_on_device, blobs, self.preprocess,
+                                                    self.cfg.device)
+                if on_device is not None:
+                    return [Input(*d) for d in on_device]
+            decode = functools.partial(decode_numbered, self.preprocess, len(blobs))
+            return [Input(*d) for d in await map_images_fifo(decode, blobs)]
 
     def _batch_key(self, item: Input) -> Tuple:
         """Classification batches images of one shape and dtype (uint8 decoded and float v2

@@ -14,6 +14,7 @@ from .inputs import image_request_body, read_images
 from .model import Input, ServedModel
 from .results import classification_results, detection_results
 from .state import app_state, default_model, get_model, require_token
+from .tracing import span
 
 __all__ = ["router"]
 
@@ -153,7 +154,8 @@ def _check_task(model: ServedModel, task: str, other: str) -> None:
 async def _infer(request: Request, model: ServedModel) -> Tuple[List[Input], List[Dict]]:
     """The request's images read, then the model's one pass: count, room, decode, batch."""
     settings = app_state(request).settings
-    blobs = await read_images(request, settings.max_images, settings.max_body_bytes)
+    with span("read_body"):
+        blobs = await read_images(request, settings.max_images, settings.max_body_bytes)
     try:
         return await model.infer_images(blobs)
     except ImageError as exc:  # PIL names the in-memory file object; drop that noise

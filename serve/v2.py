@@ -11,6 +11,7 @@ import irpe
 from .errors import ServeError, error_responses, unavailable
 from .inputs import media_type, read_body
 from .state import app_state, get_model, require_token
+from .tracing import span
 from .v2codec import InferResponse, decode_request, encode_response
 from .v2infer import model_metadata, run_infer, triton_config
 
@@ -136,9 +137,11 @@ async def infer(request: Request, name: str, version: Optional[str] = None) -> R
     if media_type(request) not in _V2_TYPES:
         raise ServeError(415, f"unsupported media type {media_type(request)}: send "
                          "application/json or application/octet-stream")
-    body = await read_body(request, app_state(request).settings.max_body_bytes)  # 415 first
+    with span("read_body"):  # 415 first
+        body = await read_body(request, app_state(request).settings.max_body_bytes)
     model.shed()  # a full queue answers 503 before any tensor is parsed
-    req, tensors = decode_request(body, request.headers.get("inference-header-content-length"))
+    with span("decode"):
+        req, tensors = decode_request(body, request.headers.get("inference-header-content-length"))
     outputs = await run_infer(model, req, tensors)
     header = {"model_name": model.name, "model_version": "1"}
     if req.id is not None:
