@@ -35,7 +35,7 @@ SHIPPED_BESIDE = ("export", "serve")
 CHECKOUT_ONLY = ("benchmarks",)
 CHECKOUT_COMMANDS = {"benchmarks": "bench"}  # the command each of them adds
 EXTENSIONS = ("irpe.data.cli", "irpe.weights", "irpe.training.cli", "export.cli", "serve.cli",
-              "benchmarks.cli")
+              "serve.tune.cli", "benchmarks.cli")
 
 
 def cmd_models(args: argparse.Namespace) -> int:
