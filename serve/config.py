@@ -259,6 +259,10 @@ class ServeSettings(BaseSettings):
     auth_token: Optional[SecretStr] = Field(None, description="bearer token for inference")
     max_body_bytes: int = Field(32 << 20, ge=1024)
     max_images: int = Field(32, ge=1, description="images per request")
+    v2_nonfinite: Literal["accept", "reject"] = Field(
+        "accept", description="/v2 FP32 images holding NaN or infinity: accept (computed as "
+        "given, as Triton does: Triton's perf_analyzer sends random bytes by default; other "
+        "images of the batch are unaffected) or reject (400 images contain NaN or infinity)")
     cors_origins: Origins = Field(default_factory=list, description="empty: CORS off; "
                                   "IRPE_SERVE_CORS_ORIGINS: a JSON list or a comma list")
     ui: bool = Field(True, description="the playground page /ui (docs/ui.md): static files "

@@ -142,7 +142,7 @@ async def infer(request: Request, name: str, version: Optional[str] = None) -> R
     model.shed()  # a full queue answers 503 before any tensor is parsed
     with span("decode"):
         req, tensors = decode_request(body, request.headers.get("inference-header-content-length"))
-    outputs = await run_infer(model, req, tensors)
+    outputs = await run_infer(model, req, tensors, app_state(request).settings.v2_nonfinite)
     header = {"model_name": model.name, "model_version": "1"}
     if req.id is not None:
         header["id"] = req.id

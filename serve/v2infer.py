@@ -62,8 +62,8 @@ def triton_config(model: ServedModel) -> Dict:
     return config
 
 
-def _images(model: ServedModel, tensors: Dict[str, np.ndarray], names: Tuple[str, ...]
-            ) -> np.ndarray:
+def _images(model: ServedModel, tensors: Dict[str, np.ndarray], names: Tuple[str, ...],
+            nonfinite: str) -> np.ndarray:
     if set(tensors) - set(names) or "images" not in tensors:
         raise ServeError(400, f"model {model.name} takes inputs {list(names)}"
                          f", got {sorted(tensors)}")
@@ -78,7 +78,7 @@ def _images(model: ServedModel, tensors: Dict[str, np.ndarray], names: Tuple[str
     if model.task == "detection" and not p.fits(*images.shape[2:]):
         raise ServeError(400, f"image height and width must be in 1..{p.max_size}, got "
                          f"{list(images.shape[2:])}")
-    if not np.isfinite(images).all():
+    if nonfinite == "reject" and not np.isfinite(images).all():
         raise ServeError(400, "images contain NaN or infinity")
     return images
 
@@ -95,12 +95,14 @@ def _sizes(images: np.ndarray, sizes: Optional[np.ndarray]) -> List[Tuple[int, i
     return [(int(h), int(w)) for h, w in sizes]
 
 
-async def run_infer(model: ServedModel, req: InferRequest, tensors: Dict[str, np.ndarray]
-                    ) -> List[OutTensor]:
+async def run_infer(model: ServedModel, req: InferRequest, tensors: Dict[str, np.ndarray],
+                    nonfinite: str = "accept") -> List[OutTensor]:
     """Validate inputs, run them through the model's one pass (image count, queue room,
-    batching), build the requested outputs."""
+    batching), build the requested outputs. ``nonfinite`` (ServeSettings.v2_nonfinite):
+    "accept" computes NaN / infinity as given (Triton's behaviour; each image is computed on
+    its own, so they reach only that image's outputs), "reject" answers 400."""
     in_names, out_names = input_names(model.task), output_names(model.task)  # export contract
-    images = _images(model, tensors, in_names)
+    images = _images(model, tensors, in_names, nonfinite)
     sizes = _sizes(images, tensors.get("sizes")) if model.task == "detection" else None
     wanted, timeout_s = _requested(model, req, out_names), _timeout(model, req)
     rows = await model.infer(list(images), sizes, timeout_s)
