@@ -106,7 +106,7 @@ async function run() {
   if (seq !== state.sent) return;  // a newer request was sent meanwhile
   const ms = performance.now() - start;
   if (!r || !r.ok) return showError(r ? r.status : 0, r ? r.statusText : "", body);
-  state.answer = {model: m, body, ms, url: state.imageUrl};
+  state.answer = {model: m, body, ms, url: state.imageUrl, image: state.image.name || "pasted"};
   render();
 }
 
@@ -128,6 +128,7 @@ function showError(status, statusText, body) {
       : "This server needs an API key: enter it in the API key field, then send again.";
     e.append(hint);
   }
+  e.dataset.status = String(status);
   e.hidden = false;
   $("result").hidden = true;
   state.answer = null;
@@ -138,6 +139,8 @@ function render() {
   const {model, body, ms, url} = state.answer;
   $("error").hidden = true;
   $("result").hidden = false;
+  $("result").dataset.model = model.name;  // what this answer is for (tests wait on it)
+  $("result").dataset.image = state.answer.image;
   $("preview").src = url;
   $("meta").textContent = `${model.name} · ${Math.round(ms)} ms round trip (browser) · ` +
     `backend ${model.backend} · precision ${model.precision}`;
@@ -210,6 +213,7 @@ function box(d, image) {
   tag.style.background = colour;
   tag.style.color = DARK_TEXT.has(colour) ? "#000" : "#fff";
   if (y0 < 0.1 * image.height) tag.classList.add("inside");  // no room above the box
+  if (x0 > 0.6 * image.width) tag.classList.add("right");  // nor right of its left edge
   el.append(tag);
   return el;
 }
