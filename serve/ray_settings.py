@@ -83,6 +83,13 @@ class RaySettings(BaseModel):
         "lost mid-way is replayed on another, since every route is idempotent; but Ray's "
         "HAProxy also listens on all interfaces for its stats and metrics, :8404 and :9101; "
         "docs/deploy.md). An existing cluster's ingress is set where it starts (ingress_env)")
+    haproxy_deregister_s: float = Field(
+        2.0, ge=0, le=3600, description="ingress haproxy: seconds a stopping replica stays "
+        "reachable before it refuses connections (Ray's "
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S, 30 s by default, meant for external "
+        "balancers in front of the replicas); Ray's own HAProxy drops a removed replica in "
+        "~0.6 s here and retries a refused connection elsewhere, so the 30 s only delayed "
+        "every stop (the command's drain_grace_s comes first)")
     deploy_timeout_s: float = Field(
         300.0, gt=0, le=86400, description="irpe serve --ray: seconds the deployment may take "
         "to run (replicas scheduled, models loaded); longer fails with Ray's reason in one line "
@@ -138,7 +145,8 @@ class RaySettings(BaseModel):
         return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1",
                 "RAY_SERVE_HAPROXY_BINARY_PATH": binary,
                 "RAY_SERVE_HAPROXY_NBTHREAD": str(min(4, os.cpu_count() or 1)),
-                "RAY_SERVE_HAPROXY_RETRY_ON": RETRY_ON}
+                "RAY_SERVE_HAPROXY_RETRY_ON": RETRY_ON,
+                "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": f"{self.haproxy_deregister_s:g}"}
 
     def replica_threads(self) -> int:
         """Inference threads of a replica when the server's ``threads`` is 0 (its CPUs)."""

@@ -154,6 +154,12 @@ def test_ingress_env_sets_rays_flags_and_needs_haproxy(monkeypatch):
     assert env["RAY_SERVE_ENABLE_HA_PROXY"] == env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
     assert env["RAY_SERVE_HAPROXY_BINARY_PATH"] == "/opt/bin/haproxy"
     assert "empty-response" in env["RAY_SERVE_HAPROXY_RETRY_ON"].split()
+    # a stopping replica stays reachable 2 s (Ray's default 30 s delayed every stop)
+    assert env["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "2"
+    custom = RaySettings(ingress="haproxy", haproxy_deregister_s=0.5).ingress_env()
+    assert custom["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "0.5"
+    with pytest.raises(ValueError, match="haproxy_deregister_s"):
+        RaySettings(haproxy_deregister_s=-1)
     monkeypatch.setattr(rs.shutil, "which", lambda name, path=None: None)
     from irpe.errors import MissingFile
     with pytest.raises(MissingFile, match="apt-get install haproxy"):

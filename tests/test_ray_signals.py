@@ -20,46 +20,12 @@ import yaml
 
 pytest.importorskip("ray.serve")
 
-from benchmarks.ray_serve import free_port  # noqa: E402 (after the importorskip)
+from benchmarks.ray_drain import alive, descendants  # noqa: E402 (after the importorskip)
+from benchmarks.ray_serve import free_port  # noqa: E402
 from tests.helpers import ROOT  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 GONE_WITHIN_S = 10.0  # the goal of the issue
-
-
-def _children() -> dict:
-    """pid -> parent pid of every process on this machine."""
-    table = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                table[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1]
-                                             .split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    return table
-
-
-def descendants(pid: int) -> Set[int]:
-    """The processes below ``pid`` now (children, theirs, ...)."""
-    table, found, frontier = _children(), set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in table.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def alive(pids: Set[int]) -> Set[int]:
-    """Those of ``pids`` still running (a zombie counts as gone)."""
-    left = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            left.add(pid)
-    return left
 
 
 def start(tmp_path, ray: dict, *args: str) -> subprocess.Popen:
