@@ -5,7 +5,6 @@
 // Okabe-Ito: eight colours told apart with every common colour-vision deficiency; by class index
 const PALETTE = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7",
                  "#000000"];
-const DARK_TEXT = new Set(["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#CC79A7"]);
 const POLL_MS = 2000;
 const config = JSON.parse(document.getElementById("irpe-config").textContent);
 const $ = (id) => document.getElementById(id);
@@ -108,6 +107,7 @@ async function run() {
   if (!r || !r.ok) return showError(r ? r.status : 0, r ? r.statusText : "", body);
   state.answer = {model: m, body, ms, url: state.imageUrl, image: state.image.name || "pasted"};
   render();
+  reveal();
 }
 
 function showError(status, statusText, body) {
@@ -153,6 +153,10 @@ function render() {
   renderClasses(body.results[0]);
 }
 
+function reveal() {  // one column (phones): bring the answer into view
+  $("answer-title").scrollIntoView({block: "nearest"});
+}
+
 function score(value) {
   return value.toFixed(3);
 }
@@ -188,14 +192,24 @@ function drawBoxes() {
   const threshold = Number($("threshold").value);
   const image = state.answer.body.results[0];
   const shown = image.detections.filter((d) => d.score >= threshold);
-  $("boxes").replaceChildren(...shown.map((d) => box(d, image)));
+  $("boxes").replaceChildren(...shown.map((d, i) => box(d, image, i, shown.length)));
   $("detections").tBodies[0].replaceChildren(...shown.map(row));
   $("detections-caption").textContent =
     `${shown.length} of ${image.detections.length} detections with score >= ${threshold.toFixed(2)}`;
   $("status").textContent = `${shown.length} boxes at threshold ${threshold.toFixed(2)}`;
 }
 
-function box(d, image) {
+// black or white, whichever contrasts more with the background colour (WCAG luminance)
+function textOn(hex) {
+  const [r, g, b] = [1, 3, 5].map((i) => {
+    const c = parseInt(hex.slice(i, i + 2), 16) / 255;
+    return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4;
+  });
+  const luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b;
+  return (luminance + 0.05) / 0.05 >= 1.05 / (luminance + 0.05) ? "#000" : "#fff";
+}
+
+function box(d, image, rank, count) {
   const [x0, y0, x1, y1] = d.box;
   const colour = PALETTE[d.index % PALETTE.length];
   const el = document.createElement("div");
@@ -207,11 +221,12 @@ function box(d, image) {
   el.style.width = `${(100 * (x1 - x0)) / image.width}%`;
   el.style.height = `${(100 * (y1 - y0)) / image.height}%`;
   el.style.borderColor = colour;
+  el.style.zIndex = String(count - rank);  // the best box (and its tag) on top
   const tag = document.createElement("span");
   tag.className = "tag";
   tag.textContent = `${d.label} ${score(d.score)}`;
   tag.style.background = colour;
-  tag.style.color = DARK_TEXT.has(colour) ? "#000" : "#fff";
+  tag.style.color = textOn(colour);
   if (y0 < 0.1 * image.height) tag.classList.add("inside");  // no room above the box
   if (x0 > 0.6 * image.width) tag.classList.add("right");  // nor right of its left edge
   el.append(tag);

@@ -8,6 +8,7 @@ Run as a script it writes the screenshots of docs/ui.md:
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import subprocess
@@ -101,6 +102,15 @@ def send_and_fail(page: Page, path: Path) -> str:
                          timeout=120)
 
 
+def small_png(png: bytes) -> bytes:
+    """The screenshot in 256 colours (a third of the bytes; the page has few colours)."""
+    from PIL import Image
+    with Image.open(io.BytesIO(png)) as image:
+        buffer = io.BytesIO()
+        image.convert("RGB").quantize(256).save(buffer, "PNG", optimize=True)
+    return buffer.getvalue()
+
+
 def screenshots(out: Path) -> None:
     """docs/img/ui-{classify,detect}-{360,1440}.png from a real demo server."""
     from irpe.atomic import write_bytes
@@ -114,7 +124,7 @@ def screenshots(out: Path) -> None:
                 pick_model(page, model)
                 send_image(page, images[image], model)
                 for width in WIDTHS:
-                    write_bytes(out / f"ui-{task}-{width}.png", page.screenshot(width))
+                    write_bytes(out / f"ui-{task}-{width}.png", small_png(page.screenshot(width)))
                 page.close()
         finally:
             browser.close()
