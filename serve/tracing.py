@@ -180,7 +180,7 @@ class RequestTrace:
     """The traced request: its root span and the stamps its children are made from."""
 
     __slots__ = ("tracer", "root", "context", "token", "model", "enqueued_ns", "queued",
-                 "result_ns", "bytes_in", "bytes_out")
+                 "result_ns", "sent_ns", "bytes_in", "bytes_out")
 
     def __init__(self, tracer: Tracer, root: Span) -> None:
         from opentelemetry.trace import set_span_in_context
@@ -188,7 +188,7 @@ class RequestTrace:
         self.context: Context = set_span_in_context(root)
         self.token: Optional[contextvars.Token] = None
         self.model: Optional[str] = None
-        self.enqueued_ns = self.result_ns = 0
+        self.enqueued_ns = self.result_ns = self.sent_ns = 0
         self.queued = False  # its queue_wait span is made (at its first batch)
         self.bytes_in = self.bytes_out = 0
 
@@ -205,8 +205,10 @@ class RequestTrace:
         return child
 
     def body_sent(self, end_ns: int) -> None:
-        """The last body byte went to the server: ``encode_response`` ends (when the request
-        got its outputs)."""
+        """The last body bytes go to the server at ``end_ns``: ``encode_response`` ends (when
+        the request got its outputs), and so will the root span (the client may have the
+        answer before the request log line is written)."""
+        self.sent_ns = end_ns
         if self.result_ns:
             self.child("encode_response", self.result_ns, end_ns)
 
@@ -222,7 +224,7 @@ class RequestTrace:
             root.set_attribute("irpe.model", self.model)
         if status >= 500:
             root.set_status(Status(StatusCode.ERROR))
-        root.end()
+        root.end(end_time=self.sent_ns or None)
         if self.token is not None:
             _current.reset(self.token)
 
