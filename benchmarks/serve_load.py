@@ -7,9 +7,10 @@ outside the timed steady state.
 
 ``python -m benchmarks.serve_load``: tail latency at saturation. The demo classifier's ONNX file
 behind `irpe serve` (batch 8, 5 ms delay), closed-loop clients on the lean client
-(benchmarks.rawhttp) sending one JSON-base64 image per request; p50/p90/p99 and p99/p50 per
-concurrency. ``--baseline DIR`` serves the same model from another checkout (e.g. the unchanged
-code) in a second process, ``--gc-freeze-off`` from this one with ``gc_freeze: false``; the
+(benchmarks.rawhttp) sending one JSON-base64 image per request (``--request v2-json`` /
+``v2-binary``: FP32 tensors to /v2 infer instead); p50/p90/p99 and p99/p50 per concurrency.
+``--baseline DIR`` serves the same model from another checkout (e.g. the unchanged code) in a
+second process, ``--gc-freeze-off`` from this one with ``gc_freeze: false``; the
 servers alternate at every level of every round.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from benchmarks.common import int_list
 from benchmarks.rawhttp import LeanClient, Lost
@@ -34,7 +35,7 @@ from benchmarks.report import latency_ms, percentile
 from benchmarks.serve_process import start_serve, stop, wait_ready
 
 __all__ = ["write_repository", "server_process", "closed_loop", "open_loop", "batch_histogram",
-           "lean_closed_loop", "png", "main"]
+           "lean_closed_loop", "png", "request_of", "main"]
 
 
 def write_repository(folder: Path, models: List[Dict], **settings) -> Path:
@@ -187,12 +188,13 @@ def local_tail(sent_at: Sequence[float], lat: Sequence[float], window_s: float =
                        for t, x in zip(sent_at, lat, strict=True)], 99)
 
 
-def _demo_classifier(folder: Path, max_batch: int, delay_ms: float, **settings) -> Path:
+def _demo_classifier(folder: Path, max_batch: int, delay_ms: float,
+                     backend: str = "onnxruntime", **settings) -> Path:
     """Repository of the demo classifier's ONNX file (exported into the cache when missing)."""
     from serve.demo import demo_models
     cfg = demo_models("onnxruntime")[0]
     return write_repository(folder, [{"name": cfg.name, "path": cfg.path,
-                                      "backend": "onnxruntime", "max_batch_size": max_batch,
+                                      "backend": backend, "max_batch_size": max_batch,
                                       "max_queue_delay_ms": delay_ms, "max_queue_size": 1024}],
                             **settings)
 
@@ -209,6 +211,28 @@ def _json_body() -> bytes:
     return json.dumps({"images": [base64.b64encode(png(64)).decode()]}).encode()
 
 
+REQUESTS = ("v1", "v2-json", "v2-binary")
+
+
+def request_of(kind: str, batch: int = 1) -> Tuple[str, bytes, Dict[str, str]]:
+    """(path, body, headers) of one request: ``v1`` one JSON-base64 PNG; ``v2-json`` /
+    ``v2-binary`` a [batch, 3, 64, 64] FP32 tensor (fixed pseudo-random normal values), as JSON
+    data (Python's float repr, as tritonclient sends it) or as the binary-data extension."""
+    if kind == "v1":
+        return "/v1/classify?top_k=1", _json_body(), {"content-type": "application/json"}
+    import numpy as np
+    images = np.random.default_rng(0).standard_normal((batch, 3, 64, 64), dtype=np.float32)
+    spec: Dict = {"name": "images", "shape": list(images.shape), "datatype": "FP32"}
+    path = "/v2/models/deit_shapes_irpe/infer"
+    if kind == "v2-json":
+        body = json.dumps({"inputs": [{**spec, "data": images.reshape(-1).tolist()}]}).encode()
+        return path, body, {"content-type": "application/json"}
+    raw = images.tobytes()
+    head = json.dumps({"inputs": [{**spec, "parameters": {"binary_data_size": len(raw)}}]})
+    return path, head.encode() + raw, {"content-type": "application/octet-stream",
+                                       "inference-header-content-length": str(len(head))}
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.serve_load", description=__doc__
                                 .split("``python -m benchmarks.serve_load``: ")[1])
@@ -222,6 +246,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", type=Path, help="another checkout served side by side")
     p.add_argument("--gc-freeze-off", action="store_true", help="also serve this checkout with "
                    "gc_freeze: false, side by side (the setting's effect on the tail)")
+    p.add_argument("--request", choices=REQUESTS, default="v1", help="v1: one JSON-base64 PNG "
+                   "to /v1/classify; v2-json / v2-binary: FP32 tensors to /v2 infer")
+    p.add_argument("--batch", type=int, default=1, help="images per v2 request")
+    p.add_argument("--backend", choices=("onnxruntime", "openvino"), default="onnxruntime",
+                   help="the served ONNX file's backend")
     p.add_argument("--out", type=Path, help="write every row as JSON here")
     return p
 
@@ -259,12 +288,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                **({"baseline": (args.baseline, {})} if args.baseline else {}),
                **({"gc_freeze off": (None, {"gc_freeze": False})} if args.gc_freeze_off else {})}
     folder = Path(tempfile.mkdtemp(prefix="irpe-serve-load-"))
-    body, headers = _json_body(), {"content-type": "application/json"}
+    path, body, headers = request_of(args.request, args.batch)
     rows: List[Dict] = []
     with contextlib.ExitStack() as stack:
         urls = {name: stack.enter_context(server_process(
             _demo_classifier(folder / name.replace(" ", "_"), args.max_batch, args.delay_ms,
-                             **settings), args.threads, root=root))
+                             args.backend, **settings), args.threads, root=root))
             for name, (root, settings) in servers.items()}
         print(f"load average at start: {os.getloadavg()}\n\n| server | round | clients | "
               "req/s | p50 ms | p90 ms | p99 ms | p99/p50 | p99/p50 (1 s) | errors | load1 |\n"
@@ -273,9 +302,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for clients in levels:
                 for name, url in urls.items():
                     load = os.getloadavg()[0]
-                    row = asyncio.run(lean_closed_loop(url, "/v1/classify?top_k=1", body,
-                                                       headers, clients, args.duration,
-                                                       args.warmup))
+                    row = asyncio.run(lean_closed_loop(url, path, body, headers, clients,
+                                                       args.duration, args.warmup))
                     rows.append({**row, "server": name, "round": rnd, "loadavg": load})
                     _print_row(rows[-1])
     _summary(rows, list(servers))

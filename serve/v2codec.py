@@ -13,6 +13,12 @@ from pydantic import BaseModel, Field, ValidationError
 
 from .errors import ServeError, body_error
 
+try:  # pysimdjson (the serve extra): JSON tensor data straight into numpy, no Python floats
+    import simdjson
+    FAST_JSON = True
+except ImportError:  # pragma: no cover - the checked path below serves every request then
+    FAST_JSON = False
+
 __all__ = ["InferRequest", "InferResponse", "OutTensor", "decode_request", "encode_response",
            "classification_strings", "DATATYPES", "datatype_of"]
 
@@ -92,7 +98,13 @@ def datatype_of(array: np.ndarray) -> str:
 
 def decode_request(body: bytes, header_length: Optional[str]
                    ) -> Tuple[InferRequest, Dict[str, np.ndarray]]:
-    """Parse the JSON header and every input tensor (JSON data or binary part)."""
+    """Parse the JSON header and every input tensor (JSON data or binary part). A plain JSON
+    body with float tensors takes the fast path (``fast_json``); anything it does not take
+    (errors included) goes through the checked path, whose answers and messages it keeps."""
+    if header_length is None and FAST_JSON:
+        fast = fast_json(body)
+        if fast is not None:
+            return fast
     size = _header_size(header_length, len(body))
     try:
         request = InferRequest.model_validate_json(body[:size])
@@ -107,6 +119,95 @@ def decode_request(body: bytes, header_length: Optional[str]
     if offset != len(binary):
         raise ServeError(400, f"{len(binary) - offset} bytes of binary data belong to no input")
     return request, tensors
+
+
+def fast_json(body: bytes) -> Optional[Tuple[InferRequest, Dict[str, np.ndarray]]]:
+    """A JSON infer body parsed by simdjson, float tensors read as one C buffer each (no Python
+    object per element: the per-element work of the checked path was most of a JSON request's
+    parse time); None for anything else (NaN tokens, ragged or odd nesting, strings, binary
+    sizes, invalid JSON or header), which the checked path then answers as before."""
+    try:
+        doc: Any = simdjson.Parser().parse(body)
+        if not isinstance(doc, simdjson.Object):
+            return None
+        given: Any = doc.get("inputs")
+        if not isinstance(given, simdjson.Array):
+            return None
+        inputs: List[Any] = list(given)
+        if not all(isinstance(obj, simdjson.Object) for obj in inputs):
+            return None
+        header = {k: _plain(doc[k]) for k in doc.keys() if k != "inputs"}
+        header["inputs"] = [{k: _plain(obj[k]) for k in obj.keys() if k != "data"}
+                            for obj in inputs]
+        datas = [obj.get("data") for obj in inputs]
+        request = InferRequest.model_validate(header)
+        brackets, tensors = _brackets(header), {}
+        for spec, data in zip(request.inputs, datas, strict=True):
+            if spec.name in tensors or "binary_data_size" in spec.parameters:
+                return None
+            got = _fast_tensor(spec, data)
+            if got is None:
+                return None
+            tensors[spec.name], arrays = got
+            brackets += arrays
+    except (ValueError, TypeError, RuntimeError, ServeError):  # ValidationError is a ValueError
+        return None
+    # every '[' of the body is one the request's header and regular tensor nesting account for
+    return (request, tensors) if body.count(b"[") == brackets else None
+
+
+def _plain(value: Any) -> Any:
+    """A simdjson value as plain Python (lists, dicts)."""
+    if isinstance(value, simdjson.Object):
+        return value.as_dict()
+    return value.as_list() if isinstance(value, simdjson.Array) else value
+
+
+def _brackets(value: Any) -> int:
+    """JSON arrays in a plain Python value."""
+    if isinstance(value, list):
+        return 1 + sum(_brackets(v) for v in value)
+    return sum(_brackets(v) for v in value.values()) if isinstance(value, dict) else 0
+
+
+def _fast_tensor(spec: TensorIn, data: Any) -> Optional[Tuple[np.ndarray, int]]:
+    """(tensor, JSON arrays it spans) of a float tensor whose data nests its shape's leading
+    dimensions row-major (flat included); other datatypes (small: detection sizes) through the
+    checked path; None where the checked path should answer."""
+    if not isinstance(data, simdjson.Array) or spec.datatype not in DATATYPES or not spec.shape:
+        return None
+    dtype = np.dtype(DATATYPES[spec.datatype])
+    if dtype.kind != "f":
+        values = data.as_list()
+        return _json_tensor(spec.model_copy(update={"data": values}), dtype,
+                            math.prod(spec.shape)), _brackets(values)
+    if any(d < 0 for d in spec.shape) or \
+            math.prod(max(d, 1) for d in spec.shape) * dtype.itemsize > _MAX_BYTES:
+        return None
+    arrays = _regular(data, spec.shape)
+    if arrays is None:
+        return None
+    flat = np.frombuffer(data.as_buffer(of_type="d"), np.float64)  # TypeError: not numbers
+    if flat.size != math.prod(spec.shape):
+        return None
+    return flat.astype(dtype).reshape(spec.shape), arrays
+
+
+def _regular(data: Any, shape: List[int]) -> Optional[int]:
+    """JSON arrays of ``data`` when it nests ``shape``'s leading dimensions exactly (each level
+    the dimension's length, the innermost the rest of the shape flat); else None."""
+    level, arrays = [data], 1
+    for depth, dim in enumerate(shape):
+        inner = [x for a in level for x in (a if len(a) and isinstance(a[0], simdjson.Array)
+                                             else ())]
+        if not inner:  # the innermost arrays: the rest of the shape, flat
+            rest = math.prod(shape[depth:])
+            return arrays if all(len(a) == rest for a in level) else None
+        if any(len(a) != dim for a in level) or not all(isinstance(x, simdjson.Array)
+                                                         for x in inner):
+            return None
+        level, arrays = inner, arrays + len(inner)
+    return None
 
 
 def _header_size(header_length: Optional[str], total: int) -> int:
