@@ -303,7 +303,9 @@ def _interrupted(command: Optional[str]) -> int:
     one arriving while this line is printed or the interpreter exits would print a traceback."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    print(f"irpe{' ' + command if command else ''}: interrupted", file=sys.stderr, flush=True)
+    if os.environ.get("RANK", "0") == "0":  # torchrun: rank 0's line stands for every rank
+        print(f"irpe{' ' + command if command else ''}: interrupted", file=sys.stderr,
+              flush=True)
     return INTERRUPTED
 
 

@@ -79,6 +79,36 @@ def test_ctrl_c_while_training_is_one_line_and_exit_130(tmp_path):
     assert state["epoch"] >= 1
 
 
+def test_ctrl_c_under_torchrun_is_one_line_of_ours(tmp_path):
+    """Ctrl-C to a 2-process torchrun: rank 0's line stands for the run (the other rank is
+    silent), nothing half-written. torchrun's own exit status and SignalException traceback
+    are the launcher's (docs/training.md says so), not irpe's."""
+    import signal as sig
+    env = dict(_env(), GLOO_SOCKET_IFNAME="lo")
+    previous = sig.signal(sig.SIGINT, sig.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                 "--nproc-per-node=2", "-m", "irpe", *TRAIN, "--epochs", "200",
+                                 "--output", str(tmp_path / "run")],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env, start_new_session=True)
+    finally:
+        sig.signal(sig.SIGINT, previous)
+    assert proc.stdout is not None
+    seen = ""
+    while not seen.startswith("train_loss="):  # after the run's notes: epoch 1's record
+        seen = proc.stdout.readline()
+        assert seen, proc.communicate()[1]
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    ours = [line for line in err.splitlines() if line.startswith("irpe ")]
+    assert ours == [LINE.format("train")], err[-3000:]
+    assert "done:" not in out
+    _no_temporaries(tmp_path / "run")
+    assert torch.load(tmp_path / "run" / "last.pt", weights_only=True)["epoch"] >= 1
+
+
 def test_ctrl_c_held_during_the_final_write_reports_no_success(tmp_path):
     run = tmp_path / "run"
     done = _at_move("model.safetensors", *TRAIN, "--epochs", "1", "--output", str(run))
