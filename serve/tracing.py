@@ -131,13 +131,14 @@ def _exporters(settings: ServeSettings) -> List[SpanExporter]:
 
 
 def _otlp(endpoint: Optional[str]) -> SpanExporter:
-    for name in (TRACES_PROTOCOL, PROTOCOL):
-        protocol = os.environ.get(name, "").strip().lower()
-        if protocol and protocol != "http/protobuf":
-            raise InvalidInput(f"{name}={protocol}: irpe serve exports OTLP over HTTP "
-                               "(http/protobuf, port 4318), not gRPC or JSON")
-        if protocol:
-            break
+    """The OTLP/HTTP exporter (``endpoint``, else the SDK's variables); another protocol
+    asked for by the variables is refused (one line)."""
+    name, protocol = TRACES_PROTOCOL, os.environ.get(TRACES_PROTOCOL, "").strip().lower()
+    if not protocol:
+        name, protocol = PROTOCOL, os.environ.get(PROTOCOL, "").strip().lower()
+    if protocol and protocol != "http/protobuf":
+        raise InvalidInput(f"{name}={protocol}: irpe serve exports OTLP over HTTP "
+                           "(http/protobuf, port 4318), not gRPC or JSON")
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     except ImportError as exc:
