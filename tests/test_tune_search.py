@@ -54,6 +54,7 @@ def _search(measure, store=None, gate=None, budget_s=1e9, clock=None, **kw):
 def test_the_best_meets_the_slo_and_dominated_candidates_are_pruned():
     measure = FakeMeasure()
     out = _search(measure)
+    assert out.best is not None
     best = out.best["candidate"]
     assert best.precision == "int8" and best.max_batch_size == 16 and best.threads == 2
     assert out.best["full"]["c16"]["p99_ms"] <= 250  # batch 32 is faster but misses the SLO
@@ -90,7 +91,7 @@ def test_no_candidate_meets_the_slo_then_the_nearest_miss_is_reported():
                  Budget(1e9, Clock()), lambda c: (True, ""), short_s=1, full_s=4,
                  log=lambda line: None)
     assert any("no candidate meets" in n for n in out.notes)
-    assert out.best["full"]["c16"]["p99_ms"] == 100.0  # batch 1: no queue delay
+    assert out.best is not None and out.best["full"]["c16"]["p99_ms"] == 100.0  # batch 1: no queue delay
 
 
 def test_a_rerun_reuses_the_results_file(tmp_path):
@@ -175,6 +176,7 @@ def test_rate_goal_minimises_p99():
     out = search(default_candidate("openvino"), axes(["openvino"], ["fp32"], cores=2),
                  measure, goal, ResultStore(None, "r"), Budget(1e9, Clock()),
                  lambda c: (True, ""), short_s=1, full_s=4, log=lambda line: None)
+    assert out.best is not None
     best = out.best["candidate"]
     assert best.max_batch_size > 1 and best.max_queue_delay_ms == 2.0 and best.instances == 1
 

@@ -115,6 +115,7 @@ class Options:
         if args.val_data and args.val_data != "shapes" and not Path(args.val_data).is_dir():
             raise CLIError(f"--val-data {args.val_data}: not a folder (or 'shapes')")
         self.val_data: Optional[str] = args.val_data
+        self.remeasure: bool = args.remeasure
 
     def siblings(self) -> List[Path]:
         """The tuned file and what is written beside it: table, plot, Triton config."""
@@ -124,7 +125,7 @@ class Options:
 
     def workdir(self) -> Path:
         """The tune's own folder beside the output: results file, server logs, int8 model."""
-        return self.output.with_suffix(".tune")
+        return self.output.resolve().with_suffix(".tune")
 
 
 def cmd_tune(args: argparse.Namespace) -> int:

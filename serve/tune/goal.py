@@ -39,7 +39,8 @@ class Goal:
         slo = f" with p99 <= {self.p99_ms:g} ms" if self.p99_ms else ""
         if self.rate:
             return f"min p99 at {self.rate:g} requests/s{slo}"
-        return f"max throughput at {max(self.clients)} clients{slo}"
+        most = max(self.clients)
+        return f"max throughput at {most} client{'s' * (most > 1)}{slo}"
 
     def main_row(self, result: Dict[str, Row]) -> Row:
         """The row the goal is scored on: the rate's, else the most clients'."""

@@ -87,8 +87,11 @@ def plot(outcome: Outcome, goal: Goal, title: str, path: Path) -> None:
         ax.scatter([p[2] for p in own], [p[1] for p in own], s=50, facecolors=face,
                    edgecolors="tab:blue", label=f"{stage} run ({len(own)})", zorder=3)
     front = pareto(pts)
-    ax.plot([p[2] for p in front], [p[1] for p in front], "-", color="tab:orange", lw=2,
-            label="Pareto front", zorder=2)
+    ax.plot([p[2] for p in front], [p[1] for p in front], "-o", color="tab:orange", lw=2,
+            ms=9, label="Pareto front (nothing both faster and lower p99)", zorder=2)
+    for cand, rate, p99, _ in front:
+        ax.annotate(cand.label(), (p99, rate), textcoords="offset points", xytext=(8, -12),
+                    fontsize=8, color="tab:orange")
     if outcome.best:
         best = next((p for p in pts if p[0] == outcome.best["candidate"]), None)
         if best:
@@ -100,14 +103,15 @@ def plot(outcome: Outcome, goal: Goal, title: str, path: Path) -> None:
                    lw=2, zorder=4, label=f"default: {start[0].label()}")
     if goal.p99_ms:
         ax.axvline(goal.p99_ms, ls="--", color="gray", label=f"SLO p99 {goal.p99_ms:g} ms")
-    load = f"{goal.rate:g} req/s" if goal.rate else f"{max(goal.clients)} clients"
+    most = max(goal.clients)
+    load = f"{goal.rate:g} req/s" if goal.rate else f"{most} client{'s' * (most > 1)}"
     ax.set_xlabel(f"p99 latency (ms) at {load}")
     ax.set_ylabel(f"throughput (images/s) at {load}")
     ax.set_title(title, fontsize=11)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, format="png")
     plt.close(fig)
 
 

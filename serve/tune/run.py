@@ -23,6 +23,8 @@ from .target import Target, backends_for, resolve
 
 __all__ = ["tune"]
 
+START_S = 8.0  # a server start, before one was timed (then the longest seen is used)
+
 
 def _digest(path: Path) -> str:
     sha = hashlib.sha256()
@@ -86,7 +88,7 @@ def tune(options: Options, spec: str, repo_model: Optional[str]) -> int:
     outcome = search(start, [space[a] for a in options.axes], measure, goal, store,
                      Budget(options.budget_min * 60), gate, keep=options.keep,
                      final=options.final, short_s=options.short_s, full_s=options.full_s,
-                     estimate=lambda s: loads * (s + options.warmup_s) + 15.0,
+                     estimate=lambda s: loads * (s + options.warmup_s) + START_S,
                      log=lambda line: print(line, flush=True))
     outcome.notes[:0] = notes
     if outcome.best is None:

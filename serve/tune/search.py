@@ -106,15 +106,19 @@ class _Run:
             return entry[stage]
         if self.gated(cand):
             return None
-        seconds = self.short_s if stage == "short" else self.full_s
-        key = self.store.key(cand.canonical(), stage, seconds)
+        key = self.record_key(cand, stage)
         record = self.store.get(key)
         how = "reused"
         if record is None:
             if self.budget.left() - reserve < self.cost(stage):
+                if not self.out_of_budget:
+                    self.log(f"budget: {max(0.0, self.budget.left()):.0f} s left, "
+                             f"{reserve:.0f} s of it held for the final rung; a {stage} run "
+                             f"takes ~{self.cost(stage):.0f} s: no more {stage} runs")
                 self.out_of_budget = True
                 return None
             began = self.budget.clock()
+            seconds = self.short_s if stage == "short" else self.full_s
             try:
                 result = self.measure(cand, seconds)
             except MeasureFailed as exc:
@@ -132,6 +136,11 @@ class _Run:
         self.log(f"  {cand.label():<40} {stage:<5} {_summary(self.goal, record['result'])} "
                  f"({how})")
         return record["result"]
+
+    def record_key(self, cand: Candidate, stage: str) -> str:
+        """The results-file key of ``cand`` measured at ``stage``."""
+        seconds = self.short_s if stage == "short" else self.full_s
+        return self.store.key(cand.canonical(), stage, seconds)
 
     def score(self, cand: Candidate, stage: str) -> Tuple[int, float]:
         return self.goal.score(self.entries[cand][stage])
@@ -177,7 +186,8 @@ def _final_rung(r: _Run, start: Candidate, final: int) -> None:
     """The ``final`` best short runs and ``start`` measured at full length."""
     shorts = sorted((c for c, e in r.entries.items() if "short" in e),
                     key=lambda c: r.score(c, "short"), reverse=True)
-    finalists = list(dict.fromkeys([*shorts[:final], start]))
+    measured = [c for c in shorts if r.store.get(r.record_key(c, "full"))]  # earlier runs'
+    finalists = list(dict.fromkeys([*shorts[:final], start, *measured]))
     r.log(f"final rung: {len(finalists)} candidate(s) at {r.full_s:g} s")
     for cand in finalists:
         r.run(cand, "full")
