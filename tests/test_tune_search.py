@@ -91,7 +91,8 @@ def test_no_candidate_meets_the_slo_then_the_nearest_miss_is_reported():
                  Budget(1e9, Clock()), lambda c: (True, ""), short_s=1, full_s=4,
                  log=lambda line: None)
     assert any("no candidate meets" in n for n in out.notes)
-    assert out.best is not None and out.best["full"]["c16"]["p99_ms"] == 100.0  # batch 1: no queue delay
+    # the nearest miss: batch 1, no queue delay
+    assert out.best is not None and out.best["full"]["c16"]["p99_ms"] == 100.0
 
 
 def test_a_rerun_reuses_the_results_file(tmp_path):
