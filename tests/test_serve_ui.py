@@ -270,3 +270,21 @@ def test_page_config_carries_auth_and_limit_never_the_token():
     config = json.loads(found.group(1))
     assert config["auth"] is True and config["max_body_bytes"] == 4096
     assert TOKEN not in text and "{{" not in text
+
+
+@pytest.mark.timeout(300)
+def test_behind_ray_serve_under_a_route_prefix(browser, images):
+    """The same app as a Ray Serve replica behind Ray's proxy at /irpe: the page's relative
+    URLs keep the prefix, and its answer equals the REST answer there."""
+    pytest.importorskip("ray.serve")
+    with demo_server("--ray", RAY='{"route_prefix": "/irpe"}') as url:
+        assert url.endswith("/irpe")
+        page = open_ui(browser, url)
+        pick_model(page, DETECTOR)
+        send_image(page, images["scene"], DETECTOR)
+        assert shown_pairs(page, BOXES) == detections(url, images["scene"], 0.5)
+        paths = {urlsplit(r["url"]).path for r in page.requests() if r["url"].startswith("http")}
+        assert paths == {"/irpe/ui", "/irpe/ui/ui.css", "/irpe/ui/ui.js", "/irpe/v1/models",
+                         f"/irpe/v1/models/{DETECTOR}/detect"}
+        assert_only_the_server(page, url)
+        page.close()

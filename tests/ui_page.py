@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,26 +27,27 @@ WIDTHS = (360, 1440)
 
 
 @contextlib.contextmanager
-def demo_server(**settings: str) -> Iterator[str]:
-    """`irpe serve --demo --port 0` in a process of its own, one thread per model; ``settings``
-    as IRPE_SERVE_* variables. Yields its URL once the models are ready; stops it after."""
+def demo_server(*flags: str, **settings: str) -> Iterator[str]:
+    """`irpe serve --demo --port 0 FLAGS` in a process of its own, one thread per model;
+    ``settings`` as IRPE_SERVE_* variables. Yields the URL of its "serving" line (with Ray
+    Serve's route prefix under ``--ray``) once the models are ready; stops it after."""
     env = dict(os.environ, IRPE_SERVE_THREADS="1", IRPE_SERVE_LOG_LEVEL="info",
                IRPE_SERVE_LOG_FORMAT="json", IRPE_SERVE_DRAIN_GRACE_S="0",
                **{f"IRPE_SERVE_{k.upper()}": v for k, v in settings.items()})
-    proc = subprocess.Popen([sys.executable, "-m", "irpe", "serve", "--demo", "--port", "0"],
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                            env=env, cwd=ROOT)
+    port = "0" if "--ray" not in flags else str(_free_port())  # Ray's proxy binds it itself
+    proc = subprocess.Popen([sys.executable, "-m", "irpe", "serve", "--demo", "--port", port,
+                             *flags], stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            text=True, env=env, cwd=ROOT)
     try:
         url, seen = None, []
         assert proc.stderr is not None
         for line in proc.stderr:
             seen.append(line)
-            entry = json.loads(line)
-            if entry["message"] == "serving":
-                url = entry["url"]
+            if line.startswith("{") and json.loads(line)["message"] == "serving":
+                url = json.loads(line)["url"].rstrip("/")
                 break
         if url is None:
-            raise AssertionError(f"irpe serve exited ({proc.wait()}): {''.join(seen)}")
+            raise AssertionError(f"irpe serve exited ({proc.wait()}): {''.join(seen[-8:])}")
         # keep reading its log, so a full pipe never blocks the server
         log = proc.stderr
         threading.Thread(target=lambda: all(True for _ in log), daemon=True).start()
@@ -54,10 +56,16 @@ def demo_server(**settings: str) -> Iterator[str]:
     finally:
         proc.terminate()
         try:
-            proc.wait(60)
+            proc.wait(120)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def sample_images(folder: Path) -> Dict[str, Path]:
