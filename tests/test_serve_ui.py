@@ -17,7 +17,7 @@ import pytest
 from serve.config import ServeSettings
 from serve.ui import UI_ASSETS
 from tests.cdp import Browser, Page, find_browser
-from tests.helpers import running_server
+from tests.helpers import ROOT, running_server
 from tests.ui_page import (
     CLASSIFIER,
     DETECTOR,
@@ -259,6 +259,15 @@ def test_ui_off_leaves_no_page(files):
         root = httpx.get(f"{url}/")
         assert root.status_code == 200 and 'href="ui"' not in root.text
         assert 'href="docs"' in root.text
+
+
+def test_the_page_files_are_package_data():
+    """The wheel and the Docker image (a non-editable install) carry the page's files."""
+    import tomllib
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    shipped = pyproject["tool"]["setuptools"]["package-data"]["serve"]
+    assert {"ui.html", *UI_ASSETS} <= set(shipped)
+    assert all((ROOT / "serve" / name).is_file() for name in shipped)
 
 
 def test_page_config_carries_auth_and_limit_never_the_token():
