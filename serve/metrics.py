@@ -1,9 +1,18 @@
 """Prometheus metrics of one server instance (its own registry, so apps never collide)."""
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 
 from irpe.idcache import BUCKET_IDS
+
+from .memory import Footprint, peak_rss_bytes
 
 __all__ = ["Metrics", "CONTENT_TYPE"]
 
@@ -14,7 +23,8 @@ _SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024)
 
 class Metrics:
     """HTTP counters (client hang-ups apart) and latency, in-flight gauge, queue/compute time,
-    batch sizes, and the bucket-id cache size."""
+    batch sizes, the bucket-id cache size, each model's memory and the process's (resident,
+    peak; prometheus_client's process_* metrics)."""
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -43,6 +53,23 @@ class Metrics:
         self.bucket_cache_limit = Gauge("irpe_bucket_cache_limit_bytes", "limit of that cache "
                                         "(IRPE_BUCKET_CACHE_MIB)", registry=r)
         self.bucket_cache_limit.set_function(lambda: BUCKET_IDS.max_bytes)
+        self.host_memory = Gauge("irpe_model_host_memory_bytes", "resident memory a model's "
+                                 "load and warm-up added to the process (all its instances)",
+                                 ["model"], registry=r)
+        self.device_memory = Gauge("irpe_model_device_memory_bytes", "CUDA memory a model's "
+                                   "load and warm-up added (all its instances)", ["model"],
+                                   registry=r)
+        self.peak_rss = Gauge("irpe_process_peak_resident_memory_bytes", "the process's peak "
+                              "resident memory (getrusage)", registry=r)
+        self.peak_rss.set_function(peak_rss_bytes)
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total
+
+    def model_memory(self, model: str, footprint: Footprint) -> None:
+        """Publish what a loaded model holds (a figure left unknown stays absent)."""
+        if footprint.host_bytes is not None:
+            self.host_memory.labels(model).set(footprint.host_bytes)
+        if footprint.device_bytes is not None:
+            self.device_memory.labels(model).set(footprint.device_bytes)
 
     def render(self) -> bytes:
         """Text exposition format of every metric."""

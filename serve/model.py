@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from dataclasses import asdict
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
@@ -22,6 +23,7 @@ from .batching import Batcher
 from .config import ModelConfig, ServeSettings
 from .errors import ServeError, unavailable
 from .gc_freeze import freeze_loaded, thaw
+from .memory import Footprint, measure
 from .metrics import Metrics
 from .nvjpeg import available as nvjpeg_available
 from .nvjpeg import decode_on_device
@@ -47,7 +49,7 @@ class ServedModel:
     def __init__(self, cfg: ModelConfig, metrics: Metrics, threads: int = 0,
                  max_images: int = ServeSettings.model_fields["max_images"].default,
                  gc_freeze: bool = False) -> None:
-        self.cfg, self.name, self.max_images = cfg, cfg.name, max_images
+        self.cfg, self.name, self.max_images, self.metrics = cfg, cfg.name, max_images, metrics
         self.gc_freeze = gc_freeze  # serve.gc_freeze once loaded (ServeSettings.gc_freeze)
         self.backends: List[Backend] = [create_backend(cfg, threads)
                                         for _ in range(cfg.instances)]
@@ -64,6 +66,7 @@ class ServedModel:
         self.state, self.error = "loading", ""
         self.output_shapes: Dict[str, Tuple[int, ...]] = {}
         self.instance_batches = [0] * cfg.instances  # batches run by each instance
+        self.footprints = [Footprint()] * cfg.instances  # each instance's load + warm-up
         runs = [functools.partial(self._run_batch, i) for i in range(cfg.instances)]
         self.batcher = Batcher(cfg.name, runs, self._batch_key, cfg.max_batch_size,
                                cfg.max_queue_delay_ms / 1000.0, cfg.max_queue_size, metrics)
@@ -105,15 +108,31 @@ class ServedModel:
                                         "irpe.precision": self.precision,
                                         "irpe.device": self.cfg.device}
         self.state = "ready"
+        self.metrics.model_memory(self.name, self.memory)
         log.info("model ready", extra={"model": self.name, "backend": self.cfg.backend,
                                        "task": self.task, "instances": len(self.backends),
                                        "precision": self.precision,
                                        "frozen_objects": frozen})
 
     async def _start_instance(self, i: int) -> Dict[str, np.ndarray]:
+        return await self.batcher.in_thread(self._load_instance, i, instance=i)
+
+    def _load_instance(self, i: int) -> Dict[str, np.ndarray]:
+        """Load and warm up instance ``i`` in its inference thread, its memory growth measured
+        with no other load beside it (serve.memory)."""
         backend = self.backends[i]
-        await self.batcher.in_thread(backend.load, instance=i)
-        return await self.batcher.in_thread(backend.warmup, *self._warmup_batch(), instance=i)
+        with measure(self.cfg.backend, self.cfg.device,
+                     functools.partial(self.footprints.__setitem__, i)):
+            backend.load()
+            return backend.warmup(*self._warmup_batch())
+
+    @property
+    def memory(self) -> Footprint:
+        """What the model's instances hold once loaded and warmed up (serve.memory)."""
+        total = self.footprints[0]
+        for other in self.footprints[1:]:
+            total = total.add(other)
+        return total
 
     async def stop(self) -> None:
         """Finish queued work, then release the backend."""
@@ -211,7 +230,7 @@ class ServedModel:
                 "platform": self.backend.platform, "model": self.spec.model_name,
                 "state": self.state, "num_classes": len(self.labels),
                 "max_batch_size": self.cfg.max_batch_size, "instances": len(self.backends),
-                "precision": self.precision}
+                "precision": self.precision, "memory": asdict(self.memory)}
 
 
 async def _given(inputs: List[Input]) -> List[Input]:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Literal, Tuple, cast
+from typing import Any, Dict, List, Literal, Optional, Tuple, cast
 
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
@@ -55,6 +55,12 @@ class DetectResponse(BaseModel):
     results: List[ImageDetections] = Field(description="one entry per image, in request order")
 
 
+class ModelMemory(BaseModel):
+    host_bytes: Optional[int] = Field(description="resident memory its load and warm-up added "
+                                      "(all instances); null: loading, or not measured alone")
+    device_bytes: Optional[int] = Field(description="CUDA memory they added; null on the CPU")
+
+
 class ModelSummary(BaseModel):
     name: str
     task: str
@@ -66,6 +72,8 @@ class ModelSummary(BaseModel):
     max_batch_size: int
     precision: str = Field(description="fp32, fp16, bf16, or int8 for a quantised ONNX file "
                                        "(its metadata)")
+    memory: ModelMemory = Field(description="what the model holds once loaded and warmed up "
+                                "(docs/observability.md)")
 
 
 class ModelDetail(ModelSummary):
