@@ -164,10 +164,11 @@ def _versus_default(outcome: Outcome, goal: Goal) -> List[str]:
     if stage not in start:
         return [f"- default `{outcome.start.label()}`: not measured at {stage} length"]
     row, best = goal.main_row(start[stage]), goal.main_row(outcome.best[stage])
-    ratio = best["images_per_s"] / row["images_per_s"] if row.get("images_per_s") else 0.0
+    key = "p99_ms" if goal.rate else "images_per_s"  # what the goal optimises
+    ratio = best[key] / row[key] if row.get(key) else 0.0
     return [f"- default `{outcome.start.label()}`: {row['images_per_s']:.1f} img/s, p50 "
-            f"{row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms; tuned/default throughput "
-            f"x{ratio:.2f}"]
+            f"{row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms; tuned/default "
+            f"{'p99' if goal.rate else 'throughput'} x{ratio:.2f}"]
 
 
 def _remeasured(again: Optional[Dict[str, Any]], best_row: Dict[str, Any], goal: Goal
