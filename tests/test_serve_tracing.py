@@ -19,6 +19,8 @@ import os
 import secrets
 import signal
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Tuple
@@ -293,3 +295,40 @@ def test_which_settings_and_variables_turn_tracing_on(monkeypatch, settings, env
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert tracing_wanted(ServeSettings(**settings)) is wanted
+
+
+@pytest.mark.timeout(300)
+def test_a_ray_serve_replica_continues_the_callers_trace(tmp_path):
+    """`irpe serve --ray` (a local Ray, the demo models) with ``otlp_endpoint`` among its
+    IRPE_SERVE_* settings: the replica (another process, started by Ray) builds its own tracer
+    from the settings carried to it, and a request through Ray's HTTP proxy continues the
+    client's traceparent."""
+    pytest.importorskip("ray.serve")
+    from benchmarks.ray_serve import free_port
+    port = free_port()
+    with OtlpReceiver() as receiver:
+        env = _env(IRPE_SERVE_OTLP_ENDPOINT=receiver.url, IRPE_SERVE_DRAIN_GRACE_S="0")
+        proc = subprocess.Popen([sys.executable, "-m", "irpe", "serve", "--ray", "--port",
+                                 str(port), "--threads", "1"], cwd=ROOT, env=env,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            for line in proc.stderr:  # Ray's own lines are not JSON
+                if line.startswith("{") and json.loads(line)["message"] == "serving":
+                    break
+            else:
+                raise AssertionError(f"irpe serve --ray exited {proc.wait()} before serving")
+            header, trace_id, parent = _traceparent()
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/classify", content=shape_png(2),
+                           headers={"content-type": "image/png", "traceparent": header},
+                           timeout=60)
+            assert r.status_code == 200 and r.headers["x-irpe-replica"], r.text
+            spans = receiver.wait_for(6, timeout_s=60)  # the exporter's 5 s schedule
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    own = [s for s in spans if s["trace_id"] == trace_id]
+    root, = [s for s in own if s["kind"] == 2]
+    assert root["parent_span_id"] == parent and root["name"] == "POST /v1/classify"
+    assert sorted(s["name"] for s in own if s is not root) == sorted(CHILDREN)
