@@ -90,6 +90,11 @@ def assert_only_the_server(page: Page, url: str) -> None:
         assert (parts.scheme, parts.netloc) == ("http", urlsplit(url).netloc), request["url"]
 
 
+def visible(page: Page, element_id: str) -> bool:
+    """Whether the element is laid out on screen (not just without a hidden attribute)."""
+    return page.evaluate(f"document.getElementById('{element_id}').getClientRects().length > 0")
+
+
 def shown_pairs(page: Page, script: str) -> List[Tuple[str, float]]:
     return [(label, score) for label, score in page.evaluate(script)]
 
@@ -97,6 +102,8 @@ def shown_pairs(page: Page, script: str) -> List[Tuple[str, float]]:
 def test_root_links_the_page_which_is_small_and_self_contained(browser, server):
     assert 'href="ui"' in httpx.get(f"{server}/").text
     page = open_ui(browser, server)
+    assert not visible(page, "result") and not visible(page, "error")  # nothing sent yet
+    assert not visible(page, "key")  # auth is off
     loaded = {urlsplit(r["url"]).path for r in page.requests()}
     assert loaded == {"/ui", "/ui/ui.css", "/ui/ui.js", "/v1/models"}
     weight = 0
@@ -116,6 +123,7 @@ def test_classifier_bars_equal_the_rest_answer(browser, server, images):
     page = open_ui(browser, server)
     pick_model(page, CLASSIFIER)
     send_image(page, images["star"], CLASSIFIER)
+    assert visible(page, "classes") and not visible(page, "detections")
     shown = page.evaluate("[...document.querySelectorAll('#classes li')].map(li => "
                           "[li.dataset.label, Number(li.dataset.score), "
                           "li.querySelector('.score').textContent])")
@@ -143,6 +151,7 @@ def test_detector_boxes_follow_the_threshold_without_a_request(browser, server, 
     page = open_ui(browser, server)
     pick_model(page, DETECTOR)
     send_image(page, scene, DETECTOR)
+    assert visible(page, "detections") and not visible(page, "classes")
     assert len(posts(page)) == 1
     counts = []
     for threshold in (0.5, 0.95, 0.2):
@@ -220,7 +229,7 @@ def test_a_4xx_body_is_shown_as_the_api_states_it(browser, server, images):
     r = post(server, CLASSIFIER, "classify", images["text"], top_k=5)
     assert r.status_code == 400
     assert "HTTP 400" in shown and r.json()["error"] in shown, shown
-    assert page.evaluate("document.getElementById('result').hidden")
+    assert visible(page, "error") and not visible(page, "result")
     page.close()
 
 
@@ -235,10 +244,12 @@ def test_with_auth_no_answer_without_the_key(browser, images):
         assert "HTTP 401" in shown and "missing or invalid bearer token" in shown, shown
         assert "needs an API key" in shown
         assert page.evaluate("document.querySelectorAll('#classes li').length") == 0
+        assert visible(page, "key") and not visible(page, "result")
         page.evaluate("document.getElementById('key').focus()")
         page.type_text(TOKEN)
         page.key("Enter")  # sends again, now with the key
         page.wait_for("!document.getElementById('result').hidden", timeout=120)
+        assert visible(page, "result") and not visible(page, "error")
         rest = post(url, CLASSIFIER, "classify", images["star"], token=TOKEN, top_k=5)
         assert page.evaluate("[...document.querySelectorAll('#classes li')]"
                              ".map(li => li.dataset.label)") == rest.json()["results"][0]["labels"]
