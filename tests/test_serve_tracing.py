@@ -332,3 +332,38 @@ def test_a_ray_serve_replica_continues_the_callers_trace(tmp_path):
     root, = [s for s in own if s["kind"] == 2]
     assert root["parent_span_id"] == parent and root["name"] == "POST /v1/classify"
     assert sorted(s["name"] for s in own if s is not root) == sorted(CHILDREN)
+
+
+@pytest.mark.timeout(600)
+def test_replicas_on_both_nodes_of_a_ray_cluster_continue_the_callers_traces():
+    """A 2-node Ray cluster (benchmarks.ray_serve.local_cluster), 2 replicas with
+    ``otlp_endpoint`` in their settings: requests answered by both nodes are each traced under
+    their client's traceparent, whichever replica served them."""
+    pytest.importorskip("ray.serve")
+    from ray import serve
+
+    from benchmarks.ray_serve import launch_demo, local_cluster
+    from serve.ray_app import deploy
+    with OtlpReceiver() as receiver, local_cluster(nodes=2, cpus_per_node=1) as (_, _, port):
+        launch, settings = launch_demo({"application": "traced", "num_replicas": 2},
+                                       otlp_endpoint=receiver.url)
+        deploy(launch, settings)
+        sent, nodes = [], set()
+        try:
+            for _ in range(32):  # as tests/test_ray_serve.py: both replicas answer
+                header, trace_id, parent = _traceparent()
+                r = httpx.post(f"http://127.0.0.1:{port}/v1/classify", content=shape_png(3),
+                               headers={"content-type": "image/png", "traceparent": header},
+                               timeout=60)
+                assert r.status_code == 200, r.text
+                sent.append((trace_id, parent))
+                nodes.add(r.headers["x-irpe-replica"].split("/")[0])
+        finally:
+            serve.delete("traced")  # the replicas stop: their lifespans export the rest
+        spans = receiver.wait_for(6 * len(sent), timeout_s=60)
+    assert len(nodes) == 2
+    for trace_id, parent in sent:
+        own = [s for s in spans if s["trace_id"] == trace_id]
+        root, = [s for s in own if s["kind"] == 2]
+        assert root["parent_span_id"] == parent
+        assert sorted(s["name"] for s in own if s is not root) == sorted(CHILDREN)
