@@ -133,7 +133,7 @@ def _finish(options: Options, target: Target, goal: Goal, outcome: Outcome,
              f"{best_row['images_per_s']:.1f} img/s, p50 {best_row['p50_ms']:.1f} ms, "
              f"p99 {best_row['p99_ms']:.1f} ms",
              *_versus_default(outcome, goal), *_remeasured(again, best_row, goal),
-             f"- accuracy gate: {val or 'none'}, margin {options.margin:g} points",
+             _gate_line(outcome, val, options.margin),
              f"- serve it: `irpe serve {options.output}`"]
     import importlib.util
 
@@ -154,6 +154,13 @@ def _finish(options: Options, target: Target, goal: Goal, outcome: Outcome,
     for line in lines[4:]:
         print(line.removeprefix("- "))
     print(f"wrote {', '.join(str(p) for p in written)}")
+
+
+def _gate_line(outcome: Outcome, val: Optional[str], margin: float) -> str:
+    reduced = sorted({c.precision for c in outcome.entries if c.precision != "fp32"})
+    if not reduced:
+        return "- accuracy gate: not needed (fp32 only)"
+    return f"- accuracy gate ({', '.join(reduced)}): {val}, margin {margin:g} points of fp32"
 
 
 def _versus_default(outcome: Outcome, goal: Goal) -> List[str]:
