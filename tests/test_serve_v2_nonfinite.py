@@ -5,11 +5,13 @@ so its requests hold NaN and infinity; Triton computes them. The default ``accep
 same, and a NaN image reaches only its own outputs, never another image of the batch;
 ``reject`` keeps the strict 400. The perf_analyzer-like load below is its default input made
 with tritonclient: random FP32 bytes (with NaN, +inf and -inf in every request), batch 4,
-binary and JSON tensors, 4 requests in flight, on onnxruntime, openvino and torch models.
+binary and JSON tensors, 4 requests in flight or one every 10 ms (its concurrency and request-rate
+modes), on onnxruntime, openvino and torch models.
 """
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -69,16 +71,21 @@ def _infer(client, model: str, images: np.ndarray, binary: bool):
                                                                         binary_data=binary)])
 
 
+@pytest.mark.parametrize("mode", ["concurrency", "request-rate"])
 @pytest.mark.parametrize("model", ["cls", "cls_ov"])
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
-def test_perf_analyzer_default_random_input_gets_no_error(servers, model, binary):
+def test_perf_analyzer_default_random_input_gets_no_error(servers, model, binary, mode):
+    """--concurrency-range 4: 4 requests in flight (the client's pool); --request-rate-range
+    100: one request every 10 ms, sent without waiting for answers (up to 16 in flight)."""
     import tritonclient.http as tc
     if model == "cls_ov" and not OPENVINO:
         pytest.skip("openvino is not installed (pip install 'irpe-deploy[openvino]')")
-    client = _client(servers["accept"], concurrency=4)
+    client = _client(servers["accept"], concurrency=4 if mode == "concurrency" else 16)
     rng = np.random.default_rng(7)
     requests = []
-    for _ in range(24):  # 4 in flight at a time (the client's connection pool), as -concurrency 4
+    for _ in range(24):
+        if mode == "request-rate":
+            time.sleep(0.01)
         images = random_fp32(rng, (4, 3, 64, 64))
         inp = tc.InferInput("images", list(images.shape), "FP32")
         inp.set_data_from_numpy(images, binary_data=binary)
