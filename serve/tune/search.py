@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from .goal import Goal
 from .space import Axis, Candidate
@@ -70,6 +70,7 @@ class _Run:
     walls: Dict[str, float] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
     out_of_budget: bool = False
+    gates_logged: Set[Tuple[str, str]] = field(default_factory=set)
 
     def cost(self, stage: str) -> float:
         """Seconds one ``stage`` measurement is expected to take: the longest seen so far,
@@ -86,14 +87,17 @@ class _Run:
         if cand.precision == "fp32":
             return False
         key = self.store.key("gate", cand.backend, cand.precision)
-        record = self.store.get(key)
+        record, how = self.store.get(key), " (reused)"
         if record is None:
             ok, detail = self.gate(cand)
             record = {"kind": "gate", "backend": cand.backend, "precision": cand.precision,
                       "ok": ok, "detail": detail}
             self.store.put(key, record)
+            how = ""
+        if (cand.backend, cand.precision) not in self.gates_logged:
+            self.gates_logged.add((cand.backend, cand.precision))
             self.log(f"accuracy gate {cand.backend} {cand.precision}: "
-                     f"{'pass' if ok else 'FAIL'} ({detail})")
+                     f"{'pass' if record['ok'] else 'FAIL'} ({record['detail']}){how}")
         if not record["ok"]:
             self.entry(cand).update(status="gated", detail=record["detail"])
         return not record["ok"]
