@@ -184,6 +184,16 @@ class Page:
                     params.update(type="keyDown", text="\r")
                 self.send("Input.dispatchKeyEvent", params)
 
+    def drop_files(self, selector: str, paths: List[Path]) -> None:
+        """Drag ``paths`` from outside the page and drop them on the centre of ``selector``
+        (the browser's own drag events: dragenter, dragover, drop)."""
+        x, y = self.evaluate(f"(r => [r.left + r.width / 2, r.top + r.height / 2])"
+                             f"(document.querySelector({json.dumps(selector)})"
+                             ".getBoundingClientRect())")
+        data = {"items": [], "files": [str(p) for p in paths], "dragOperationsMask": 1}
+        for kind in ("dragEnter", "dragOver", "drop"):
+            self.send("Input.dispatchDragEvent", {"type": kind, "x": x, "y": y, "data": data})
+
     def type_text(self, text: str) -> None:
         """Type ``text`` into the focused element (as an input method would commit it)."""
         self.send("Input.insertText", {"text": text})

@@ -5,6 +5,7 @@ page is small, readable at 360 and 1440 px and usable from the keyboard; `ui: fa
 page. Skips without Chromium, except in CI (CI=true), which installs it (.ci/run)."""
 from __future__ import annotations
 
+import base64
 import json
 import re
 from pathlib import Path
@@ -220,6 +221,44 @@ def test_keyboard_reaches_every_control(browser, server, images):
                                      "document.activeElement.tagName"))
     assert {"model", "file", "topk", "run"} <= set(reached), reached
     page.close()
+
+
+def test_dropped_and_pasted_images_are_sent(browser, server, images):
+    """Drag and drop (the browser's own drag events), then paste (a paste event carrying the
+    file, as the clipboard gives a copied image): each answer equals REST's."""
+    page = open_ui(browser, server)
+    pick_model(page, DETECTOR)
+    page.drop_files("#drop", [images["scene"]])
+    page.wait_for("document.getElementById('result').dataset.image === 'scene.png'", 120)
+    assert shown_pairs(page, BOXES) == detections(server, images["scene"], 0.5)
+    pick_model(page, CLASSIFIER)  # sends the scene to the classifier; then paste the star
+    data = base64.b64encode(images["star"].read_bytes()).decode()
+    page.evaluate(f"(() => {{ const bytes = Uint8Array.from(atob('{data}'), c => "
+                  "c.charCodeAt(0)), t = new DataTransfer(); t.items.add(new File([bytes], "
+                  "'image.png', {type: 'image/png'})); document.dispatchEvent(new "
+                  "ClipboardEvent('paste', {clipboardData: t})); })()")
+    page.wait_for("(r => r.dataset.image === 'image.png' && r.dataset.model === "
+                  f"'{CLASSIFIER}')(document.getElementById('result'))", 120)
+    rest = post(server, CLASSIFIER, "classify", images["star"], top_k=5).json()["results"][0]
+    assert page.evaluate("[...document.querySelectorAll('#classes li')]"
+                         ".map(li => li.dataset.label)") == rest["labels"]
+    assert_only_the_server(page, server)
+    page.close()
+
+
+def test_an_image_over_the_body_limit_is_not_sent(browser, files, images):
+    settings = ServeSettings(threads=1, log_level="error", max_body_bytes=4096,
+                             models=[{"name": "cls", "path": files["cls"]}])
+    with running_server(settings) as url:
+        page = open_ui(browser, url)
+        size = images["star"].stat().st_size
+        assert size > 4096
+        shown = send_and_fail(page, images["star"])
+        assert f"the image is {size} bytes, over this server's limit of 4096 bytes" in shown
+        assert posts(page) == []  # refused in the page; the server would answer 413
+        r = post(url, "cls", "classify", images["star"])
+        assert r.status_code == 413 and "4096" in r.json()["error"]
+        page.close()
 
 
 def test_a_4xx_body_is_shown_as_the_api_states_it(browser, server, images):
