@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import os
 import time
 from typing import (
@@ -54,6 +55,7 @@ TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 INSTALL = "pip install 'irpe-deploy[trace]'"
 UNTRACED = ("/metrics",)  # and /v2/health/*
 
+log = logging.getLogger("irpe.serve")
 _current: contextvars.ContextVar[Optional["RequestTrace"]] = contextvars.ContextVar(
     "irpe_trace", default=None)
 _NULL: ContextManager[None] = contextlib.nullcontext()
@@ -269,7 +271,16 @@ def record_batch(traces: Sequence[RequestTrace], start_ns: int, end_ns: int,
                  attributes: Dict[str, Any], error: Optional[str] = None) -> None:
     """One batch's spans: the ``batch`` span (a trace of its own, linked to each request's
     root), and for each traced request in it ``queue_wait`` (its first batch only) and an
-    ``inference`` span linked to the batch span."""
+    ``inference`` span linked to the batch span. Called by the model's batch worker, which a
+    failure here must not stop: it is logged, the batch's answers are already given."""
+    try:
+        _record_batch(traces, start_ns, end_ns, attributes, error)
+    except Exception as exc:  # noqa: BLE001 (telemetry never takes serving down)
+        log.warning("trace spans of a batch lost", extra={"error": repr(exc)})
+
+
+def _record_batch(traces: Sequence[RequestTrace], start_ns: int, end_ns: int,
+                  attributes: Dict[str, Any], error: Optional[str]) -> None:
     from opentelemetry.context import Context
     from opentelemetry.trace import Link
     unique = list(dict.fromkeys(traces))  # a request with several images in this batch
