@@ -32,7 +32,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Set
+from typing import Any, Dict, Optional, Sequence, Set
 
 import httpx
 import yaml
@@ -50,7 +50,7 @@ class Tally:
     ok: int = 0  # 200s before told
     ready_503: int = 0  # readiness answers 503
     closing: int = 0  # answers with Connection: close
-    bad: List[str] = field(default_factory=list)  # sent before told: no response / error
+    bad: Dict[str, int] = field(default_factory=dict)  # sent before told: error -> count
     after: int = 0  # requests sent after their client was told (anything goes)
 
 
@@ -102,9 +102,10 @@ async def _client(url: str, body: bytes, tally: Tally, done: asyncio.Event,
             except httpx.HTTPError as exc:
                 if told:
                     tally.after += 1
-                    await asyncio.sleep(0.05)
                 else:
-                    tally.bad.append(type(exc).__name__)
+                    name = type(exc).__name__
+                    tally.bad[name] = tally.bad.get(name, 0) + 1
+                await asyncio.sleep(0.05)  # a server gone: no busy loop of connects
                 continue
             if told:
                 tally.after += 1
@@ -224,7 +225,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 print(json.dumps(row), flush=True)
                 continue
             lines.append(f"| {ingress} | {t + 1} | {row['ok']} | {row['ready_503']} | "
-                         f"{row['closing']} | {len(row['bad'])} {sorted(set(row['bad']))} | "
+                         f"{row['closing']} | {sum(row['bad'].values())} {row['bad'] or ''} | "
                          f"{row['after']} | {row['exit']} | {row['stop_s']} | "
                          f"{row['left_alive']} |")
             print(lines[-1], flush=True)

@@ -47,4 +47,4 @@ def test_sigterm_drains_every_ingress_like_irpe_serve(ingress):
     print(row)
     assert row["exit"] == 0 and row["left_alive"] == 0, row
     assert row["ok"] > 0 and row["ready_503"] > 0 and row["closing"] > 0, row
-    assert row["bad"] == [], row
+    assert row["bad"] == {}, row
