@@ -11,8 +11,8 @@ settings) and ``tracing on`` (this checkout, ``otlp_endpoint`` = a receiver proc
 POST the PNG that `irpe bench serve` sends to ``/v1/models/NAME/classify?top_k=1``; every round
 runs each server in turn for ``--duration`` seconds after ``--warmup``. Printed: a row per round
 and server, then per server the median img/s and p50 over the rounds and their ratio to the
-first server. Every server gets the same custom-op library file (this checkout's build), so a
-worktree without a build is not slower for lack of one.
+first server. Every server gets the same iRPE library files (this checkout's build: ONNX Runtime
+custom ops, OpenVINO extension), so a worktree without a build is not slower for lack of them.
 """
 from __future__ import annotations
 
@@ -62,10 +62,12 @@ def _model(key: str, backend: str, max_batch: int, cache: Path) -> Dict:
 
 
 def _library() -> Dict:
-    """This checkout's custom-op library for every server, where it is built."""
-    from irpe.runtime.onnxruntime.session import default_library
-    lib = default_library()
-    return {"ort_ops_library": str(lib)} if lib.is_file() else {}
+    """This checkout's iRPE libraries (ONNX Runtime custom ops, OpenVINO extension) for every
+    server, where they are built: a baseline checkout without a build is not slower for it."""
+    from irpe.runtime.onnxruntime.session import default_library as ort_library
+    from irpe.runtime.openvino.library import default_library as ov_library
+    built = {"ort_ops_library": ort_library(), "ov_ops_library": ov_library()}
+    return {key: str(path) for key, path in built.items() if path.is_file()}
 
 
 def _servers(args: argparse.Namespace, receiver: str) -> Dict[str, Tuple[Optional[Path], Dict]]:
