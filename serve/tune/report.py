@@ -12,9 +12,10 @@ from .goal import Goal
 from .search import Outcome
 from .space import Candidate
 
-__all__ = ["Point", "points", "pareto", "table", "plot", "pbtxt_text"]
+__all__ = ["Point", "points", "pareto", "change", "table", "plot", "pbtxt_text"]
 
 Point = Tuple[Candidate, float, float, str]  # candidate, img/s, p99 ms, stage
+LABELLED = 15  # plots with at most this many points name each; larger ones the front only
 
 
 def points(outcome: Outcome, goal: Goal) -> List[Point]:
@@ -34,6 +35,18 @@ def pareto(pts: Sequence[Point]) -> List[Point]:
     front = [p for p in pts if not any(q[1] >= p[1] and q[2] <= p[2] and (q[1], q[2]) !=
                                        (p[1], p[2]) for q in pts)]
     return sorted(front, key=lambda p: p[2])
+
+
+def change(cand: Candidate, start: Optional[Candidate]) -> str:
+    """What ``cand`` changes from ``start`` (the default), in the label's terms: 'int8 b16/10ms'
+    ('default' for the default itself); the whole label without a start."""
+    if start is None:
+        return cand.label()
+    words, base = cand.label().split(), start.label().split()
+    if cand.backend != start.backend:  # streams come and go with openvino: show them all
+        return cand.label()
+    diff = [w for w, b in zip(words, base, strict=False) if w != b]
+    return " ".join(diff) or "default"
 
 
 def _cell(result: Optional[Dict[str, Any]], goal: Goal) -> List[str]:
@@ -89,9 +102,19 @@ def plot(outcome: Outcome, goal: Goal, title: str, path: Path) -> None:
     front = pareto(pts)
     ax.plot([p[2] for p in front], [p[1] for p in front], "-o", color="tab:orange", lw=2,
             ms=9, label="Pareto front (nothing both faster and lower p99)", zorder=2)
-    for cand, rate, p99, _ in front:
-        ax.annotate(cand.label(), (p99, rate), textcoords="offset points", xytext=(8, -12),
-                    fontsize=8, color="tab:orange")
+    named = pts if len(pts) <= LABELLED else front  # every point named while they are few
+    middle = sum(ax.get_xlim()) / 2
+    placed: List[Any] = []  # display coordinates of the points named so far
+    for cand, rate, p99, _ in named:
+        on_front = any(cand == p[0] for p in front)
+        right = p99 > middle  # labels left of the points in the right half: never clipped
+        at = ax.transData.transform((p99, rate))
+        below = sum(abs(at[0] - x) < 20 and abs(at[1] - y) < 20 for x, y in placed)
+        placed.append(at)  # a point on top of another: its label one line lower
+        ax.annotate(change(cand, outcome.start), (p99, rate), textcoords="offset points",
+                    xytext=(-8 if right else 8, -12 - 10 * below),
+                    ha="right" if right else "left", fontsize=8,
+                    color="tab:orange" if on_front else "dimgray")
     if outcome.best:
         best = next((p for p in pts if p[0] == outcome.best["candidate"]), None)
         if best:
