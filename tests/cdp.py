@@ -112,7 +112,7 @@ class Browser:
         session = self.send("Target.attachToTarget", {"targetId": target,
                                                       "flatten": True})["sessionId"]
         page = Page(self, session, target)
-        for domain in ("Page", "Runtime", "Network", "DOM"):
+        for domain in ("Page", "Runtime", "Network", "DOM", "Log"):
             page.send(f"{domain}.enable")
         page.resize(width, height)
         return page
@@ -222,6 +222,21 @@ class Page:
         return [e["params"]["response"] for e in list(self.browser.events)
                 if e.get("sessionId") == self.session
                 and e["method"] == "Network.responseReceived"]
+
+    def errors(self) -> List[str]:
+        """Uncaught script exceptions and the browser's error messages about this tab (a
+        refused Content-Security-Policy, say), except failed HTTP statuses, which the page
+        reports itself."""
+        found = []
+        for e in list(self.browser.events):
+            if e.get("sessionId") != self.session:
+                continue
+            if e["method"] == "Runtime.exceptionThrown":
+                found.append(json.dumps(e["params"]["exceptionDetails"])[:500])
+            entry = e["params"].get("entry", {}) if e["method"] == "Log.entryAdded" else {}
+            if entry.get("level") == "error" and entry.get("source") != "network":
+                found.append(f"{entry.get('source')}: {entry.get('text')}")
+        return found
 
     def close(self) -> None:
         self.browser.send("Target.closeTarget", {"targetId": self.target})

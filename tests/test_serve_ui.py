@@ -81,7 +81,9 @@ def posts(page: Page) -> List[str]:
 
 
 def assert_only_the_server(page: Page, url: str) -> None:
-    """Every request in the tab's network log went to the server (blob: is the picked file)."""
+    """Every request in the tab's network log went to the server (blob: is the picked file),
+    and the page threw nothing and broke no rule of its Content-Security-Policy."""
+    assert page.errors() == []
     requests = page.requests()
     assert requests
     for request in requests:
