@@ -367,3 +367,26 @@ def test_replicas_on_both_nodes_of_a_ray_cluster_continue_the_callers_traces():
         root, = [s for s in own if s["kind"] == 2]
         assert root["parent_span_id"] == parent
         assert sorted(s["name"] for s in own if s is not root) == sorted(CHILDREN)
+
+
+def test_the_benchmarks_receiver_process_counts_what_an_exporter_sent():
+    """benchmarks.serve_tracing's receiver (its own process, bodies decoded when it stops)
+    reports the spans the real OTLP/HTTP exporter sent it; the summary's ratios are to the
+    first server."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from benchmarks.serve_tracing import receiver_process, summary
+    with receiver_process() as (url, received):
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=url)))
+        for name in ("a", "b", "a"):
+            provider.get_tracer("t").start_span(name).end()
+        provider.shutdown()
+    assert received == [{"requests": 3, "spans": 3, "by_name": {"a": 2, "b": 1}}]
+    rows = [{"server": s, "images_per_s": v, "p50_ms": p} for s, v, p in
+            (("base", 10.0, 100.0), ("off", 9.9, 101.0), ("base", 12.0, 90.0),
+             ("off", 10.1, 99.0))]
+    assert summary(rows, ["base", "off"])[2:] == ["| base | 11.0 | 95.0 | 1.000 | 1.000 |",
+                                                  "| off | 10.0 | 100.0 | 0.909 | 1.053 |"]
