@@ -104,7 +104,11 @@ async function run() {
   }
   if (seq !== state.sent) return;  // a newer request was sent meanwhile
   const ms = performance.now() - start;
-  if (!r || !r.ok) return showError(r ? r.status : 0, r ? r.statusText : "", body);
+  if (r && r.ok && !Array.isArray(body.results)) body = {error: "the answer has no results"};
+  if (!r || !r.ok || body.error !== undefined) {
+    showError(r ? r.status : 0, r ? r.statusText : "", body);
+    return reveal();
+  }
   state.answer = {model: m, body, ms, url: state.imageUrl, image: state.image.name || "pasted"};
   render();
   reveal();
