@@ -196,7 +196,8 @@ def test_32_concurrent_requests_make_32_complete_traces(tmp_path, demo_onnx):
 def test_otel_variables_alone_turn_tracing_on(tmp_path, demo_onnx, endpoint):
     """No tracing setting: OTEL_TRACES_EXPORTER=otlp with an endpoint variable exports;
     OTEL_SERVICE_NAME names the service; OTEL_TRACES_SAMPLER(_ARG) samples (ratio 0, parent
-    based: only a request whose traceparent is sampled is traced)."""
+    based: only a request whose traceparent is sampled is traced). A refused request's trace
+    says so: its status, and the stage that refused it marked as an error."""
     with OtlpReceiver() as receiver:
         url_var = receiver.url if endpoint.endswith("TRACES_ENDPOINT") else \
             receiver.url.removesuffix("/v1/traces")
@@ -213,17 +214,26 @@ def test_otel_variables_alone_turn_tracing_on(tmp_path, demo_onnx, endpoint):
                                         **({"traceparent": header} if header else {})},
                                timeout=60)
                 assert r.status_code == 200
+            refused, refused_id, _ = _traceparent(sampled=True)
+            r = httpx.post(f"{url}/v1/models/demo/classify", content=b"not an image",
+                           headers={"content-type": "image/png", "traceparent": refused})
+            assert r.status_code == 400
         finally:
             logs = _drain_logs(proc)
         spans = receiver.spans()
-    assert {s["trace_id"] for s in spans if s["name"] != "batch"} == {trace_id}
+    assert {s["trace_id"] for s in spans if s["name"] != "batch"} == {trace_id, refused_id}
     assert {s["service"] for s in spans} == {"irpe-under-test"}
+    bad = {s["name"]: s for s in spans if s["trace_id"] == refused_id}
+    assert sorted(bad) == sorted([V1, "read_body", "decode"])
+    assert bad[V1]["attributes"]["http.response.status_code"] == 400 and bad[V1]["status"] == 0
+    assert bad["decode"]["status"] == 2 and bad["read_body"]["status"] == 0  # 2: ERROR
+    spans = [s for s in spans if s["trace_id"] != refused_id]
     root, = [s for s in spans if s["kind"] == 2]
     assert root["parent_span_id"] == parent
     assert sorted(s["name"] for s in spans if s["trace_id"] == trace_id) == sorted(
         [V1, *CHILDREN])
     requests = [e for e in logs if e.get("message") == "request" and "classify" in e["path"]]
-    assert [e.get("trace_id") for e in requests] == [trace_id, None, None]
+    assert [e.get("trace_id") for e in requests] == [trace_id, None, None, refused_id]
 
 
 _PROBE = """
