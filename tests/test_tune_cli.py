@@ -63,6 +63,27 @@ def test_bad_models_and_an_output_over_the_input(tmp_path, monkeypatch, capsys):
         == ["repo.yaml"]
 
 
+def test_without_the_checkout_tune_says_what_it_needs(tmp_path):
+    """A wheel's layout (irpe, export, serve; no benchmarks/): `irpe tune` is one line naming
+    the load generator it measures with, exit 2, nothing written."""
+    import os
+    import shutil
+    site = tmp_path / "site"
+    for package in ("irpe", "export", "serve"):
+        shutil.copytree(ROOT / package, site / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    work = tmp_path / "work"
+    work.mkdir()
+    done = subprocess.run([sys.executable, "-m", "irpe", "tune", "deit_shapes_irpe"], cwd=work,
+                          env=dict(os.environ, PYTHONPATH=str(site)), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("irpe tune: error: irpe tune measures with the load generator of "
+                           "`irpe bench serve` (benchmarks/")
+    assert list(work.iterdir()) == []
+
+
 def _damaged_int8(onnx_path, out):
     """The demo classifier with every weight matrix zeroed, saved as the OpenVINO IR where the
     tune keeps its int8 file: a real IR that loads and serves, with chance accuracy."""
