@@ -110,6 +110,18 @@ def test_a_rerun_reuses_the_results_file(tmp_path):
     assert len(other.calls) == len(first.calls)
 
 
+def test_a_stricter_gate_on_rerun_drops_stored_runs_of_that_precision(tmp_path):
+    path = tmp_path / "results.jsonl"
+    first = _search(FakeMeasure(), store=ResultStore(path, "m"))
+    assert first.best is not None and first.best["candidate"].precision == "int8"
+    again = FakeMeasure()
+    out = _search(again, store=ResultStore(path, "m"), gate_id="margin 0.1",
+                  gate=lambda c: (c.precision != "int8", "top-1 drop"))
+    assert out.best is not None and out.best["candidate"].precision != "int8"
+    assert all(c.precision != "int8" for c, _ in again.calls)
+    assert any(e["status"] == "gated" for c, e in out.entries.items() if c.precision == "int8")
+
+
 def test_an_interrupted_tune_resumes_where_it_stopped(tmp_path):
     path = tmp_path / "results.jsonl"
 

@@ -89,7 +89,8 @@ def tune(options: Options, spec: str, repo_model: Optional[str]) -> int:
                      Budget(options.budget_min * 60), gate, keep=options.keep,
                      final=options.final, short_s=options.short_s, full_s=options.full_s,
                      estimate=lambda s: loads * (s + options.warmup_s) + START_S,
-                     log=lambda line: print(line, flush=True))
+                     log=lambda line: print(line, flush=True),
+                     gate_id=f"{val}|{options.margin}")
     outcome.notes[:0] = notes
     if outcome.best is None:
         print(f"irpe tune: nothing was measured within {options.budget_min:g} min (one "

@@ -71,6 +71,7 @@ class _Run:
     notes: List[str] = field(default_factory=list)
     out_of_budget: bool = False
     gates_logged: Set[Tuple[str, str]] = field(default_factory=set)
+    gate_id: str = ""
 
     def cost(self, stage: str) -> float:
         """Seconds one ``stage`` measurement is expected to take: the longest seen so far,
@@ -86,7 +87,7 @@ class _Run:
         precision, the verdict kept in the results file)."""
         if cand.precision == "fp32":
             return False
-        key = self.store.key("gate", cand.backend, cand.precision)
+        key = self.store.key("gate", cand.backend, cand.precision, self.gate_id)
         record, how = self.store.get(key), " (reused)"
         if record is None:
             ok, detail = self.gate(cand)
@@ -108,12 +109,10 @@ class _Run:
         entry = self.entry(cand)
         if stage in entry:
             return entry[stage]
-        if self.gated(cand):
-            return None
         key = self.record_key(cand, stage)
         record = self.store.get(key)
         how = "reused"
-        if record is None:
+        if record is None:  # the budget is checked before the gate: it costs time too
             if self.budget.left() - reserve < self.cost(stage):
                 if not self.out_of_budget:
                     self.log(f"budget: {max(0.0, self.budget.left()):.0f} s left, "
@@ -121,6 +120,9 @@ class _Run:
                              f"takes ~{self.cost(stage):.0f} s: no more {stage} runs")
                 self.out_of_budget = True
                 return None
+        if self.gated(cand):  # a stored run too: the margin or the data may have changed
+            return None
+        if record is None:
             began = self.budget.clock()
             seconds = self.short_s if stage == "short" else self.full_s
             try:
@@ -162,12 +164,14 @@ def search(start: Candidate, axes: Sequence[Axis], measure: Measure, goal: Goal,
            store: ResultStore, budget: Budget, gate: Gate, keep: int = 2, final: int = 2,
            short_s: float = 3.0, full_s: float = 10.0,
            estimate: Callable[[float], float] = lambda s: s + 10.0,
-           log: Callable[[str], None] = print) -> Outcome:
+           log: Callable[[str], None] = print, gate_id: str = "") -> Outcome:
     """Walk ``axes`` from ``start`` keeping the ``keep`` best (short runs) after each, then
     measure the ``final`` best and ``start`` at full length; the best full run that meets the
     goal wins (else the best short run, said in the notes). Time for the final rung is held
-    back from the axes; nothing is started once ``budget`` is spent."""
-    r = _Run(measure, gate, goal, store, budget, short_s, full_s, estimate, log)
+    back from the axes; nothing is started once ``budget`` is spent. ``gate_id`` names what the
+    gate checks against (data, margin): its verdicts are kept under it."""
+    r = _Run(measure, gate, goal, store, budget, short_s, full_s, estimate, log,
+             gate_id=gate_id)
     reserve = (final + 1) * r.cost("full")
     seeds = [start]
     r.run(start, "short", reserve)
