@@ -26,6 +26,7 @@ BAD = [
     (["--budget-min", "soon"], "--budget-min: not a number: 'soon'"),
     (["--margin", "-1"], "--margin: must be >= 0, got -1"),
     (["--keep", "1.5"], "--keep: not an integer: '1.5'"),
+    (["--val-images", "0"], "--val-images: must be >= 1, got 0"),
     (["--precisions", "fp32,fp64"], "--precisions: expected a comma list of fp32, bf16, int8, "
                                     "got 'fp32,fp64'"),
     (["--backends", "tensorrt"], "--backends: expected a comma list of openvino, onnxruntime, "

@@ -50,6 +50,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "tried)")
     p.add_argument("--margin", default="1.0", help="accuracy gate: points of top-1 (AP50) a "
                    "reduced precision may lose against fp32 (default 1.0)")
+    p.add_argument("--val-images", default="500", help="accuracy gate on shapes: validation "
+                   "images scored per precision (default 500)")
     p.add_argument("--short-s", default="3", help="seconds per load of a screening run")
     p.add_argument("--full-s", default="10", help="seconds per load of a final-rung run")
     p.add_argument("--warmup-s", default="1", help="unrecorded seconds of load before each")
@@ -100,6 +102,7 @@ class Options:
         self.rate = _number("--rate", args.rate, 0, strict=True)
         self.budget_min = float(_number("--budget-min", args.budget_min, 0, strict=True) or 0)
         self.margin = float(_number("--margin", args.margin, 0) or 0)
+        self.val_images = int(_number("--val-images", args.val_images, 1, int) or 1)
         self.short_s = float(_number("--short-s", args.short_s, 0.1) or 0)
         self.full_s = float(_number("--full-s", args.full_s, 0.1) or 0)
         self.warmup_s = float(_number("--warmup-s", args.warmup_s, 0) or 0)

@@ -79,7 +79,7 @@ def tune(options: Options, spec: str, repo_model: Optional[str]) -> int:
     machine = device_name()
     store = ResultStore(results, _context(target, goal, options, machine))
     files = ModelFiles(target, work, calibration=val or "shapes")
-    gate = AccuracyGate(files, val or "shapes", options.margin)
+    gate = AccuracyGate(files, val or "shapes", options.margin, options.val_images)
     measure = ServeMeasure(target, files, goal, work, options.warmup_s)
     loads = len(goal.loads())
     print(f"irpe tune {target.name}: {goal.describe()}; budget {options.budget_min:g} min; "
@@ -90,7 +90,7 @@ def tune(options: Options, spec: str, repo_model: Optional[str]) -> int:
                      final=options.final, short_s=options.short_s, full_s=options.full_s,
                      estimate=lambda s: loads * (s + options.warmup_s) + START_S,
                      log=lambda line: print(line, flush=True),
-                     gate_id=f"{val}|{options.margin}")
+                     gate_id=f"{val}|{options.margin}|{options.val_images}")
     outcome.notes[:0] = notes
     if outcome.best is None:
         print(f"irpe tune: nothing was measured within {options.budget_min:g} min (one "
