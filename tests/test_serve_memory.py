@@ -5,6 +5,7 @@ fresh process; the lock and overlap rules that keep a figure right or unknown, w
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import re
 import threading
@@ -101,8 +102,9 @@ def test_a_load_that_waits_too_long_goes_on_unmeasured_and_voids_overlaps(monkey
     assert second == [Footprint()] and first == [Footprint()]  # the overlapped one is void
     third: list = []
     with measure("torch", "cpu", third.append):  # alone again: measured
-        blob = bytearray(64 << 20)
-        blob[::4096] = b"x" * len(blob[::4096])
+        pages = mmap.mmap(-1, 64 << 20)  # fresh pages (malloc could reuse resident ones)
+        pages.write(b"x" * (64 << 20))
+    pages.close()
     assert third[0].host_bytes is not None and third[0].host_bytes >= 60 << 20
     assert third[0].device_bytes is None
 
