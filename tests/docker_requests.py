@@ -2,6 +2,7 @@
 each returns something comparable (status + JSON, or a set of names), never timings."""
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 from functools import lru_cache
@@ -82,6 +83,14 @@ def metric_names(c: httpx.Client, url: str) -> Tuple[int, object]:
     return r.status_code, sorted(names), sorted(models)
 
 
+def playground(c: httpx.Client, url: str) -> Tuple[int, object]:
+    """/ui and the two files it loads: shipped in the image as package data (docs/ui.md)."""
+    page, *assets = [c.get(f"{url}/{path}") for path in ("ui", "ui/ui.css", "ui/ui.js")]
+    return page.status_code, page.headers.get("content-type"), [
+        (a.status_code, a.headers.get("content-type"), hashlib.sha256(a.content).hexdigest())
+        for a in assets]
+
+
 def docs(c: httpx.Client, url: str) -> Tuple[int, object]:
     """/docs (Swagger UI, served offline), the assets it names, and /openapi.json."""
     page = c.get(f"{url}/docs")
@@ -98,6 +107,7 @@ CHECKS: List[Tuple[str, Send]] = [
     ("/v2/models/detr_shapes_irpe metadata", v2_metadata),
     ("/metrics families and models", metric_names),
     ("/docs page, its assets and /openapi.json", docs),
+    ("/ui playground page and its assets (package data)", playground),
 ]
 
 
