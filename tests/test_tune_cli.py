@@ -151,7 +151,10 @@ def test_a_real_tune_of_the_demo_classifier_serves_its_file(tmp_path):
     assert (tmp_path / "tuned.png").read_bytes()[:4] == b"\x89PNG"
     md = (tmp_path / "tuned.md").read_text()
     assert "| best" in md and "(default)" in md
-    assert 'platform: "openvino"' in (tmp_path / "tuned.config.pbtxt").read_text()
+    from irpe.runtime.pick import onnx_runtime
+    backend = onnx_runtime("cpu")  # the default candidate's: irpe serve's backend auto
+    platform = {"openvino": "openvino", "onnxruntime": "onnxruntime_onnx"}[backend]
+    assert f'platform: "{platform}"' in (tmp_path / "tuned.config.pbtxt").read_text()
     records = [json.loads(line) for line in
                (tmp_path / "tuned.tune" / "results.jsonl").read_text().splitlines()]
     assert records and all(r["kind"] == "measure" for r in records)
@@ -160,7 +163,7 @@ def test_a_real_tune_of_the_demo_classifier_serves_its_file(tmp_path):
     from serve.config import ServeSettings
     settings = ServeSettings(repository=tmp_path / "tuned.yaml")
     (model,) = settings.models
-    assert model.name == "deit_shapes_irpe" and model.backend == "openvino"
+    assert model.name == "deit_shapes_irpe" and model.backend in ("openvino", "onnxruntime")
     tuned = yaml.safe_load((tmp_path / "tuned.yaml").read_text())["models"][0]
     assert model.max_batch_size == tuned["max_batch_size"]
 
