@@ -177,3 +177,32 @@ def test_a_real_tune_of_the_demo_classifier_serves_its_file(tmp_path):
     from irpe.data.shapes import SHAPE_CLASSES
     assert r.json()["model"] == "deit_shapes_irpe"
     assert r.json()["results"][0]["labels"][0] in SHAPE_CLASSES
+
+
+def test_a_repository_model_keeps_its_other_settings_in_the_tuned_file(tmp_path):
+    """MODEL_OR_REPO as a repository: --model picks one of its models; the tuned file keeps that
+    model's and the server's other settings and validates as irpe serve's settings."""
+    from irpe.errors import CLIError
+    from irpe.weights import cache_dir
+    from serve.config import ServeSettings
+    from serve.tune.measure import repository
+    from serve.tune.target import resolve
+    onnx = resolve("deit_shapes_irpe", None, cache_dir() / "tune").files["onnx"]
+    repo = tmp_path / "repo.yaml"
+    repo.write_text(yaml.safe_dump({"log_level": "warning", "threads": 1, "models": [
+        {"name": "cls", "path": str(onnx), "timeout_s": 12.0, "max_queue_size": 99,
+         "max_batch_size": 2},
+        {"name": "other", "path": str(onnx)}]}))
+    with pytest.raises(CLIError, match=r"pick one with --model \(its models: cls, other\)"):
+        resolve(str(repo), None, tmp_path)
+    target = resolve(str(repo), "cls", tmp_path)
+    assert target.name == "cls" and target.task == "classification" and target.size == 64
+    assert target.model_keys == {"timeout_s": 12.0, "max_queue_size": 99}
+    assert target.server == {"log_level": "warning"} and target.inputs == [repo, onnx]
+    cand = default_candidate("openvino").with_(max_batch_size=16, max_queue_delay_ms=10.0,
+                                               threads=2, ov_streams=2)
+    settings = ServeSettings(**repository(target, cand, onnx))
+    (model,) = settings.models
+    assert (model.max_batch_size, model.max_queue_delay_ms, model.ov_streams) == (16, 10.0, 2)
+    assert (model.timeout_s, model.max_queue_size, settings.threads) == (12.0, 99, 2)
+    assert settings.log_level == "warning"
