@@ -21,6 +21,7 @@ import contextlib
 import contextvars
 import logging
 import os
+import threading
 import time
 from typing import (
     TYPE_CHECKING,
@@ -54,6 +55,7 @@ PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
 TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 INSTALL = "pip install 'irpe-deploy[trace]'"
 UNTRACED = ("/metrics",)  # and /v2/health/*
+STOP_TIMEOUT_S = 1.0  # the most a stopping server waits for its last spans to be exported
 
 log = logging.getLogger("irpe.serve")
 _current: contextvars.ContextVar[Optional["RequestTrace"]] = contextvars.ContextVar(
@@ -174,9 +176,16 @@ class Tracing:
         trace.token = _current.set(trace)
         return trace
 
-    def shutdown(self) -> None:
-        """Export what is queued, stop the exporter threads (the app's lifespan, at stop)."""
-        self.provider.shutdown()
+    def shutdown(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Export what is queued and stop the exporter threads (the app's lifespan, at stop),
+        waiting at most ``timeout_s``: a collector that is down (the exporter retries for
+        10 s) must not hold the server's stop past its SIGTERM budget."""
+        done = threading.Thread(target=self.provider.shutdown, daemon=True,
+                                name="irpe-trace-stop")
+        done.start()
+        done.join(timeout_s)
+        if done.is_alive():
+            log.warning("spans not exported at stop", extra={"timeout_s": timeout_s})
 
 
 class RequestTrace:

@@ -270,6 +270,9 @@ def test_off_imports_no_sdk_and_starts_no_thread(demo_onnx, settings, env, on):
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     exporter = [t for t in seen["threads"] if t.startswith("OtelBatch")]
     assert bool(seen["modules"]) is on and bool(exporter) is on, seen
+    # on: nothing listens on port 9; the stop waits STOP_TIMEOUT_S for the export, not the
+    # exporter's 10 s of retries, and says so
+    assert ("spans not exported at stop" in out.stderr) is on, out.stderr
 
 
 @pytest.mark.parametrize("env, settings, message", [
