@@ -8,6 +8,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from serve import v2codec
 from serve.errors import ServeError
@@ -124,3 +126,34 @@ def test_json_tensors_over_http_equal_binary_ones(url):
     for other in results[1:]:
         np.testing.assert_array_equal(results[0], other)
     client.close()
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=4),
+    max_leaves=20)
+_ENTRY = st.fixed_dictionaries(
+    {"name": st.sampled_from(["images", "sizes", "é\"\\\u0000"]),
+     "shape": st.lists(st.integers(-1, 3), max_size=4),
+     "datatype": st.sampled_from(["FP32", "FP16", "INT64", "BYTES", "fp32"]), "data": _JSON},
+    optional={"parameters": st.dictionaries(st.text(max_size=20), _JSON, max_size=2)})
+
+
+@settings(max_examples=300, deadline=None)
+@example({"\u0000": None, "inputs": []})  # simdjson's KeyError (NO_SUCH_FIELD) on this key
+@given(st.one_of(_JSON, st.fixed_dictionaries({"inputs": st.lists(_ENTRY, max_size=3)},
+                                              optional={"id": _JSON, "outputs": _JSON,
+                                                        "parameters": _JSON})))
+def test_any_json_body_takes_the_fast_path_or_is_left_to_the_checked_one(doc):
+    """Whatever the body (fuzzed keys, escapes, odd types), the fast path answers exactly as the
+    checked path would or declines (None): it never raises (a KeyError of simdjson on a fuzzed
+    body once reached the client as a 500)."""
+    body = json.dumps(doc).encode()
+    fast = v2codec.fast_json(body)
+    if fast is None:
+        return
+    request, tensors = fast
+    checked = v2codec.InferRequest.model_validate_json(body)
+    assert [t.name for t in checked.inputs] == list(tensors)
