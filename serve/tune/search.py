@@ -182,9 +182,12 @@ def search(start: Candidate, axes: Sequence[Axis], measure: Measure, goal: Goal,
             r.run(cand, "short", reserve)
         done = sorted((c for c in group if "short" in r.entry(c)),
                       key=lambda c: r.score(c, "short"), reverse=True)
-        for cand in done[keep:]:
-            if r.entries[cand]["status"] == "measured":
-                r.entries[cand]["status"] = "pruned"
+        pruned = [c for c in done[keep:] if r.entries[c]["status"] == "measured"]
+        for cand in pruned:
+            r.entries[cand]["status"] = "pruned"
+        if done:
+            log(f"{axis.name}: kept {', '.join(c.label() for c in done[:keep])}; "
+                f"pruned {len(pruned)}")
         seeds = done[:keep] or seeds
     _final_rung(r, start, final)
     return _outcome(r, start)
