@@ -177,6 +177,14 @@ def test_a_candidate_that_fails_to_start_is_reported_and_skipped():
     assert out.best["candidate"].backend == "openvino"
 
 
+def test_without_a_final_rung_the_screening_decides():
+    measure = FakeMeasure()
+    out = _search(measure, final=0)
+    assert out.best is not None and out.best["stage"] == "short"
+    assert out.best["candidate"].precision == "int8" and not out.notes
+    assert all(seconds == 1.0 for _, seconds in measure.calls)
+
+
 def test_rate_goal_minimises_p99():
     goal = Goal(clients=(1,), rate=20.0)
 

@@ -57,7 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup-s", default="1", help="unrecorded seconds of load before each")
     p.add_argument("--keep", default="2", help="candidates kept after each axis (default 2)")
     p.add_argument("--final", default="2", help="best screening runs re-run at full length, "
-                   "besides the default configuration (default 2)")
+                   "besides the default configuration (default 2; 0: the screening decides)")
     p.add_argument("--remeasure", action="store_true", help="serve the tuned file in a fresh "
                    "process and measure it again at full length")
     p.set_defaults(func=cmd_tune)

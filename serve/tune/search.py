@@ -72,6 +72,7 @@ class _Run:
     out_of_budget: bool = False
     gates_logged: Set[Tuple[str, str]] = field(default_factory=set)
     gate_id: str = ""
+    final: int = 2
 
     def cost(self, stage: str) -> float:
         """Seconds one ``stage`` measurement is expected to take: the longest seen so far,
@@ -171,8 +172,8 @@ def search(start: Candidate, axes: Sequence[Axis], measure: Measure, goal: Goal,
     back from the axes; nothing is started once ``budget`` is spent. ``gate_id`` names what the
     gate checks against (data, margin): its verdicts are kept under it."""
     r = _Run(measure, gate, goal, store, budget, short_s, full_s, estimate, log,
-             gate_id=gate_id)
-    reserve = (final + 1) * r.cost("full")
+             gate_id=gate_id, final=final)
+    reserve = (final + 1) * r.cost("full") if final else 0.0
     seeds = [start]
     r.run(start, "short", reserve)
     for axis in axes:
@@ -189,7 +190,8 @@ def search(start: Candidate, axes: Sequence[Axis], measure: Measure, goal: Goal,
             log(f"{axis.name}: kept {', '.join(c.label() for c in done[:keep])}; "
                 f"pruned {len(pruned)}")
         seeds = done[:keep] or seeds
-    _final_rung(r, start, final)
+    if final > 0:  # 0: no final rung, the screening decides
+        _final_rung(r, start, final)
     return _outcome(r, start)
 
 
@@ -215,7 +217,7 @@ def _outcome(r: _Run, start: Candidate) -> Outcome:
     if not pool:
         r.notes.append("nothing was measured")
         return Outcome(None, r.entries, r.notes, start)
-    if not fulls:
+    if not fulls and r.final:
         r.notes.append("no full-length run fitted the budget: the best short run is reported")
     best = max(pool, key=lambda c: r.score(c, stage))
     if r.score(best, stage)[0] == 0:
