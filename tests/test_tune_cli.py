@@ -55,13 +55,15 @@ def test_bad_models_and_an_output_over_the_input(tmp_path, monkeypatch, capsys):
     repo = tmp_path / "repo.yaml"
     repo.write_text("models: []\n")
     cases[("repo.yaml",)] = "repo.yaml: no models to tune"
+    (tmp_path / "images").mkdir()
+    cases[("deit_shapes_irpe", "--val-data", "images")] = "--val-data images: no val/ split"
     cases[("repo.yaml", "-o", "repo.yaml")] = "repo.yaml"
     for argv, message in cases.items():
         assert main(["tune", *argv]) == 2, argv
         err = capsys.readouterr().err.splitlines()
         assert len(err) == 1 and err[0].startswith("irpe tune: error: ") and message in err[0]
     assert repo.read_text() == "models: []\n" and sorted(p.name for p in tmp_path.iterdir()) \
-        == ["repo.yaml"]
+        == ["images", "repo.yaml"]
 
 
 def test_without_the_checkout_tune_says_what_it_needs(tmp_path):

@@ -117,6 +117,10 @@ class Options:
             raise CLIError(f"-o {args.output}: the tuned repository file is YAML (.yaml/.yml)")
         if args.val_data and args.val_data != "shapes" and not Path(args.val_data).is_dir():
             raise CLIError(f"--val-data {args.val_data}: not a folder (or 'shapes')")
+        if args.val_data and args.val_data != "shapes" and \
+                not (Path(args.val_data) / "val").is_dir():
+            raise CLIError(f"--val-data {args.val_data}: no val/ split in it (irpe eval scores "
+                           "DIR/val)")
         self.val_data: Optional[str] = args.val_data
         self.remeasure: bool = args.remeasure
 

@@ -57,6 +57,20 @@ def _precisions(options: Options, target: Target, val: Optional[str], notes: Lis
     return have
 
 
+def _calibration(val: Optional[str], notes: List[str]) -> str:
+    """int8's calibration images: shapes' training split for shapes (the gate scores its
+    validation split), a folder's train/ where it has one, else the folder itself (noted: the
+    gate then scores images the quantiser saw)."""
+    if not val or val == "shapes":
+        return "shapes"
+    train = Path(val) / "train"
+    if train.is_dir():
+        return str(train)
+    notes.append(f"int8 calibrated on {val} itself (no {train}): the gate scores images the "
+                 "quantiser saw")
+    return val
+
+
 def tune(options: Options, spec: str, repo_model: Optional[str]) -> int:
     """Run ``irpe tune``; 0 with the outputs written, 1 when nothing could be measured."""
     from benchmarks.common import device_name
@@ -78,7 +92,7 @@ def tune(options: Options, spec: str, repo_model: Optional[str]) -> int:
     space = {a.name: a for a in axes(backends, precisions)}
     machine = device_name()
     store = ResultStore(results, _context(target, goal, options, machine))
-    files = ModelFiles(target, work, calibration=val or "shapes")
+    files = ModelFiles(target, work, calibration=_calibration(val, notes))
     gate = AccuracyGate(files, val or "shapes", options.margin, options.val_images)
     measure = ServeMeasure(target, files, goal, work, options.warmup_s)
     loads = len(goal.loads())
