@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 EXTRAS ?= dev
 RUN_EXTRAS ?= serve,export,openvino
 
-.PHONY: install test lint run check bench clean demo-models ort-ops ov-ops gpu-check gpu-carry docker-test
+.PHONY: install test lint run check bench clean demo-models ort-ops ov-ops gpu-check gpu-carry docker-test perf-analyzer
 
 # one marker per extras set: `make run` installs serve,export,openvino; `make test` later adds dev
 $(VENV)/.installed-%: pyproject.toml
@@ -115,6 +115,13 @@ gpu-check:
 gpu-carry:
 	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_CHECK_PY) scripts/gpu_carry.py \
 	  --shared "$(SHARED_DIR)" $(GPU_CARRY_ARGS)
+
+## make perf-analyzer: Triton's perf_analyzer (PyPI wheel, glibc >= 2.38) made runnable on an
+## older glibc: a Debian 13 minimal root (debootstrap, root) in ~/.cache/irpe/perf-analyzer/ whose
+## loader and libraries run the binary (tools/perf_analyzer.py; downloads; CI runs it before
+## make test, so tests/test_perf_analyzer.py never skips there). Kept once made.
+perf-analyzer: install
+	$(PY) -m tools.perf_analyzer prepare
 
 ## make demo-models: regenerate the bundled demo weights (synthetic data -> irpe train -> irpe/demo)
 # ~1 h on 2 CPU cores (one thread per run, both runs in sequence); see docs/DECISIONS.md ("Training, data and demo models")
