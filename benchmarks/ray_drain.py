@@ -230,11 +230,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          f"{row['left_alive']} |")
             print(lines[-1], flush=True)
     if not args.json:
-        text = "\n".join(lines) + "\n"
-        print(text)
-        if args.out:
-            from irpe.atomic import write_text
-            write_text(args.out, text)
+        from benchmarks.ray_serve import finish_report
+        finish_report(lines, args.out)
     return 0
 
 

@@ -33,7 +33,7 @@ from benchmarks.rawhttp import LeanClient, Lost
 from benchmarks.serve_load import png, server_process, write_repository
 
 __all__ = ["Outcome", "LoadRun", "free_port", "local_cluster", "closed_loop", "launch_demo",
-           "recovery_s", "main"]
+           "recovery_s", "finish_report", "main"]
 
 # Ray's processes inherit these from the driver that starts the cluster: replicas report their
 # ongoing requests every 0.5 s (Ray's default: 10 s), so autoscaling acts in seconds; the one
@@ -283,12 +283,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          f"{row['failed_sent_after_kill']} | {row['timeouts']} | "
                          f"{row['statuses']} | {recovery} | {row['max_latency_s']} |")
             print(lines[-1], flush=True)
+    finish_report(lines, args.out)
+    return 0
+
+
+def finish_report(lines: List[str], out: Optional[Path]) -> None:
+    """The Markdown report printed, and written to ``out`` (atomically) when given."""
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.out:
+    if out:
         from irpe.atomic import write_text
-        write_text(args.out, text)
-    return 0
+        write_text(out, text)
 
 
 if __name__ == "__main__":

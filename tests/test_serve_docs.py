@@ -5,30 +5,16 @@ Skips where no Chromium is installed, except in CI (CI=true), which installs it 
 from __future__ import annotations
 
 import html
-import os
 import re
-import shutil
 import subprocess
 
 import httpx
 import pytest
 
 from serve.config import ServeSettings
+from tests.cdp import FLAGS
+from tests.cdp import find_browser as _browser
 from tests.helpers import running_server
-
-BROWSERS = ("chromium", "chromium-browser", "google-chrome")
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run",
-         "--disable-extensions", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1")
-
-
-def _browser() -> str:
-    found = next((path for path in map(shutil.which, BROWSERS) if path), None)
-    if found is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI=true but no Chromium installed (.ci/run installs Debian's chromium)")
-        pytest.skip("no Chromium installed (apt-get install chromium)")
-    return found
 
 
 @pytest.fixture(scope="module")
