@@ -5,8 +5,8 @@ modes, each with 0 errors (perf_analyzer exits non-zero on any failed request).
 
 The perf-analyzer wheel needs glibc 2.38; tools/perf_analyzer.py runs it here through a Debian
 13 loader and libraries (`make perf-analyzer` prepares it; CI does, so there it never skips).
-Only the measurement window is shortened (1 s, any stability): what is tested is that every
-request of its default load is answered."""
+Only the measurement is shortened (200 requests, no stability windows): what is tested is that
+every request of its default load is answered."""
 from __future__ import annotations
 
 import os
@@ -23,7 +23,9 @@ PREFIX = command()
 if PREFIX is None and os.environ.get("CI") != "true":
     pytest.skip("perf_analyzer not prepared (make perf-analyzer)", allow_module_level=True)
 
-SHORT = ["-p", "1000", "--stability-percentage", "100", "--max-trials", "3"]
+# a fixed number of requests instead of windows until stable: no stability verdict to miss on a
+# busy machine (perf_analyzer aborts when 3 windows differ by more than -s percent)
+SHORT = ["--request-count", "200"]
 
 
 @pytest.fixture(scope="module")
