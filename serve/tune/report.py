@@ -5,6 +5,7 @@ and Triton's ``config.pbtxt`` of the tuned model (as ``irpe serve`` answers it o
 """
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -130,7 +131,8 @@ def plot(outcome: Outcome, goal: Goal, title: str, path: Path) -> None:
     load = f"{goal.rate:g} req/s" if goal.rate else f"{most} client{'s' * (most > 1)}"
     ax.set_xlabel(f"p99 latency (ms) at {load}")
     ax.set_ylabel(f"throughput (images/s) at {load}")
-    ax.set_title(title, fontsize=11)
+    # a long model name must not run off the figure: each title line wrapped to its width
+    ax.set_title("\n".join(textwrap.fill(line, 90) for line in title.splitlines()), fontsize=11)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
