@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from .accuracy import AccuracyGate, ModelFiles
-from .cli import Options
 from .goal import Goal
 from .measure import ServeMeasure, repository, write_yaml
+from .options import Options
 from .report import pbtxt_text, plot, table
 from .search import Budget, Outcome, search
 from .space import PRECISIONS, Candidate, axes, cpu_flags, default_candidate, precisions_for
