@@ -102,6 +102,12 @@ def shown_pairs(page: Page, script: str) -> List[Tuple[str, float]]:
     return [(label, score) for label, score in page.evaluate(script)]
 
 
+
+def shown_labels(page) -> list:
+    """The classes the page lists, in its order."""
+    return page.evaluate("[...document.querySelectorAll('#classes li')]"
+                         ".map(li => li.dataset.label)")
+
 def test_root_links_the_page_which_is_small_and_self_contained(browser, server):
     assert 'href="ui"' in httpx.get(f"{server}/").text
     page = open_ui(browser, server)
@@ -143,8 +149,7 @@ def test_classifier_bars_equal_the_rest_answer(browser, server, images):
                   "(document.getElementById('topk'))")
     page.wait_for("document.querySelectorAll('#classes li').length === 3")
     top3 = post(server, CLASSIFIER, "classify", images["star"], top_k=3).json()["results"][0]
-    assert page.evaluate("[...document.querySelectorAll('#classes li')]"
-                         ".map(li => li.dataset.label)") == top3["labels"]
+    assert shown_labels(page) == top3["labels"]
     assert_only_the_server(page, server)
     page.close()
 
@@ -242,8 +247,7 @@ def test_dropped_and_pasted_images_are_sent(browser, server, images):
     page.wait_for("(r => r.dataset.image === 'image.png' && r.dataset.model === "
                   f"'{CLASSIFIER}')(document.getElementById('result'))", 120)
     rest = post(server, CLASSIFIER, "classify", images["star"], top_k=5).json()["results"][0]
-    assert page.evaluate("[...document.querySelectorAll('#classes li')]"
-                         ".map(li => li.dataset.label)") == rest["labels"]
+    assert shown_labels(page) == rest["labels"]
     assert_only_the_server(page, server)
     page.close()
 
@@ -292,8 +296,7 @@ def test_with_auth_no_answer_without_the_key(browser, images):
         page.wait_for("!document.getElementById('result').hidden", timeout=120)
         assert visible(page, "result") and not visible(page, "error")
         rest = post(url, CLASSIFIER, "classify", images["star"], token=TOKEN, top_k=5)
-        assert page.evaluate("[...document.querySelectorAll('#classes li')]"
-                             ".map(li => li.dataset.label)") == rest.json()["results"][0]["labels"]
+        assert shown_labels(page) == rest.json()["results"][0]["labels"]
         statuses = [r["status"] for r in page.responses() if "/classify" in r["url"]]
         assert statuses == [401, 200], statuses
         assert_only_the_server(page, url)
