@@ -11,7 +11,6 @@ import contextlib
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ import threading
 from pathlib import Path
 from typing import Dict, Iterator
 
+from benchmarks.ray_serve import free_port
 from tests.cdp import Browser, Page, find_browser
 from tests.helpers import ROOT, wait_ready
 
@@ -34,7 +34,7 @@ def demo_server(*flags: str, **settings: str) -> Iterator[str]:
     env = dict(os.environ, IRPE_SERVE_THREADS="1", IRPE_SERVE_LOG_LEVEL="info",
                IRPE_SERVE_LOG_FORMAT="json", IRPE_SERVE_DRAIN_GRACE_S="0",
                **{f"IRPE_SERVE_{k.upper()}": v for k, v in settings.items()})
-    port = "0" if "--ray" not in flags else str(_free_port())  # Ray's proxy binds it itself
+    port = "0" if "--ray" not in flags else str(free_port())  # Ray's proxy binds it itself
     proc = subprocess.Popen([sys.executable, "-m", "irpe", "serve", "--demo", "--port", port,
                              *flags], stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             text=True, env=env, cwd=ROOT)
@@ -60,12 +60,6 @@ def demo_server(*flags: str, **settings: str) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def sample_images(folder: Path) -> Dict[str, Path]:
