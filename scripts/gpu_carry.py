@@ -33,10 +33,20 @@ from typing import List, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check_steps import HARNESS_BUILD, PREBUILT, ROOT, carry_lines  # noqa: E402
 
-# as ../shared/gpu/fetch-wheels.sh: what `irpe serve` needs beyond the GPU image
+# What the lent GPU machine's image has installed (../shared/gpu/README.md, 2026-11-23/25), each
+# with the packages it requires; tests/test_gpu_image.py emulates it to check SERVING.
+GPU_IMAGE = ("torch", "triton", "torchvision", "timm", "numpy", "onnx", "onnxruntime", "pillow",
+             "scipy", "pyyaml", "prometheus-client", "httpx", "matplotlib", "click", "h11",
+             "anyio", "annotated-doc", "pytest", "hypothesis",
+             # timm's requirements and huggingface-hub's (neither is installed here to tell)
+             "safetensors", "huggingface-hub", "tqdm", "requests", "filelock", "fsspec")
+# what `irpe serve` needs beyond the GPU image (as ../shared/gpu/fetch-wheels.sh, plus the /docs
+# assets and the /v2 JSON parser added since), downloaded without their dependencies: so the
+# list must be closed under them (tests/test_gpu_image.py)
 SERVING = ("fastapi", "starlette", "pydantic", "pydantic-core", "pydantic-settings",
            "python-dotenv", "uvicorn", "python-multipart", "annotated-types", "annotated-doc",
-           "typing-inspection", "typing-extensions", "opentelemetry-api", "click", "h11", "anyio")
+           "typing-inspection", "typing-extensions", "opentelemetry-api", "click", "h11", "anyio",
+           "fastapi-offline", "pysimdjson")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64")
 HEADERS = ("tensorrt-*", "onnxruntime-*")

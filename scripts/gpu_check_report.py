@@ -70,7 +70,8 @@ def env_facts() -> Dict:
     facts["device_slug"] = device_slug()
     if not facts["cuda_available"]:
         facts["device"] = f"no CUDA device ({facts['device_slug']})"
-    facts["serving_stack"] = all(_importable(n) for n in ("fastapi", "pydantic", "uvicorn"))
+    facts["serving_stack"] = all(_importable(n) for n in ("fastapi", "pydantic", "uvicorn",
+                                                        "fastapi_offline"))
     try:
         import onnxruntime
         facts["onnxruntime_providers"] = onnxruntime.get_available_providers()
