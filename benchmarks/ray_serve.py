@@ -89,7 +89,7 @@ def local_cluster(nodes: int = 2, cpus_per_node: int = 1, port: Optional[int] = 
     from ray.cluster_utils import Cluster
 
     from serve.ray_settings import RaySettings
-    os.environ.update({**CLUSTER_ENV, **RaySettings(ingress=ingress).ingress_env()})
+    os.environ.update({**CLUSTER_ENV, **RaySettings(ingress=ingress).node_env()})
     port = port or free_port()
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": cpus_per_node, "include_dashboard": False})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import threading
 from types import FrameType
@@ -19,6 +20,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import ray
 from ray import serve
+from ray.exceptions import RayError
 
 from irpe.errors import CLIError, ResourceError
 
@@ -30,7 +32,7 @@ from .net import listen_socket
 from .ray_address import probe
 from .ray_app import DrainFlag, deploy, deployment_reason
 
-__all__ = ["StopRequested", "run_on_ray"]
+__all__ = ["StopRequested", "ray_reason", "run_on_ray"]
 
 log = logging.getLogger("irpe.serve")
 
@@ -81,13 +83,13 @@ def run_on_ray(launch: Launch, settings: ServeSettings) -> int:
     address, source = _address(settings)
     if address is None:  # Ray's proxy does not report a port in use: one line here instead
         listen_socket(settings.host, settings.port).close()
-        os.environ.update(settings.ray.ingress_env())  # inherited by the nodes it starts
+        os.environ.update(settings.ray.node_env())  # inherited by the nodes it starts
     fg = Foreground()
     fg.install()
     name = settings.ray.application
     try:
         flag = _start(fg, address, source, launch, settings)
-        fg.serving = True
+        fg.serving, fg.stage = True, "serving"
         while not fg.stop.wait(0.5):
             pass
         _drain(fg, flag, settings)
@@ -96,6 +98,12 @@ def run_on_ray(launch: Launch, settings: ServeSettings) -> int:
         _clean_up(address, name)
         raise CLIError(f"stopped by {fg.signal_name or exc} while {what}; "
                        f"{_cleaned(address)}") from None
+    except (RayError, TimeoutError) as exc:  # a Ray process died or timed out (Serve's
+        # "HTTP proxies not available after 60s" is a TimeoutError): Ray's reason, one line
+        fg.stage, what = "cleaning up", fg.stage
+        _clean_up(address, name)
+        raise ResourceError(f"Ray failed while {what}: {ray_reason(exc)}"
+                            f"{_proxy_hint(exc, address, settings)}; {_cleaned(address)}") from None
     except BaseException:
         fg.stage = "cleaning up"
         _clean_up(address, name)
@@ -126,6 +134,11 @@ def _start(fg: Foreground, address: Optional[str], source: str, launch: Launch,
                  logging_level=logging.WARNING)
     except ConnectionError as exc:
         raise ResourceError(f"no Ray cluster at {address} ({source}): {exc}") from None
+    except RayError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (Ray's start-up timeouts are plain exceptions)
+        where = f"at {address} ({source})" if address else "here (a local Ray)"
+        raise ResourceError(f"Ray did not start {where}: {ray_reason(exc)}") from None
     fg.install()  # again: ray.init sets its own SIGTERM handler (exit at once)
     fg.stage = "starting Ray Serve"
     serve.start(proxy_location=settings.ray.proxy_location,
@@ -222,6 +235,29 @@ def _stop_local(address: Optional[str]) -> None:
     if address is None:
         serve.shutdown()
     ray.shutdown()
+
+
+def ray_reason(exc: BaseException) -> str:
+    """Ray's error in one line: the actor it names (``class_name``) and the sentences of its
+    message, without the ``key: value`` rows (ids, pid, ip) and tracebacks."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    actor = next((line.partition(":")[2].strip().rpartition(".")[2] for line in lines
+                  if line.startswith("class_name:")), "")  # a qualified name's last part
+    prose = [line for line in lines if not re.match(r"^[A-Za-z_]+: ", line)
+             and not line.startswith(("Traceback", "File ", "^"))]
+    text = " ".join(prose[:3]) or type(exc).__name__
+    return f"{actor}: {text}" if actor else text
+
+
+def _proxy_hint(exc: BaseException, address: Optional[str], settings: ServeSettings) -> str:
+    """Where Ray killed a proxy that was still starting: the setting that gives it longer."""
+    if "ProxyActor" not in str(exc):
+        return ""
+    if address is None:
+        return (f" (Ray Serve gives a starting proxy ray.proxy_ready_timeout_s "
+                f"{settings.ray.proxy_ready_timeout_s:g} s, three times; raise it on a busy "
+                "machine)")
+    return " (on a cluster, RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S is set at `ray start`)"
 
 
 def _cleaned(address: Optional[str]) -> str:

@@ -82,7 +82,7 @@ class RaySettings(BaseModel):
         "HTTP servers: ~4x the proxy's requests per second here, and a request on a replica "
         "lost mid-way is replayed on another, since every route is idempotent; but Ray's "
         "HAProxy also listens on all interfaces for its stats and metrics, :8404 and :9101; "
-        "docs/deploy.md). An existing cluster's ingress is set where it starts (ingress_env)")
+        "docs/deploy.md). An existing cluster's ingress is set where it starts (node_env)")
     haproxy_deregister_s: float = Field(
         2.0, ge=0, le=3600, description="ingress haproxy: seconds a stopping replica stays "
         "reachable before it refuses connections (Ray's "
@@ -95,6 +95,12 @@ class RaySettings(BaseModel):
         "to run (replicas scheduled, models loaded); longer fails with Ray's reason in one line "
         "and deletes it (a Ray the command starts is checked for the replicas' CPUs and GPUs "
         "before)")
+    proxy_ready_timeout_s: float = Field(
+        30.0, ge=1, le=3600, description="irpe serve --ray, a Ray it starts: seconds Ray Serve "
+        "waits for a starting HTTP proxy to answer its readiness check (Ray's "
+        "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S, 5 s by default, times the restarts); three "
+        "misses and Ray kills the proxy, so on a busy machine the 5 s failed the start (ready in "
+        "a few seconds when idle)")
     health_check_period_s: float = Field(2.0, gt=0, description="how often Ray asks a replica "
                                          "whether every model is ready")
     health_check_timeout_s: float = Field(10.0, gt=0)
@@ -130,19 +136,23 @@ class RaySettings(BaseModel):
             options["autoscaling_config"] = self.autoscaling.model_dump()
         return options
 
-    def ingress_env(self) -> Dict[str, str]:
-        """Environment of Ray's processes for ``ingress`` (set before Ray starts, inherited by
-        every node this process starts; on a cluster started elsewhere, set at ``ray start``).
-        HAProxy must be installed (``apt-get install haproxy``)."""
+    def node_env(self) -> Dict[str, str]:
+        """Environment of the Ray processes this command starts (set before Ray starts,
+        inherited by every node it starts; on a cluster started elsewhere, set at ``ray
+        start``): the ``ingress`` and how long a starting proxy may take. HAProxy must be
+        installed (``apt-get install haproxy``) for ``ingress: haproxy``."""
+        ready = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": f"{self.proxy_ready_timeout_s:g}"}
         if self.ingress == "proxy":
-            return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "0", "RAY_SERVE_ENABLE_HA_PROXY": "0"}
+            return {**ready, "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0",
+                    "RAY_SERVE_ENABLE_HA_PROXY": "0"}
         binary = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/sbin")
         if binary is None:
             raise MissingFile("ray.ingress haproxy needs the haproxy binary (apt-get install "
                               "haproxy), found on neither PATH nor /usr/sbin")
         # every route of the server is idempotent (inference is a function of its input), so
         # HAProxy may replay a request whose replica closed without an answer (a lost node)
-        return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        return {**ready, "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+                "RAY_SERVE_ENABLE_HA_PROXY": "1",
                 "RAY_SERVE_HAPROXY_BINARY_PATH": binary,
                 "RAY_SERVE_HAPROXY_NBTHREAD": str(min(4, os.cpu_count() or 1)),
                 "RAY_SERVE_HAPROXY_RETRY_ON": RETRY_ON,

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Dict, Iterator, Tuple
 
 import httpx
@@ -22,6 +24,7 @@ import pytest
 
 pytest.importorskip("ray.serve")
 
+from benchmarks.ray_drain import descendants  # noqa: E402 (after the importorskip)
 from benchmarks.ray_serve import (  # noqa: E402 (after the importorskip)
     LoadRun,
     closed_loop,
@@ -41,8 +44,10 @@ def test_irpe_serve_ray_runs_in_the_foreground_and_drains_on_sigterm():
     """`irpe serve --ray`: a local Ray, the demo models behind Ray's proxy, SIGTERM deletes
     the application (replicas drain) and stops that Ray; exit 0."""
     port = free_port()
+    env = dict(os.environ, IRPE_SERVE_RAY='{"proxy_ready_timeout_s": 45}')
     proc = subprocess.Popen([sys.executable, "-m", "irpe", "serve", "--ray", "--port", str(port),
-                             "--threads", "1"], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+                             "--threads", "1"], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                            env=env)
     seen = []
     try:
         for line in proc.stderr:
@@ -57,6 +62,8 @@ def test_irpe_serve_ray_runs_in_the_foreground_and_drains_on_sigterm():
         assert [m["name"] for m in models.json()] == ["deit_shapes_irpe", "detr_shapes_irpe"]
         answer = httpx.post(f"{url}/v1/classify", content=shape_png(2), headers=PNG, timeout=30)
         assert answer.status_code == 200 and answer.json()["results"][0]
+        # the Ray it started got the setting: Serve's controller waits 45 s for a proxy
+        assert controller_env(proc.pid)["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"] == "45"
         proc.send_signal(signal.SIGTERM)
         rest = proc.communicate(timeout=60)[1]
     finally:
@@ -65,6 +72,19 @@ def test_irpe_serve_ray_runs_in_the_foreground_and_drains_on_sigterm():
     assert proc.returncode == 0, rest
     messages = [json.loads(x)["message"] for x in rest.splitlines() if x.startswith("{")]
     assert "draining" in messages and "stopped; replicas drained" in messages
+
+
+def controller_env(pid: int) -> Dict[str, str]:
+    """The environment of Ray Serve's controller among the processes ``pid`` started."""
+    for child in descendants(pid):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"ServeController" in cmdline:
+                raw = Path(f"/proc/{child}/environ").read_bytes()
+                return dict(item.partition("=")[::2] for item in raw.decode().split("\0") if item)
+        except OSError:
+            continue  # gone meanwhile
+    raise AssertionError(f"no ServeController under {pid}")
 
 
 @pytest.fixture(scope="module")

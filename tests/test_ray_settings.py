@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -143,27 +144,42 @@ def test_prepare_does_not_go_with_ray(tmp_path):
     assert done.returncode == 2 and "--prepare" in done.stderr
 
 
-def test_ingress_env_sets_rays_flags_and_needs_haproxy(monkeypatch):
+def test_node_env_sets_rays_flags_and_needs_haproxy(monkeypatch):
     """`ingress` becomes Ray's environment flags for the Ray irpe serve --ray starts: the
     proxy turns HAProxy off; haproxy turns it on with the binary found and the replay policy
     for a replica that closed without an answer; no binary -> one line naming the package."""
     import serve.ray_settings as rs
-    assert RaySettings().ingress_env()["RAY_SERVE_ENABLE_HA_PROXY"] == "0"
+    assert RaySettings().node_env()["RAY_SERVE_ENABLE_HA_PROXY"] == "0"
     monkeypatch.setattr(rs.shutil, "which", lambda name, path=None: f"/opt/bin/{name}")
-    env = RaySettings(ingress="haproxy").ingress_env()
+    env = RaySettings(ingress="haproxy").node_env()
     assert env["RAY_SERVE_ENABLE_HA_PROXY"] == env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
     assert env["RAY_SERVE_HAPROXY_BINARY_PATH"] == "/opt/bin/haproxy"
     assert "empty-response" in env["RAY_SERVE_HAPROXY_RETRY_ON"].split()
     # a stopping replica stays reachable 2 s (Ray's default 30 s delayed every stop)
     assert env["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "2"
-    custom = RaySettings(ingress="haproxy", haproxy_deregister_s=0.5).ingress_env()
+    custom = RaySettings(ingress="haproxy", haproxy_deregister_s=0.5).node_env()
     assert custom["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "0.5"
     with pytest.raises(ValueError, match="haproxy_deregister_s"):
         RaySettings(haproxy_deregister_s=-1)
     monkeypatch.setattr(rs.shutil, "which", lambda name, path=None: None)
     from irpe.errors import MissingFile
     with pytest.raises(MissingFile, match="apt-get install haproxy"):
-        RaySettings(ingress="haproxy").ingress_env()
+        RaySettings(ingress="haproxy").node_env()
+
+
+def test_node_env_gives_a_starting_proxy_its_readiness_timeout():
+    """Ray Serve kills a proxy that misses three readiness checks of 5 s (times its restarts):
+    on a busy machine irpe serve --ray died there (ActorDiedError); the setting sets it."""
+    for ingress in ("proxy", "haproxy"):
+        if ingress == "haproxy" and not shutil.which("haproxy", path="/usr/sbin:/sbin:/usr/bin"):
+            continue
+        env = RaySettings(ingress=ingress).node_env()
+        assert env["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"] == "30"
+    assert RaySettings(proxy_ready_timeout_s=90).node_env()[
+        "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"] == "90"
+    for bad in (0.5, 0, -1, 7200):
+        with pytest.raises(ValueError, match="proxy_ready_timeout_s"):
+            RaySettings(proxy_ready_timeout_s=bad)
 
 
 def test_ray_on_a_port_in_use_is_one_line_before_ray_starts(tmp_path):

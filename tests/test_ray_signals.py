@@ -159,3 +159,31 @@ def _cmd(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return ""
+
+
+def test_a_ray_actor_that_died_is_one_line_naming_it():
+    """Ray's ActorDiedError (serve.start raised it when Ray killed a proxy still starting on a
+    busy machine: a traceback then) as irpe serve --ray's one line shows it: the actor's class
+    and Ray's sentences, without its ids, pid and address rows."""
+    import ray
+    from ray.exceptions import ActorDiedError
+
+    from serve.ray_run import ray_reason
+
+    ray.init(num_cpus=1, include_dashboard=False, configure_logging=False)
+    try:
+        @ray.remote(num_cpus=0)
+        class StartingProxy:
+            def ready(self) -> bool:
+                return True
+
+        actor = StartingProxy.remote()  # type: ignore[attr-defined]
+        ray.kill(actor, no_restart=True)
+        with pytest.raises(ActorDiedError) as died:
+            ray.get(actor.ready.remote(), timeout=60)
+    finally:
+        ray.shutdown()
+    line = ray_reason(died.value)
+    assert line.startswith("StartingProxy: The actor died unexpectedly"), line
+    assert "killed by `ray.kill`" in line and "\n" not in line
+    assert not any(key in line for key in ("actor_id", "pid:", "ip:", "namespace"))
