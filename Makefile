@@ -23,7 +23,7 @@ install: $(VENV)/.installed-$(EXTRAS)
 
 ## make test: install into .venv, then run the test suite (what CI runs)
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 ## make lint: the lint and type gate, zero findings (ruff, then mypy; both configured in
 ## pyproject.toml; CI runs it after make test)
