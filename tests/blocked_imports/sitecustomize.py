@@ -29,20 +29,32 @@ class _Blocked(importlib.abc.MetaPathFinder):
 
 
 def _installed_files():
-    """{absolute file: distribution} over every installed distribution."""
-    owner = {}
+    """{absolute file: distribution} and {top-level name: its distributions} over every
+    installed distribution."""
+    owner, tops = {}, {}
     for dist in importlib.metadata.distributions():
         dist_name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower()
         for file in dist.files or ():
             owner[os.path.realpath(str(dist.locate_file(file)))] = dist_name
-    return owner
+            first = file.parts[0] if file.parts else ""
+            if first.endswith((".py", ".so")) or (len(file.parts) > 1 and not first.startswith(
+                    ".") and not first.endswith((".dist-info", ".data", ".egg-info"))):
+                tops.setdefault(first.split(".")[0], set()).add(dist_name)
+    return owner, tops
 
 
 class _OnlyDists(importlib.abc.MetaPathFinder):
-    """Refuses a module whose file belongs to an installed distribution outside ONLY."""
+    """Refuses a module whose file belongs to an installed distribution outside ONLY. A
+    top-level name only such distributions provide is also set to None in sys.modules, so that
+    ``importlib.util.find_spec`` answers None for it as for a package that is not installed
+    (torch probes optional packages so)."""
 
     def __init__(self):
-        self.owner = _installed_files()
+        self.owner, tops = _installed_files()
+        for top, dists in tops.items():
+            if top and top not in sys.stdlib_module_names and top not in sys.modules \
+                    and not dists & ONLY:
+                sys.modules[top] = None
 
     def find_spec(self, name, path=None, target=None):
         spec = importlib.machinery.PathFinder.find_spec(name, path)
