@@ -15,6 +15,7 @@ budget arithmetic and the carry's size, and runs the steps that need no GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import os
 import re
@@ -26,7 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check_steps import (  # noqa: E402
@@ -225,6 +226,22 @@ def child_env(site: Path) -> Dict[str, str]:
     return env
 
 
+@contextlib.contextmanager
+def process_path(path: Optional[str]) -> Iterator[None]:
+    """This process's PATH set to ``path`` for the block, then restored: an in-process caller
+    (a test) keeps its own, so a wheel site's bin/ never outlives the call."""
+    saved = os.environ.get("PATH")
+    if path:
+        os.environ["PATH"] = path
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = saved
+
+
 def run_step(step: Step, timeout_s: float, env: Dict[str, str]) -> Dict:
     """Run one step in its own process group. At the timeout the group gets SIGINT (pytest then
     stops and still writes its JUnit XML: the tests that ran keep their results), and SIGKILL
@@ -336,10 +353,9 @@ def run(args: argparse.Namespace) -> int:
     select(plan(ROOT), phases)  # an unknown phase: an error before anything runs
     wheels = install_wheels(args.site, args.dry_run, _timeout("env/wheels"))
     env = child_env(args.site)
-    if env.get("PATH"):
-        os.environ["PATH"] = env["PATH"]  # the facts name the tools the steps will find
     facts_start = time.monotonic()
-    facts = env_facts()
+    with process_path(env.get("PATH")):  # the facts name the tools the steps will find
+        facts = env_facts()
     facts_s = round(time.monotonic() - facts_start, 1)
     facts["header_roots"] = {v: env.get(v) for v in CARRIED_ROOTS}
     facts["caches"] = {v: env.get(v) for v in CACHE_DIRS}

@@ -100,9 +100,14 @@ def test_budget_guard_and_bad_phase(tmp_path, capsys):
     assert "unknown phase nope" in capsys.readouterr().err
     assert gpu_check.main(["--steps", "correct/nope"]) == 2
     assert "no step matches correct/nope" in capsys.readouterr().err
-    # a dry run with a budget the window does not fit: the guard skips, and the check fails
-    assert gpu_check.main(["--phases", "env", "--dry-run", "--budget", "1",
-                           "--out", str(tmp_path)]) == 1
+    # a dry run with a budget the window does not fit: the guard skips, and the check fails;
+    # a wheel site's bin/ goes on the steps' PATH, never on the caller's (CI once ran a stale
+    # site's cmake in every later test)
+    (tmp_path / "site" / "bin").mkdir(parents=True)
+    path = os.environ["PATH"]
+    assert gpu_check.main(["--phases", "env", "--dry-run", "--budget", "1", "--site",
+                           str(tmp_path / "site"), "--out", str(tmp_path)]) == 1
+    assert os.environ["PATH"] == path
     assert "PLAN DOES NOT FIT" in capsys.readouterr().out
     steps = json.loads((tmp_path / "gpu_check.json").read_text())["steps"]
     assert steps["env/collect"]["status"] == "skipped"
