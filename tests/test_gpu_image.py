@@ -5,22 +5,21 @@ brings fails here, not in the one 15-minute GPU window (fastapi-offline, needed 
 2026-11-23, was missing from the carry until this test)."""
 from __future__ import annotations
 
+import functools
 import importlib.metadata as md
 import os
 import re
 import subprocess
 import sys
-from pathlib import Path
-from typing import Dict, Iterable, Set
+from typing import Dict, FrozenSet, Iterable, Set
 
 import pytest
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
 from scripts.gpu_carry import GPU_IMAGE, SERVING
-from tests.helpers import BLOCKER
+from tests.helpers import BLOCKER, ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 # the GPU machine's interpreter, for the markers of Requires-Dist (python_version < "3.13", ...)
 GPU_PYTHON = dict(default_environment(), python_version="3.12", python_full_version="3.12.3",
                   sys_platform="linux", platform_system="Linux", platform_machine="x86_64")
@@ -56,9 +55,15 @@ def _closure(roots: Iterable[str]) -> Set[str]:
     return seen
 
 
+@functools.lru_cache(maxsize=1)
+def _image() -> FrozenSet[str]:
+    """The distributions on the GPU image: GPU_IMAGE and what they require (walked once)."""
+    return frozenset(_closure(GPU_IMAGE))
+
+
 def _gpu_image_env() -> Dict[str, str]:
     """Environment of a process that sees only the GPU image and the carried wheels."""
-    only = _closure(GPU_IMAGE) | {_norm(n) for n in SERVING} | {"irpe-deploy"}
+    only = _image() | {_norm(n) for n in SERVING} | {"irpe-deploy"}
     return dict(os.environ, PYTHONPATH=f"{BLOCKER}{os.pathsep}{ROOT}",
                 IRPE_TEST_ONLY_DISTS=",".join(sorted(only)),
                 # pytest plugins installed here (schemathesis, ...) are not on the image
@@ -68,7 +73,7 @@ def _gpu_image_env() -> Dict[str, str]:
 def test_carried_wheels_bring_what_they_require():
     """SERVING is downloaded with --no-deps: each wheel's own requirements must be carried too or
     already be on the image."""
-    image = _closure(GPU_IMAGE)
+    image = _image()
     carried = {_norm(n) for n in SERVING}
     missing = {name: sorted(_requires(name) - carried - image) for name in sorted(carried)}
     assert not {k: v for k, v in missing.items() if v}, missing

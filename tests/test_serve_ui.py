@@ -102,11 +102,11 @@ def shown_pairs(page: Page, script: str) -> List[Tuple[str, float]]:
     return [(label, score) for label, score in page.evaluate(script)]
 
 
-
-def shown_labels(page) -> list:
+def shown_labels(page: Page) -> List[str]:
     """The classes the page lists, in its order."""
     return page.evaluate("[...document.querySelectorAll('#classes li')]"
                          ".map(li => li.dataset.label)")
+
 
 def test_root_links_the_page_which_is_small_and_self_contained(browser, server):
     assert 'href="ui"' in httpx.get(f"{server}/").text
